@@ -1,0 +1,70 @@
+"""`scaleladder <command>`: the single entry point.
+
+Each subcommand lives in its own module, which provides ``add_arguments(parser)``
+and ``main(args) -> int``. Modules are imported lazily so that ``scaleladder models``
+does not pay for importing webdataset or matplotlib.
+
+Exit codes: 0 success (an OOM rung recorded as a result is a success), 2 bad
+input (argparse's convention), 1 any other failure, 3 a rank ran out of memory
+inside a multi-rank run (see supervise.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from scaleladder.spec import SpecError
+
+# command -> (module, add-arguments function, main function, help)
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "models": ("scaleladder.models.table", "add_arguments", "main", "print every flavor with its parameter count"),
+    "run": ("scaleladder.runner", "add_arguments", "main", "train one rung and record it in HDF5 (per-rank program)"),
+    "launch": ("scaleladder.supervise", "add_launch_arguments", "launch_main", "run a rung under a launcher; record OOM as a result"),
+    "finalize": ("scaleladder.supervise", "add_finalize_arguments", "finalize_main", "turn a finished launch's OOM markers into a record"),
+    "shard": ("scaleladder.data.cli", "add_shard_arguments", "shard_main", "write WebDataset shards + manifest"),
+    "plan": ("scaleladder.plan", "add_arguments", "main", "predict per-GPU memory and max batch"),
+    "maxbatch": ("scaleladder.maxbatch", "add_arguments", "main", "find the largest local batch that trains"),
+    "aggregate": ("scaleladder.aggregate", "add_arguments", "main", "merge rung files into one HDF5"),
+    "plots": ("scaleladder.plots", "add_arguments", "main", "draw the figures from an aggregated HDF5"),
+    "report": ("scaleladder.report", "add_arguments", "main", "write the Markdown/HTML report"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints usage + error over several lines; we want one line naming the culprit.
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"scaleladder {self.prog.split()[-1]}: error: {message}\n")
+
+
+def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | None]:
+    parser = _Parser(prog="scaleladder", description="Measure distributed-training strategies rung by rung.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    # Only import the module of the command actually asked for.
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, add_fn, _main, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == wanted:
+            getattr(importlib.import_module(module), add_fn)(p)
+    return parser, wanted
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, wanted = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module, _add, main_fn, _help = COMMANDS[args.command]
+    try:
+        return int(getattr(importlib.import_module(module), main_fn)(args) or 0)
+    except SpecError as e:
+        print(f"scaleladder {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

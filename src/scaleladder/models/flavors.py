@@ -1,0 +1,90 @@
+"""The flavor registry: every model size scaleladder knows, by name.
+
+Dimensions are copied from the source studies' tables (``shared/seeds``):
+FLAVA from the TorchMultimodal blog's table, ViT from the ORNL ViT-FSDP table.
+``seed_params_m`` is the parameter count the seed *publishes*; the count we print
+is always computed from the dimensions (see ``docs/models.md`` for the one case,
+ViT-5B, where the seed's own table disagrees with its dimensions).
+
+The debug flavors are tiny on purpose: they are what the CPU tests train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from scaleladder.spec import SpecError
+
+
+@dataclass(frozen=True)
+class Flavor:
+    name: str
+    family: Literal["flava", "vit"]
+    hidden: int
+    mlp: int
+    heads: int
+    layers: int  # unimodal layers (FLAVA: image AND text encoder each) / ViT depth
+    patch: int
+    image_size: int
+    mm_layers: int = 0  # FLAVA multimodal fusion layers
+    vocab_size: int = 30522  # FLAVA text vocabulary (BERT's by default)
+    text_len: int = 77  # FLAVA padded text length (TorchMultimodal's default)
+    image_vocab: int = 8192  # FLAVA MIM targets: the DALL-E codebook size
+    codebook_hidden: int = 256  # DALL-E encoder width (n_hid); 256 is the real encoder
+    num_classes: int = 1000  # ViT classification head
+    seed_params_m: float | None = None  # what the seed's table says (millions)
+    seed_size_gb: float | None = None  # FLAVA seed: "Model size (fp32)" column, in GB as printed
+    debug: bool = False
+
+    @property
+    def patches(self) -> int:
+        return (self.image_size // self.patch) ** 2
+
+    @property
+    def codebook_image_size(self) -> int:
+        # The DALL-E encoder downsamples by 8; FLAVA pairs 16-px patches with a
+        # half-resolution codebook image so that both give the same token grid.
+        return self.image_size // 2
+
+
+def _flava(name: str, h: int, mlp: int, heads: int, uni: int, mm: int, gb: float, params_m: float) -> Flavor:
+    return Flavor(name, "flava", h, mlp, heads, uni, 16, 224, mm_layers=mm, seed_size_gb=gb, seed_params_m=params_m)
+
+
+def _vit(name: str, h: int, depth: int, mlp: int, heads: int, patch: int, params_m: float) -> Flavor:
+    return Flavor(name, "vit", h, mlp, heads, depth, patch, 224, seed_params_m=params_m)
+
+
+FLAVORS: dict[str, Flavor] = {
+    f.name: f
+    for f in [
+        # FLAVA seed table: hidden, MLP, heads, unimodal layers, multimodal layers, size (fp32)
+        _flava("flava-350m", 768, 3072, 12, 12, 6, 1.33, 350),
+        _flava("flava-900m", 1024, 4096, 16, 24, 12, 3.48, 900),
+        _flava("flava-1.8b", 1280, 5120, 16, 32, 16, 6.66, 1800),
+        _flava("flava-2.7b", 1408, 6144, 16, 40, 20, 10.3, 2700),
+        _flava("flava-4.8b", 1664, 8192, 16, 48, 24, 18.1, 4800),
+        _flava("flava-10b", 2048, 10240, 16, 64, 40, 38.0, 10000),
+        # ViT seed table: width, depth, MLP, heads; patch 16 for Base, 14 otherwise
+        _vit("vit-base", 768, 12, 3072, 12, 16, 87),
+        _vit("vit-huge", 1280, 32, 5120, 16, 14, 635),
+        _vit("vit-1b", 1536, 32, 6144, 16, 14, 914),
+        _vit("vit-3b", 2816, 32, 11264, 32, 14, 3067),
+        _vit("vit-5b", 1792, 56, 15360, 16, 14, 5349),
+        _vit("vit-15b", 5040, 48, 20160, 48, 14, 14720),
+        # Debug flavors: same code paths, seconds on a CPU.
+        Flavor(
+            "flava-debug", "flava", 32, 64, 2, 2, 16, 64, mm_layers=1, vocab_size=1024, text_len=16,
+            image_vocab=64, codebook_hidden=8, debug=True,
+        ),
+        Flavor("vit-debug", "vit", 32, 64, 2, 2, 8, 32, num_classes=10, debug=True),
+    ]
+}
+
+
+def get_flavor(name: str) -> Flavor:
+    try:
+        return FLAVORS[name]
+    except KeyError:
+        raise SpecError(f"unknown model {name!r}; known: {', '.join(FLAVORS)}") from None
