@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
 class _Parser(argparse.ArgumentParser):
     # argparse prints usage + error over several lines; we want one line naming the culprit.
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"scaleladder {self.prog.split()[-1]}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | None]:

@@ -34,7 +34,7 @@ class Flavor:
     codebook_hidden: int = 256  # DALL-E encoder width (n_hid); 256 is the real encoder
     num_classes: int = 1000  # ViT classification head
     seed_params_m: float | None = None  # what the seed's table says (millions)
-    seed_size_gb: float | None = None  # FLAVA seed: "Model size (fp32)" column, in GB as printed
+    seed_size_gib: float | None = None  # FLAVA seed "Model size (fp32)": printed "GB", but it is GiB (see docs/models.md)
     debug: bool = False
 
     @property
@@ -49,7 +49,7 @@ class Flavor:
 
 
 def _flava(name: str, h: int, mlp: int, heads: int, uni: int, mm: int, gb: float, params_m: float) -> Flavor:
-    return Flavor(name, "flava", h, mlp, heads, uni, 16, 224, mm_layers=mm, seed_size_gb=gb, seed_params_m=params_m)
+    return Flavor(name, "flava", h, mlp, heads, uni, 16, 224, mm_layers=mm, seed_size_gib=gb, seed_params_m=params_m)
 
 
 def _vit(name: str, h: int, depth: int, mlp: int, heads: int, patch: int, params_m: float) -> Flavor:

@@ -1,0 +1,92 @@
+"""``--data synthetic``: random batches made before the timed loop.
+
+This mode exists permanently because it separates compute from the input
+pipeline: a rung on synthetic data measures the model and the strategy alone.
+
+Two properties matter and are tested:
+
+* **World-size invariance.** Sample ``i`` of the global batch at step ``s`` is
+  drawn from its own generator seeded by ``(seed, s, i)``. Rank ``r`` of ``w``
+  takes samples ``r·b … r·b+b-1``, so the global batch is the same whatever the
+  world size: the basis of the loss-parity test.
+* **Equal per-rank counts for FLAVA.** FLAVA's masked losses are means over the
+  masked tokens of positive pairs *on each rank*; DDP/FSDP then average ranks.
+  That equals the single-process mean only if every rank holds the same number
+  of masked tokens and positives, so every sample masks exactly the same number
+  of text tokens and patches, and ITM negatives sit at every 10th global index.
+
+The generator is not timed: ``pool`` distinct batches are made up front and
+cycled (``step % pool``), on the device, before the first step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from scaleladder.models.flavors import Flavor
+
+# Token ids shared with the real tokenizer's special tokens (data/tokenizer.py).
+PAD, MASK, FIRST_WORD = 0, 4, 5
+MASKED_PATCH_FRACTION = 75 / 196  # FLAVA pretraining: 75 of 196 patches
+MLM_FRACTION = 0.15
+ITM_NEGATIVE_EVERY = 10
+
+
+def masked_counts(flavor: Flavor) -> tuple[int, int]:
+    """(masked text tokens, masked patches) per sample in synthetic batches."""
+    text = max(1, round(MLM_FRACTION * (flavor.text_len - 2)))  # CLS and SEP are never masked
+    patches = max(1, round(MASKED_PATCH_FRACTION * flavor.patches))
+    return text, patches
+
+
+def _sample(flavor: Flavor, g: torch.Generator, global_index: int) -> dict[str, Tensor]:
+    s = flavor.image_size
+    out = {"image": torch.randn(3, s, s, generator=g)}
+    if flavor.family == "vit":
+        out["label"] = torch.randint(flavor.num_classes, (), generator=g)
+        return out
+    c = flavor.codebook_image_size
+    out["image_for_codebook"] = torch.rand(3, c, c, generator=g)
+    n_text, n_patch = masked_counts(flavor)
+    mask = torch.zeros(flavor.patches, dtype=torch.long)
+    mask[torch.randperm(flavor.patches, generator=g)[:n_patch]] = 1
+    out["image_patches_mask"] = mask
+    text = torch.randint(FIRST_WORD, flavor.vocab_size, (flavor.text_len,), generator=g)
+    text[0], text[-1] = 2, 3  # [CLS] ... [SEP]
+    pos = 1 + torch.randperm(flavor.text_len - 2, generator=g)[:n_text]
+    labels = torch.full_like(text, -1)
+    labels[pos] = text[pos]
+    masked = text.clone()
+    masked[pos] = MASK
+    out.update(text=text, text_masked=masked, mlm_labels=labels)
+    out["itm_labels"] = torch.tensor(0 if global_index % ITM_NEGATIVE_EVERY == ITM_NEGATIVE_EVERY - 1 else 1)
+    return out
+
+
+def synthetic_batch(flavor: Flavor, local_batch: int, rank: int, step: int, seed: int) -> dict[str, Tensor]:
+    """Rank ``rank``'s slice of the global batch of ``step`` (on the CPU)."""
+    samples = []
+    for j in range(local_batch):
+        i = rank * local_batch + j
+        g = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1_000_033 + i) % 2**62)
+        samples.append(_sample(flavor, g, i))
+    return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
+
+
+class SyntheticBatches:
+    """Yields ``steps`` batches on ``device``, cycling a pool made up front."""
+
+    def __init__(self, flavor: Flavor, local_batch: int, rank: int, steps: int, seed: int, device: torch.device, pool: int = 8):
+        self.steps = steps
+        self.pool = [
+            {k: v.to(device) for k, v in synthetic_batch(flavor, local_batch, rank, s, seed).items()}
+            for s in range(min(pool, steps))
+        ]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for s in range(self.steps):
+            yield self.pool[s % len(self.pool)]
+
+    def __len__(self) -> int:
+        return self.steps

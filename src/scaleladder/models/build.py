@@ -1,0 +1,145 @@
+"""Build a flavor as a module whose ``forward(batch)`` returns the training loss.
+
+Every strategy in the ladder wraps the same :class:`TrainModule`, so DDP, FSDP and
+the single-process reference all see one call signature and one loss.
+
+Traps handled here (see ``shared/anchors.md``):
+
+* ``flava_model_for_pretraining`` builds ``DalleVAEEncoder()`` with its default
+  ``pretrained=True``, which DOWNLOADS the DALL-E weights. Compute nodes are
+  offline, so we assemble ``FLAVAForPreTraining`` ourselves with
+  ``pretrained=False`` and load a local file when one is given.
+* FSDP1 rejects 0-dim parameters; FLAVA's ``logit_scale`` is one. We replace it
+  with a 1-element parameter: the same value, broadcast identically.
+* The codebook encoder is a fixed tokenizer for the MIM targets, so it is frozen
+  (no gradients, no optimizer state) and kept in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from scaleladder.models.flavors import Flavor
+from scaleladder.spec import SpecError
+
+
+class TrainModule(nn.Module):
+    """``forward(batch) -> scalar loss``; ``layer_cls`` names the transformer layer class."""
+
+    layer_cls: type[nn.Module]
+    flavor: Flavor
+
+
+class ViTClassifier(TrainModule):
+    def __init__(self, flavor: Flavor) -> None:
+        super().__init__()
+        from torchmultimodal.modules.encoders.vision_transformer import vision_transformer
+        from torchmultimodal.modules.layers.transformer import TransformerEncoderLayer
+
+        self.flavor = flavor
+        self.layer_cls = TransformerEncoderLayer
+        self.encoder = vision_transformer(
+            patch_size=flavor.patch,
+            hidden_dim=flavor.hidden,
+            dim_feedforward=flavor.mlp,
+            n_layer=flavor.layers,
+            n_head=flavor.heads,
+            image_size=flavor.image_size,
+        )
+        self.head = nn.Linear(flavor.hidden, flavor.num_classes)
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        hidden = self.encoder(batch["image"]).last_hidden_state
+        logits = self.head(hidden[:, 0])  # the CLS token
+        return nn.functional.cross_entropy(logits.float(), batch["label"])
+
+
+class FLAVAPretrainer(TrainModule):
+    def __init__(self, flavor: Flavor, codebook_weights: str | Path | None = None) -> None:
+        super().__init__()
+        from torchmultimodal.models.flava.model import DalleVAEEncoder, FLAVAForPreTraining, flava_model
+        from torchmultimodal.models.flava.model import DalleEncoder
+        from torchmultimodal.models.flava.transformer import TransformerEncoderLayer
+        from torchmultimodal.modules.losses.flava import FLAVAPretrainingLoss
+
+        self.flavor = flavor
+        # NOT torchmultimodal.modules.layers.transformer.TransformerEncoderLayer (the
+        # class the blog names): FLAVA uses its own, and a policy on the other wraps nothing.
+        self.layer_cls = TransformerEncoderLayer
+        h = flavor.hidden
+        dims = dict(hidden_size=h, num_attention_heads=flavor.heads, num_hidden_layers=flavor.layers, intermediate_size=flavor.mlp)
+        model = flava_model(
+            **{f"image_{k}": v for k, v in dims.items()},
+            **{f"text_{k}": v for k, v in dims.items()},
+            multimodal_hidden_size=h,
+            multimodal_num_attention_heads=flavor.heads,
+            multimodal_num_hidden_layers=flavor.mm_layers,
+            multimodal_intermediate_size=flavor.mlp,
+            text_and_image_proj_size=h,
+            image_size=flavor.image_size,
+            patch_size=flavor.patch,
+            vocab_size=flavor.vocab_size,
+            max_position_embeddings=max(512, flavor.text_len),
+        )
+        codebook = DalleVAEEncoder(image_size=flavor.codebook_image_size, pretrained=False)
+        if flavor.codebook_hidden != 256 or flavor.image_vocab != 8192:
+            # debug flavors: a narrow encoder with a small codebook, same architecture
+            codebook.encoder = DalleEncoder(n_hid=flavor.codebook_hidden, vocab_size=flavor.image_vocab)
+        if codebook_weights is not None:
+            load_codebook(codebook, Path(codebook_weights))
+        codebook.requires_grad_(False)
+        loss = FLAVAPretrainingLoss(hidden_size=h, text_vocab_size=flavor.vocab_size, image_vocab_size=flavor.image_vocab)
+        # FSDP1 flattens parameters and rejects 0-dim ones; a [1] tensor broadcasts the same.
+        loss.contrastive_loss.logit_scale = nn.Parameter(torch.full((1,), math.log(1 / 0.07)))
+        self.flava = FLAVAForPreTraining(model=model, image_codebook=codebook, loss=loss)
+
+    def train(self, mode: bool = True) -> "FLAVAPretrainer":
+        super().train(mode)
+        self.flava.image_codebook.eval()  # frozen tokenizer: never in training mode
+        return self
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        out = self.flava(
+            image=batch["image"],
+            text=batch["text"],
+            image_for_codebook=batch["image_for_codebook"],
+            image_patches_mask=batch["image_patches_mask"],
+            text_masked=batch["text_masked"],
+            itm_labels=batch["itm_labels"],
+            mlm_labels=batch["mlm_labels"],
+        )
+        # The total pretraining loss is the sum of the losses FLAVA computed this step.
+        return sum(v for v in out.losses.values() if v is not None)  # type: ignore[return-value]
+
+
+def load_codebook(codebook: nn.Module, path: Path) -> None:
+    """Load DALL-E encoder weights from a local file (a state dict, or the pickled encoder)."""
+    if not path.is_file():
+        raise SpecError(f"codebook weights file {str(path)!r} does not exist")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # corrupt file: name it
+        raise SpecError(f"codebook weights file {str(path)!r} could not be read: {e}") from None
+    state = obj.state_dict() if isinstance(obj, nn.Module) else obj
+    try:
+        codebook.encoder.load_state_dict(state)  # type: ignore[union-attr]
+    except RuntimeError as e:
+        raise SpecError(f"codebook weights file {str(path)!r} does not fit the DALL-E encoder: {str(e).splitlines()[0]}") from None
+
+
+def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_weights: str | Path | None = None) -> TrainModule:
+    """Build ``flavor`` on ``device``. ``device="meta"`` allocates nothing (for counting)."""
+    with torch.device(device):
+        if flavor.family == "vit":
+            if codebook_weights is not None:
+                raise SpecError("--codebook-weights applies to FLAVA flavors only")
+            return ViTClassifier(flavor)
+        return FLAVAPretrainer(flavor, codebook_weights)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

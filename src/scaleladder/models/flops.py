@@ -1,0 +1,110 @@
+"""Analytic FLOPs per trained sample, from a flavor's dimensions alone.
+
+Counting rules (the same ones ``torch.utils.flop_counter.FlopCounterMode`` uses,
+which tests/test_flops.py checks within 5% on both debug flavors):
+
+* a matmul of ``[m,k] x [k,n]`` is ``2mkn`` FLOPs; bias adds, norms, activations
+  and softmax are not counted (they are memory-bound, and every MFU convention
+  leaves them out);
+* a transformer layer on T tokens of width d with MLP width f does
+  ``2T(4d² + 2df)`` for its projections and ``4T²d`` for QKᵀ and PV;
+* a convolution is ``2 · C_in · C_out · k² · H_out · W_out``;
+* backward costs twice the forward, so training = 3 × forward ("model FLOPs",
+  the MFU numerator) — except the patch-embedding convolution, whose input (the
+  image) needs no gradient: its backward is the weight gradient alone, 2 × forward. With activation checkpointing every checkpointed layer runs
+  its forward once more; that extra forward counts towards HFU only.
+
+FLAVA specifics: the image and text encoders each run twice (plain and masked),
+the multimodal encoder once, on ``1 + T_image + T_text`` tokens; the MLM/MIM heads
+run only on the masked tokens of positive (matched) pairs; the frozen DALL-E
+codebook runs forward only (no parameter or input needs a gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaleladder.models.flavors import Flavor
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs for ONE sample of one training step."""
+
+    model: float  # 3 × forward of trained parts + forward of frozen parts (MFU numerator)
+    hardware: float  # model + recomputed forwards under activation checkpointing (HFU numerator)
+    forward: float  # one forward pass, frozen parts included
+
+
+def _layer(t: int, d: int, f: int) -> float:
+    return 2 * t * (4 * d * d + 2 * d * f) + 4 * t * t * d
+
+
+def _dalle_encoder(res: int, n_hid: int, vocab: int, blocks_per_group: int = 2) -> float:
+    """DALL-E encoder (torchmultimodal's DalleEncoder): input 7×7 conv, 4 groups of
+    residual blocks (3×3,3×3,3×3,1×1 convs at width n_out/4, 1×1 id-path conv when the
+    width changes), max-pool after groups 1–3, then a 1×1 conv to the codebook."""
+
+    def conv(cin: int, cout: int, k: int, r: int) -> float:
+        return 2 * cin * cout * k * k * r * r
+
+    total = conv(3, n_hid, 7, res)
+    widths = [(n_hid, n_hid), (n_hid, 2 * n_hid), (2 * n_hid, 4 * n_hid), (4 * n_hid, 8 * n_hid)]
+    r = res
+    for g, (cin, cout) in enumerate(widths):
+        for b in range(blocks_per_group):
+            n_in = cin if b == 0 else cout
+            h = cout // 4
+            if n_in != cout:
+                total += conv(n_in, cout, 1, r)
+            total += conv(n_in, h, 3, r) + conv(h, h, 3, r) + conv(h, h, 3, r) + conv(h, cout, 1, r)
+        if g < 3:
+            r //= 2
+    return total + conv(8 * n_hid, vocab, 1, r)
+
+
+def _patch_embed(f: Flavor) -> float:
+    return 2 * 3 * f.patch**2 * f.hidden * f.patches  # a p×p, stride-p convolution
+
+
+def vit_flops(f: Flavor, ac: bool = False) -> FlopCount:
+    t = f.patches + 1  # + CLS
+    layers = f.layers * _layer(t, f.hidden, f.mlp)
+    patch = _patch_embed(f)
+    rest = layers + 2 * f.hidden * f.num_classes
+    model = 2 * patch + 3 * rest
+    return FlopCount(model=model, hardware=model + (layers if ac else 0), forward=patch + rest)
+
+
+def flava_flops(
+    f: Flavor,
+    global_batch: int,
+    masked_text_tokens: float,
+    masked_patches: float,
+    positive_fraction: float,
+    ac: bool = False,
+) -> FlopCount:
+    """Per-sample FLOPs. Masked counts are per sample (means over the batch);
+    ``positive_fraction`` is the share of matched (non-ITM-negative) pairs."""
+    d, mlp = f.hidden, f.mlp
+    ti, tt = f.patches + 1, f.text_len
+    tm = 1 + ti + tt
+    pool = 2 * d * d  # each encoder's Pooler: a d×d dense on the CLS token
+    image_enc = f.layers * _layer(ti, d, mlp) + pool  # + the patch embedding, counted apart
+    text_enc = f.layers * _layer(tt, d, mlp) + pool
+    mm_layers = f.mm_layers * _layer(tm, d, mlp)
+    mm_enc = mm_layers + pool
+    # the two projections to the contrastive space (CLS only) and to the mm width (all tokens)
+    proj = 2 * (2 * d * d) + 2 * (ti + tt) * d * d
+    itm = 2 * d * d + 2 * d * 2
+    heads = positive_fraction * (
+        masked_text_tokens * (2 * d * d + 2 * d * f.vocab_size) + masked_patches * (2 * d * d + 2 * d * f.image_vocab)
+    )
+    # contrastive: each positive image/text embedding against every gathered embedding, both ways
+    contrastive = positive_fraction * 2 * (2 * d * global_batch * positive_fraction)
+    trained = 2 * image_enc + 2 * text_enc + mm_enc + proj + itm + heads + contrastive
+    codebook = _dalle_encoder(f.codebook_image_size, f.codebook_hidden, f.image_vocab)
+    patch = 2 * _patch_embed(f)  # the image encoder runs twice
+    recompute = 2 * f.layers * (_layer(ti, d, mlp) + _layer(tt, d, mlp)) + mm_layers
+    model = 3 * trained + 2 * patch + codebook
+    return FlopCount(model=model, hardware=model + (recompute if ac else 0), forward=trained + patch + codebook)

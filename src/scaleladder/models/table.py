@@ -1,0 +1,52 @@
+"""`scaleladder models`: every flavor with its parameter count, built on the meta device.
+
+The meta device gives shapes without storage, so even ViT-15B and FLAVA-10B are
+counted in a second with no memory used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from scaleladder.models.build import build_model, count_parameters
+from scaleladder.models.flavors import FLAVORS, Flavor
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    family: str
+    params: int
+    fp32_gib: float
+    seed: str  # what the seed's table says, as printed there
+    deviation_pct: float | None  # ours vs the seed's most precise column
+
+
+def row(flavor: Flavor) -> Row:
+    n = count_parameters(build_model(flavor, "meta"))
+    gib = n * 4 / GIB
+    if flavor.seed_size_gib is not None:  # FLAVA: the size column is the precise one
+        return Row(flavor.name, flavor.family, n, gib, f"{flavor.seed_size_gib} GB", 100 * (gib / flavor.seed_size_gib - 1))
+    if flavor.seed_params_m is not None:
+        return Row(flavor.name, flavor.family, n, gib, f"{flavor.seed_params_m:g}M", 100 * (n / 1e6 / flavor.seed_params_m - 1))
+    return Row(flavor.name, flavor.family, n, gib, "-", None)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def main(args: argparse.Namespace) -> int:
+    rows = [row(f) for f in FLAVORS.values()]
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=1))
+        return 0
+    print(f"{'flavor':12s} {'family':6s} {'params':>14s} {'fp32':>9s} {'seed says':>10s} {'ours vs seed':>12s}")
+    for r in rows:
+        dev = f"{r.deviation_pct:+.1f}%" if r.deviation_pct is not None else "-"
+        print(f"{r.name:12s} {r.family:6s} {r.params:14,d} {r.fp32_gib:7.2f}Gi {r.seed:>10s} {dev:>12s}")
+    return 0
