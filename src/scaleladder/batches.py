@@ -77,10 +77,13 @@ def synthetic_batch(flavor: Flavor, local_batch: int, rank: int, step: int, seed
 class SyntheticBatches:
     """Yields ``steps`` batches on ``device``, cycling a pool made up front."""
 
-    def __init__(self, flavor: Flavor, local_batch: int, rank: int, steps: int, seed: int, device: torch.device, pool: int = 8):
+    def __init__(
+        self, flavor: Flavor, local_batch: int, rank: int, steps: int, seed: int, device: torch.device,
+        dtype: torch.dtype = torch.float32, pool: int = 8,
+    ):
         self.steps = steps
         self.pool = [
-            {k: v.to(device) for k, v in synthetic_batch(flavor, local_batch, rank, s, seed).items()}
+            {k: v.to(device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in synthetic_batch(flavor, local_batch, rank, s, seed).items()}
             for s in range(min(pool, steps))
         ]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -64,6 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(f"scaleladder {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"scaleladder {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for users; SCALELADDER_DEBUG=1 for the traceback
+        if os.environ.get("SCALELADDER_DEBUG"):
+            raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"scaleladder {args.command}: error: {type(e).__name__}: {first} (SCALELADDER_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+# scaleladder: one DAG from data shards to per-rung HDF5 files, the merged ladder,
+# its figures and a report. Run it through a profile, which says where:
+#
+#   snakemake --profile profiles/local        # a workstation (the README's main command)
+#   snakemake --profile profiles/frontier     # OLCF Frontier, srun + Apptainer (ROCm)
+#   snakemake --profile profiles/a100         # a SLURM cluster of 8xA100 nodes, Apptainer (CUDA)
+#
+# The stages live in workflow/rules/; docs/workflow.md covers reruns and containers.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# Workflow-wide defaults (steps, data). The site and its ladder come from the profile's
+# site.yaml, loaded on top of this file (--configfile in the profile).
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/ladder.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        final_targets(),
+    default_target: True

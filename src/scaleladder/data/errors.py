@@ -1,0 +1,37 @@
+"""The one error type of the data pipeline.
+
+A ``DataError`` is bad input (a corrupt JPEG, a caption-less tar member, a shard
+whose checksum does not match its manifest, ...). Its message is ONE line that
+names the culprit file and, where there is one, the sample key.
+
+It subclasses :class:`scaleladder.spec.SpecError` on purpose: ``scaleladder``'s
+dispatcher turns a ``SpecError`` into the one-line message and exit code 2 (bad
+input), so a bad manifest given to ``scaleladder run --data`` fails the same way as
+a bad run spec, with no traceback.
+"""
+
+from __future__ import annotations
+
+from scaleladder.spec import SpecError
+
+
+class DataError(SpecError):
+    """Bad input data. The message is one line naming the file (and key)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The last meaningful line of an exception's message.
+
+    Trap: an exception raised inside a DataLoader worker comes back to the main
+    process re-created as ``type(exc)("Caught X in DataLoader worker ...\\nOriginal
+    Traceback ...")``: the whole worker traceback in the message. The culprit is
+    on its last line, as ``module.Class: message``.
+    """
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    last = lines[-1]
+    for prefix in (f"{type(exc).__module__}.{type(exc).__qualname__}: ", f"{type(exc).__name__}: "):
+        if last.startswith(prefix):
+            return last[len(prefix):]
+    return last

@@ -1,0 +1,275 @@
+"""Write a shard set: ``NAME-%06d.tar`` files, ``tokenizer.json`` and ``manifest.json``, atomically.
+
+Atomicity: everything is written into a hidden staging directory next to the
+target (same filesystem, so ``os.rename`` is atomic) and renamed into place only
+once the manifest is complete. A failure or an interrupt (Ctrl-C, SIGTERM) removes
+the staging directory; even a SIGKILL leaves only a ``.NAME.partial-*`` directory
+without a manifest, which nothing will mistake for a shard set.
+
+Determinism (same input + seed => byte-identical files): tar headers carry a fixed
+mtime (0), uid/gid 0, empty user/group names and mode 0444; members of a sample are
+written in sorted order; JPEGs are encoded with fixed settings; keys are sample
+numbers; the manifest has no timestamp; the tokenizer is trained deterministically.
+
+Trap: a WebDataset key is everything up to the FIRST dot of a member name, so a
+key taken from a file name like ``img.v2.jpg`` would split one sample into two.
+Keys here are zero-padded sample numbers: no dots, and they sort in write order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import webdataset as wds
+from PIL import Image
+
+from scaleladder.data import tokenizer as tokmod
+from scaleladder.data.errors import DataError
+from scaleladder.data.manifest import write_manifest
+from scaleladder.data.sources import BadSample, Item, RawSample
+
+JPEG_QUALITY = 90
+MAX_SKIP_EXAMPLES = 20
+
+
+@dataclass
+class ShardOptions:
+    name: str = "data"
+    per_shard: int = 64
+    image_size: int | None = None  # None: keep source JPEGs as they are (re-encode other formats)
+    skip_bad: bool = False
+    vocab_size: int = tokmod.DEFAULT_VOCAB_SIZE
+    vocab_file: Path | None = None
+    progress: bool = True
+    overwrite: bool = False
+
+
+class _HashingWriter:
+    """A write-only file wrapper that hashes and counts what passes through.
+
+    Saves re-reading every shard to checksum it.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def prepare_image(data: bytes, image_size: int | None) -> tuple[bytes, int, int]:
+    """Validate (full decode) and, if needed, re-encode an image as JPEG. Returns (jpeg, width, height).
+
+    The full decode is the only reliable test: ``Image.verify()`` misses truncated
+    JPEGs, which PIL only notices when it decodes the last scanlines.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            fmt = img.format
+            w, h = img.size
+            needs_resize = image_size is not None and min(w, h) > image_size
+            if fmt == "JPEG" and img.mode in ("RGB", "L") and not needs_resize:
+                return data, w, h  # pass through: no generation loss, and fast
+            rgb = img.convert("RGB")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise ValueError(f"corrupt or truncated image ({e})") from None
+    if needs_resize:
+        assert image_size is not None
+        scale = image_size / min(w, h)  # shorter side -> image_size; never upscale
+        rgb = rgb.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BICUBIC)
+    buf = io.BytesIO()
+    rgb.save(buf, format="JPEG", quality=JPEG_QUALITY)
+    return buf.getvalue(), rgb.width, rgb.height
+
+
+class _Progress:
+    """One stderr line at most every ``every`` seconds, so short runs stay quiet."""
+
+    def __init__(self, enabled: bool, every: float = 2.0) -> None:
+        self.enabled, self.every = enabled, every
+        self.start = self.last = time.monotonic()
+
+    def update(self, samples: int, shards: int, nbytes: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self.last < self.every):
+            return
+        self.last = now
+        rate = nbytes / 1e6 / max(now - self.start, 1e-9)
+        print(f"shard: {samples} samples, {shards} shards, {nbytes / 1e6:.1f} MB, {rate:.1f} MB/s", file=sys.stderr, flush=True)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"min": min(values), "max": max(values), "mean": round(sum(values) / len(values), 3)}
+
+
+@dataclass
+class _Stats:
+    widths: list[float] = field(default_factory=list)
+    heights: list[float] = field(default_factory=list)
+    words: list[float] = field(default_factory=list)
+    labels: Counter[int] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+
+def _place(staging: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished staging directory to ``out`` (replacing it only with ``overwrite``)."""
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise DataError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rename(out, trash / out.name)
+        os.rename(staging, out)
+        shutil.rmtree(trash, ignore_errors=True)
+        return
+    if out.exists():
+        out.rmdir()  # an empty directory (e.g. made by a workflow engine) is fine to take over
+    os.rename(staging, out)
+
+
+def write_shard_set(items: Iterable[Item], out: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
+    """Write every good sample of ``items`` into a new shard set at ``out``; return its manifest path.
+
+    ``provenance`` (command, options, source) is stored in the manifest as given.
+    """
+    out = Path(out).absolute()
+    if opts.per_shard < 1:
+        raise DataError(f"--per-shard must be >= 1, got {opts.per_shard}")
+    if out.exists() and any(out.iterdir()) and not opts.overwrite:
+        raise DataError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        manifest = _write(items, staging, opts, provenance)
+        _place(staging, out, opts.overwrite)
+        return out / manifest.name
+    finally:
+        # On success the staging directory was renamed away; on any failure or
+        # interrupt this removes the half-written set.
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
+    shards: list[dict[str, Any]] = []
+    captions: list[str] = []
+    stats = _Stats()
+    progress = _Progress(opts.progress)
+    total_bytes = 0
+    sink: _HashingWriter | None = None
+    raw: BinaryIO | None = None
+    writer: wds.TarWriter | None = None
+    in_shard = 0
+
+    def close_shard() -> None:
+        nonlocal sink, raw, writer, in_shard, total_bytes
+        if writer is None or sink is None or raw is None:
+            return
+        writer.close()  # writes the end-of-archive blocks through ``sink``
+        raw.close()
+        name = f"{opts.name}-{len(shards):06d}.tar"
+        shards.append({"url": name, "nsamples": in_shard, "filesize": sink.size, "sha256": sink.sha.hexdigest()})
+        total_bytes += sink.size
+        writer, sink, raw, in_shard = None, None, None, 0
+
+    def skip(bad: BadSample) -> None:
+        if not opts.skip_bad:
+            raise DataError(bad.message + " (pass --skip-bad to skip such samples)")
+        stats.skipped[bad.reason] += 1
+        if len(stats.examples) < MAX_SKIP_EXAMPLES:
+            stats.examples.append(bad.message)
+
+    n = 0
+    for item in items:
+        if isinstance(item, BadSample):
+            skip(item)
+            continue
+        assert isinstance(item, RawSample)
+        try:
+            jpeg, w, h = prepare_image(item.image, opts.image_size)
+        except ValueError as e:
+            skip(BadSample(item.origin, "corrupt_image", f"{item.origin}: {e}"))
+            continue
+        if writer is None:
+            raw = (staging / f"{opts.name}-{len(shards):06d}.tar").open("wb")
+            sink = _HashingWriter(raw)
+            writer = wds.TarWriter(sink, encoder=False, user="", group="", mode=0o444, mtime=0)
+        sample: dict[str, Any] = {
+            "__key__": f"{n:09d}",
+            "jpg": jpeg,
+            "txt": item.caption.encode("utf-8"),
+            "json": json.dumps({**item.meta, "width": w, "height": h}, sort_keys=True).encode("utf-8"),
+        }
+        if item.label is not None:
+            sample["cls"] = str(item.label).encode("ascii")
+            stats.labels[item.label] += 1
+        writer.write(sample)
+        captions.append(item.caption)
+        stats.widths.append(w)
+        stats.heights.append(h)
+        stats.words.append(len(item.caption.split()))
+        n += 1
+        in_shard += 1
+        if in_shard == opts.per_shard:
+            close_shard()
+        progress.update(n, len(shards), total_bytes + (sink.size if sink else 0))
+    close_shard()
+    progress.update(n, len(shards), total_bytes, final=n > 0 and time.monotonic() - progress.start > progress.every)
+
+    if n == 0:
+        raise DataError(f"no samples to write ({sum(stats.skipped.values())} skipped as bad)")
+
+    tok = tokmod.from_vocab_file(opts.vocab_file) if opts.vocab_file else tokmod.train_wordpiece(captions, opts.vocab_size)
+    tok_path = tokmod.save(tok, staging)
+    lengths = [len(e.ids) for e in tok.encode_batch(captions)]  # with [CLS] and [SEP]
+
+    labelled = sum(stats.labels.values())
+    info: dict[str, Any] = {
+        **provenance,
+        "members": {"image": "jpg", "caption": "txt", "label": "cls", "meta": "json"},
+        "tokenizer": {
+            "path": tok_path.name,
+            "vocab_size": tok.get_vocab_size(),
+            "sha256": hashlib.sha256(tok_path.read_bytes()).hexdigest(),
+            "from": str(opts.vocab_file) if opts.vocab_file else f"trained on the captions (--vocab-size {opts.vocab_size})",
+        },
+        "stats": {
+            "samples": n,
+            "shards": len(shards),
+            "bytes": total_bytes,
+            "image_width": _summary(stats.widths),
+            "image_height": _summary(stats.heights),
+            "caption_words": _summary(stats.words),
+            "caption_tokens": _summary([float(x) for x in lengths]),
+            "labelled": labelled,
+            "num_classes": (max(stats.labels) + 1) if labelled else None,
+            "label_counts": {str(k): v for k, v in sorted(stats.labels.items())},
+        },
+        "skipped": {
+            "total": sum(stats.skipped.values()),
+            "by_reason": dict(sorted(stats.skipped.items())),
+            "examples": stats.examples,
+        },
+    }
+    return write_manifest(staging, opts.name, shards, info)

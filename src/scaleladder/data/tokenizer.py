@@ -1,0 +1,145 @@
+"""The caption tokenizer: a real WordPiece tokenizer (HF ``tokenizers``), stored beside the shards.
+
+Two ways to get one, both at shard time:
+
+* **trained** on the data set's captions (``--vocab-size``, default 1024 so that it
+  fits ``flava-debug``; with few distinct words the trained vocabulary is smaller);
+* **loaded** from a BERT-style ``vocab.txt`` (``--vocab``), e.g. ``bert-base-uncased``'s
+  30522 tokens for the real FLAVA flavors.
+
+Either way it is written as ``tokenizer.json`` (plus ``vocab.txt``) in the shard
+directory and the manifest points to it. Token ids follow BERT: ``[PAD]`` is 0
+(the model and ``mlm_labels`` rely on it), and ``[UNK] [CLS] [SEP] [MASK]`` exist.
+Text is lower-cased (uncased BERT, as FLAVA uses).
+
+The model's vocabulary must cover the tokenizer's: :func:`check_vocab`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from scaleladder.data.errors import DataError
+from scaleladder.models.flavors import Flavor
+from scaleladder.spec import SpecError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, UNK, CLS, SEP, MASK)  # in id order when trained: [PAD] = 0
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_FILE = "vocab.txt"
+DEFAULT_VOCAB_SIZE = 1024
+
+
+def _pipeline(model: models.Model) -> Tokenizer:
+    """BERT's text pipeline around a WordPiece model (what ``BertWordPieceTokenizer`` builds)."""
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _finish(tok: Tokenizer, where: str) -> Tokenizer:
+    vocab = tok.get_vocab()
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise DataError(f"{where}: vocabulary lacks special token(s) {' '.join(missing)}")
+    if vocab[PAD] != 0:
+        raise DataError(f"{where}: {PAD} has id {vocab[PAD]}, but scaleladder needs it to be 0 (padding and mlm labels)")
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}", special_tokens=[(CLS, vocab[CLS]), (SEP, vocab[SEP])]
+    )
+    return tok
+
+
+def train_wordpiece(captions: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
+    """Train a WordPiece vocabulary of at most ``vocab_size`` tokens on ``captions``. Deterministic."""
+    captions = list(captions)
+    tok = _pipeline(models.WordPiece(unk_token=UNK))
+    # Trap (huggingface/tokenizers#1794): the trainer creates the "##x" continuing-subword
+    # tokens in hash-map order, and those ids break ties between equally frequent merges,
+    # so the same captions give a different vocabulary each run (and our shard sets would
+    # not be reproducible). Declaring every "##x" up front, sorted, fixes their ids.
+    assert tok.normalizer is not None and tok.pre_tokenizer is not None
+    continuing: set[str] = set()
+    for caption in captions:
+        for word, _span in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(caption)):
+            continuing.update(word[1:])
+    seeded = list(SPECIAL_TOKENS) + [f"##{ch}" for ch in sorted(continuing)]
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=seeded, show_progress=False)
+    tok.train_from_iterator(captions, trainer=trainer)
+    # Rebuild from the plain vocabulary so that only the five real specials are "special"
+    # (the seeded "##x" must stay ordinary tokens).
+    vocab = tok.get_vocab()
+    if len(vocab) > vocab_size:
+        raise DataError(
+            f"the captions' alphabet alone needs {len(vocab)} tokens, more than --vocab-size {vocab_size}"
+        )
+    return _finish(_pipeline(models.WordPiece(vocab=vocab, unk_token=UNK)), "trained tokenizer")
+
+
+def from_vocab_file(path: str | Path) -> Tokenizer:
+    """A BERT tokenizer from a ``vocab.txt`` (one token per line; line number = id)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: vocabulary file does not exist")
+    try:
+        model = models.WordPiece.from_file(str(path), unk_token=UNK)
+    except Exception as e:  # tokenizers raises a bare Exception for unreadable files
+        raise DataError(f"{path}: not a readable WordPiece vocab.txt ({e})") from None
+    return _finish(_pipeline(model), str(path))
+
+
+def save(tok: Tokenizer, directory: Path) -> Path:
+    """Write ``tokenizer.json`` (what the loader reads) and ``vocab.txt`` (to reuse with ``--vocab``)."""
+    path = directory / TOKENIZER_FILE
+    tok.save(str(path), pretty=False)
+    vocab = tok.get_vocab()
+    (directory / VOCAB_FILE).write_text("".join(t + "\n" for t in sorted(vocab, key=vocab.__getitem__)), encoding="utf-8")
+    return path
+
+
+def tokenizer_path(manifest: str | Path) -> Path:
+    """Where the manifest says the tokenizer is (relative paths are relative to the manifest)."""
+    manifest = Path(manifest)
+    try:
+        info = json.loads(manifest.read_text())["scaleladder"]["tokenizer"]
+        rel = info["path"]
+    except FileNotFoundError:
+        raise DataError(f"{manifest}: manifest does not exist") from None
+    except (KeyError, TypeError, json.JSONDecodeError):
+        raise DataError(f"{manifest}: no scaleladder.tokenizer.path in the manifest") from None
+    return manifest.parent / rel
+
+
+def load_tokenizer(manifest: str | Path) -> Tokenizer:
+    """The tokenizer that ``manifest`` points to, checked for ``[PAD]`` = 0 and the specials."""
+    path = tokenizer_path(manifest)
+    if not path.is_file():
+        raise DataError(f"{path}: tokenizer named by {manifest} does not exist")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:
+        raise DataError(f"{path}: not a tokenizers JSON file ({e})") from None
+    return _finish(tok, str(path))
+
+
+def check_vocab(tokenizer_vocab_size: int, flavor: Flavor, where: str = "the tokenizer") -> None:
+    """Raise SpecError unless every token id the tokenizer can emit has an embedding in ``flavor``.
+
+    The rule is ``tokenizer vocab <= model vocab``: a smaller tokenizer only leaves
+    some embedding rows unused, a larger one would index past the embedding table
+    (a device-side assert on GPU, an IndexError on CPU, deep inside the forward).
+    """
+    if flavor.family != "flava":
+        return  # ViT reads no text
+    if tokenizer_vocab_size > flavor.vocab_size:
+        raise SpecError(
+            f"{where} has {tokenizer_vocab_size} tokens but model {flavor.name} has a vocabulary of "
+            f"{flavor.vocab_size}; re-shard with --vocab-size <= {flavor.vocab_size} or pick a larger flavor"
+        )

@@ -1,0 +1,327 @@
+"""`scaleladder run`: one rung, on every rank. Spec → model → ladder → loop → HDF5.
+
+This is the per-rank program. It runs as a single process, under ``torchrun``,
+or under ``srun`` (launch.py reads whichever variables are there). Rank 0 writes
+the result file; no rank writes anything else except an OOM marker.
+
+Exit codes: 0 (ok, or an OOM recorded as a result in a one-rank run), 2 (bad
+input: one line naming the culprit, no file), 3 (this rank ran out of memory in a
+multi-rank run: marker written, the supervisor records it), 1 (anything else).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from scaleladder.spec import RunSpec, SpecError, parse_batch, parse_knobs, parse_positive, parse_precision, parse_strategy
+
+EXIT_OOM = 3
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A rung plus how long to run it and where its data and result live."""
+
+    spec: RunSpec
+    steps: int
+    warmup: int
+    data: str  # "synthetic" or a manifest path
+    workers: int
+    seed: int
+    lr: float
+    out: Path
+    device: str
+    codebook_weights: str | None
+    peak_tflops: float | None
+    init: str
+
+    def argv(self, **override: Any) -> list[str]:
+        """The `run` arguments that reproduce this config (used by launch and maxbatch)."""
+        spec = override.get("spec", self.spec)
+        out = override.get("out", self.out)
+        args = ["--spec", spec.path, "--steps", str(override.get("steps", self.steps)), "--warmup", str(override.get("warmup", self.warmup)),
+                "--data", self.data, "--workers", str(self.workers), "--seed", str(self.seed), "--lr", repr(self.lr),
+                "--out", str(out), "--device", self.device, "--init", self.init]
+        if self.codebook_weights:
+            args += ["--codebook-weights", self.codebook_weights]
+        if self.peak_tflops is not None:
+            args += ["--peak-tflops", repr(self.peak_tflops)]
+        return args
+
+    def attrs(self) -> dict[str, Any]:
+        return {**self.spec.as_attrs(), "steps": self.steps, "warmup": self.warmup, "data": self.data, "seed": self.seed, "lr": self.lr}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the rung (either --spec, or the parts)")
+    g.add_argument("--spec", help="model/strategy/precision/knobs/n<nodes>/b<batch>, e.g. vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b32")
+    g.add_argument("--model")
+    g.add_argument("--strategy", default=None, help="single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}[-ac]")
+    g.add_argument("--precision", default=None, help="fp32|tf32|bf16-mixed|fp16-mixed|bf16-true (default fp32)")
+    g.add_argument("--knobs", default=None, help="<pre|post|none>-<lag|nolag>[-fwd] (FSDP only; default pre-lag)")
+    g.add_argument("--nodes", default=None, help="nodes the run spans (default 1; checked against the launcher)")
+    g.add_argument("--batch", default=None, help="local (per-rank) batch")
+    p.add_argument("--steps", default="1000", help="steps in all, warm-up included (default 1000, the FLAVA seed's)")
+    p.add_argument("--warmup", default="100", help="first steps excluded from every figure (default 100)")
+    p.add_argument("--data", default="synthetic", help="'synthetic' (batches made on the device) or a shard manifest.json")
+    p.add_argument("--workers", default="4", help="data-loader workers per rank")
+    p.add_argument("--seed", default="0")
+    p.add_argument("--lr", default="1e-4", help="AdamW learning rate")
+    p.add_argument("--out", required=True, help="result .h5 (written atomically by rank 0)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--init", default="auto", choices=["auto", "device", "meta"], help="build on the device, or on meta then materialise per FSDP unit")
+    p.add_argument("--codebook-weights", default=None, help="local DALL-E encoder weights for FLAVA (default: random init)")
+    p.add_argument("--peak-tflops", default=None, type=float, help="peak TFLOP/s of one rank's device, for a device not in the table")
+
+
+def config_from_args(a: argparse.Namespace) -> RunConfig:
+    """The one place where `run`-style arguments become a RunSpec."""
+    parts = (a.model, a.strategy, a.precision, a.knobs, a.nodes, a.batch)
+    if a.spec:
+        if any(x is not None for x in parts):
+            raise SpecError("give either --spec or --model/--strategy/..., not both")
+        spec = RunSpec.from_path(a.spec)
+    else:
+        if a.model is None or a.strategy is None or a.batch is None:
+            raise SpecError("--model, --strategy and --batch are required without --spec")
+        spec = RunSpec(a.model, parse_strategy(a.strategy), parse_precision(a.precision or "fp32"), parse_knobs(a.knobs or "pre-lag"),
+                       parse_positive("nodes", a.nodes or 1), parse_batch(a.batch))
+    steps = parse_positive("steps", a.steps)
+    try:
+        warmup = int(a.warmup)
+    except ValueError:
+        raise SpecError(f"warmup must be an integer, got {a.warmup!r}") from None
+    if not 0 <= warmup < steps:
+        raise SpecError(f"warmup must be in [0, steps), got warmup={warmup} with steps={steps}")
+    if a.data != "synthetic" and not Path(a.data).is_file():
+        raise SpecError(f"--data {a.data!r}: no such manifest file (or use 'synthetic')")
+    if a.codebook_weights and not Path(a.codebook_weights).is_file():
+        raise SpecError(f"--codebook-weights {a.codebook_weights!r}: no such file")
+    try:
+        lr = float(a.lr)
+    except ValueError:
+        raise SpecError(f"lr must be a number, got {a.lr!r}") from None
+    out = Path(a.out)
+    if out.suffix != ".h5":
+        raise SpecError(f"--out {a.out!r} must end in .h5")
+    return RunConfig(spec, steps, warmup, a.data, parse_positive("workers", a.workers) if a.workers != "0" else 0,
+                     int(a.seed), lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init)
+
+
+def oom_marker(out: Path, rank: int) -> Path:
+    return out.with_name(f"{out.name}.oom-rank{rank}.json")
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    # Slurm sends SIGTERM at a time limit. Raising lets `finally` blocks remove
+    # temporary files, so an interrupted rung leaves nothing behind.
+    raise SystemExit(128 + signum)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)  # SpecError -> exit 2 in cli.py, before any process group
+    if cfg.spec.batch == "max":
+        raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `run`")
+    signal.signal(signal.SIGTERM, _terminate)
+    from scaleladder import launch
+
+    env = launch.detect()
+    device = launch.pick_device(env, cfg.device)
+    launch.init(env, device)
+    try:
+        return _run_rank(cfg, env, device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
+    from scaleladder.bench import OOMDuringStep
+
+    try:
+        cfg.spec.strategy.check_world(env.world)
+        if env.nodes != cfg.spec.nodes:
+            raise SpecError(f"the spec says n{cfg.spec.nodes} but the launcher started ranks on {env.nodes} node(s)")
+        return _train_and_record(cfg, env, device)
+    except (OOMDuringStep, torch.OutOfMemoryError) as e:
+        step = getattr(e, "step", -1)
+        msg = str(e).splitlines()[0] if str(e) else "out of memory"
+        if env.world == 1:
+            from scaleladder.supervise import write_oom_record
+
+            write_oom_record(cfg, [{"rank": 0, "step": step, "error": msg}], world=1)
+            print(f"scaleladder run: {cfg.spec.path}: out of memory at step {step}; recorded as status 'oom' in {cfg.out}", file=sys.stderr)
+            return 0
+        marker = oom_marker(cfg.out, env.rank)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"rank": env.rank, "step": step, "error": msg, "host": os.uname().nodename}))
+        print(f"scaleladder run: rank {env.rank}: out of memory at step {step}", file=sys.stderr)
+        sys.stderr.flush()
+        # Other ranks are blocked in a collective this rank will never join; exiting
+        # hard lets the launcher (torchrun, srun --kill-on-bad-exit) stop them.
+        os._exit(EXIT_OOM)
+
+
+def _train_and_record(cfg: RunConfig, env: Any, device: torch.device) -> int:
+    from scaleladder import provenance
+    from scaleladder.bench import train_loop
+    from scaleladder.devices import device_name, peak_flops
+    from scaleladder.models.build import build_model, count_parameters
+    from scaleladder.models.flavors import get_flavor
+    from scaleladder.models.init import make_param_init_fn, materialize
+    from scaleladder.parallel import apply_strategy
+    from scaleladder.precision import policy
+    from scaleladder.store import write_record
+
+    spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
+    prec = policy(spec.precision)
+    prec.apply_backend_flags()
+    batch = int(spec.batch)
+    batches = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
+
+    torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
+    init = _init_mode(cfg, flavor, device)
+    model = build_model(flavor, "meta" if init == "meta" else device, cfg.codebook_weights)
+    params = count_parameters(model)
+    param_init_fn = None
+    if init == "meta":
+        if spec.strategy.is_fsdp:
+            param_init_fn = make_param_init_fn(model, device)
+        else:
+            materialize(model, device)
+        if cfg.codebook_weights:  # materialisation re-initialised the codebook: load it again
+            raise SpecError("--codebook-weights with --init meta is not supported; use --init device")
+    if prec.storage_dtype != torch.float32:
+        model = model.to(dtype=prec.storage_dtype)
+    wrapped, report = apply_strategy(model, spec.strategy, spec.knobs, prec, device, param_init_fn)
+    optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=cfg.lr)
+    scaler = _scaler(prec, spec.strategy.is_fsdp, device)
+
+    first, batches = _peek(batches)
+    flops = _flops(flavor, spec, batch * env.world, first)
+    m = train_loop(wrapped, optimizer, batches, cfg.steps, cfg.warmup, prec, device, scaler)
+    hosts = provenance.hosts()
+    if env.rank != 0:
+        return 0
+
+    samples_per_s = batch * env.world * m.measured_steps / m.window_s
+    items_per_sample = 2 if flavor.family == "flava" else 1
+    peak = peak_flops(device, spec.precision, cfg.peak_tflops)
+    per_device = flops.model * samples_per_s / env.world
+    measured = m.step_time_s[cfg.warmup:]
+    attrs: dict[str, Any] = {
+        "status": "ok",
+        **cfg.attrs(),
+        "world_size": env.world,
+        "ranks_per_node": env.local_world,
+        "launcher": env.source,
+        "params": params,
+        "frozen_unused_params": report.frozen_unused_params,
+        "fsdp_units": report.fsdp_units,
+        "ac_layers": report.ac_layers,
+        "init": init,
+        **provenance.collect(device_name(device)),
+        "hosts": hosts,
+        "flops_per_sample": flops.model,
+        "hardware_flops_per_sample": flops.hardware,
+        "samples_per_s": samples_per_s,
+        "items_per_s": samples_per_s * items_per_sample,
+        "items_per_sample": items_per_sample,
+        "window_s": m.window_s,
+        "step_time_mean_s": float(measured.mean()),
+        "step_time_median_s": float(np.median(measured)),
+        "step_time_p90_s": float(np.percentile(measured, 90)),
+        "tflops_per_device": per_device / 1e12,
+        "peak_tflops_per_device": peak / 1e12,
+        "mfu": per_device / peak,
+        "hfu": flops.hardware * samples_per_s / env.world / peak,
+        "final_loss": float(m.loss[-1]),
+        "peak_active_gib": float(m.peak_active_bytes.max()) / 2**30,
+        "peak_reserved_gib": float(m.peak_reserved_bytes.max()) / 2**30,
+        "alloc_retries": int(m.alloc_retries.sum()),
+        "ooms": int(m.ooms.sum()),
+    }
+    datasets = {
+        "step_time_s": m.step_time_s,
+        "loss": m.loss,
+        "memory/peak_active_bytes": m.peak_active_bytes,
+        "memory/peak_reserved_bytes": m.peak_reserved_bytes,
+        "memory/num_alloc_retries": m.alloc_retries,
+        "memory/num_ooms": m.ooms,
+        "memory/warmup_peak_active_bytes": m.warmup_peak_active_bytes,
+    }
+    write_record(cfg.out, attrs, datasets)
+    print(
+        f"{spec.path}: {attrs['items_per_s']:.1f} items/s, step {attrs['step_time_mean_s'] * 1e3:.1f} ms, "
+        f"MFU {attrs['mfu']:.3f}, peak active {attrs['peak_active_gib']:.2f} GiB, loss {attrs['final_loss']:.4f} -> {cfg.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
+    if cfg.init != "auto":
+        return cfg.init
+    if device.type != "cuda" or not cfg.spec.strategy.is_fsdp:
+        return "device"
+    from scaleladder.models.build import build_model, count_parameters
+
+    # Build on meta when the unsharded fp32 model would take over a quarter of the GPU.
+    fp32_bytes = 4 * count_parameters(build_model(flavor, "meta"))
+    return "meta" if fp32_bytes > 0.25 * torch.cuda.get_device_properties(device).total_memory else "device"
+
+
+def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    if cfg.data == "synthetic":
+        from scaleladder.batches import SyntheticBatches
+
+        return SyntheticBatches(flavor, batch, env.rank, cfg.steps, cfg.seed, device, dtype=dtype)
+    from scaleladder.data.loader import make_loader
+
+    loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, cfg.workers, cfg.seed, pin_memory=device.type == "cuda")
+    if dtype == torch.float32:
+        return loader
+    return ({k: v.to(dtype) if v.is_floating_point() else v for k, v in b.items()} for b in loader)
+
+
+def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
+    import itertools
+
+    it = iter(batches)
+    first = next(it)
+    return first, itertools.chain([first], it)
+
+
+def _flops(flavor: Any, spec: RunSpec, global_batch: int, first: dict[str, torch.Tensor]) -> Any:
+    from scaleladder.models.flops import flava_flops, vit_flops
+
+    if flavor.family == "vit":
+        return vit_flops(flavor, spec.strategy.ac)
+    # FLAVA's heads run on masked tokens of matched pairs only: count them on the first
+    # batch (one host sync, before the timed loop).
+    pos = first["itm_labels"].ne(0)
+    n = max(1, int(pos.sum()))
+    text = float(first["mlm_labels"][pos].ne(-1).sum()) / n
+    patches = float(first["image_patches_mask"][pos].sum()) / n
+    return flava_flops(flavor, global_batch, text, patches, n / len(pos), spec.strategy.ac)
+
+
+def _scaler(prec: Any, fsdp: bool, device: torch.device) -> Any:
+    if not prec.scaler:
+        return None
+    if fsdp:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=device.type)
+    return torch.amp.GradScaler(device.type)

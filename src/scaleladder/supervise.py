@@ -1,0 +1,135 @@
+"""`scaleladder launch` / `finalize`: run a rung under a launcher, record OOM as a result.
+
+Why a supervisor: when one rank of many runs out of memory, the others are
+blocked inside a collective that rank will never join; nothing inside the job
+can recover in step. So the OOM rank writes a marker and exits with code 3, the
+launcher stops the rest (torchrun does on any worker failure; srun needs
+``--kill-on-bad-exit=1``), and this supervisor — outside the ranks — turns the
+markers into an HDF5 record with status ``oom`` and exits 0: the ladder goes on.
+
+Anything else that fails leaves no result file and a non-zero exit, so
+Snakemake marks the job failed and never mistakes it for a result.
+
+``launch`` = run ``PREFIX run ARGS`` in a shell, then ``finalize``. A site whose
+rule must call ``srun ... apptainer exec ... scaleladder run`` itself (the rule's
+container would wrap the supervisor too) runs ``finalize --rc $?`` after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from scaleladder.runner import EXIT_OOM, RunConfig, add_arguments, config_from_args, oom_marker
+
+
+def oom_markers(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(f"{out.name}.oom-rank*.json"))
+
+
+def write_oom_record(cfg: RunConfig, events: list[dict[str, Any]], world: int, status: str = "oom", extra: dict[str, Any] | None = None) -> None:
+    """A result for a rung that did not fit: the spec, what failed where, no metrics."""
+    from scaleladder import provenance
+    from scaleladder.store import write_record
+
+    first = min(events, key=lambda e: (e.get("step", -1), e.get("rank", 0))) if events else {}
+    attrs = {
+        "status": status,
+        **cfg.attrs(),
+        "world_size": world,
+        "error": first.get("error", ""),
+        "oom_step": first.get("step", -1),
+        "oom_ranks": [e.get("rank") for e in events],
+        **{k: v for k, v in provenance.collect("").items() if k != "device_name"},
+        **(extra or {}),
+    }
+    write_record(cfg.out, attrs)
+
+
+def _clear(out: Path) -> None:
+    for m in oom_markers(out):
+        m.unlink()
+
+
+def finalize(cfg: RunConfig, rc: int, world: int | None = None) -> int:
+    """Decide what a finished launch produced. Returns the supervisor's exit code."""
+    markers = oom_markers(cfg.out)
+    try:
+        if markers:
+            events = [json.loads(m.read_text()) for m in markers]
+            cfg.out.unlink(missing_ok=True)  # a rank may have OOMed after rank 0 wrote: the OOM wins
+            write_oom_record(cfg, events, world or len(events))
+            print(f"scaleladder: {cfg.spec.path}: out of memory on rank(s) {[e['rank'] for e in events]}; recorded as 'oom'", file=sys.stderr)
+            return 0
+        if rc == 0 and cfg.out.is_file():
+            return 0
+        if rc == 0:
+            print(f"scaleladder: {cfg.spec.path}: the launcher exited 0 but wrote no {cfg.out}", file=sys.stderr)
+            return 1
+        cfg.out.unlink(missing_ok=True)  # never leave a result from a failed launch
+        print(f"scaleladder: {cfg.spec.path}: the run failed with exit code {rc}; no result written", file=sys.stderr)
+        return rc if rc not in (0, EXIT_OOM) else 1
+    finally:
+        _clear(cfg.out)
+
+
+def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[str, Any] | None:
+    """The planner's verdict as record attributes when it predicts no fit, else None."""
+    from scaleladder.plan import predict
+
+    world = cfg.spec.nodes * ranks_per_node
+    p = predict(cfg.spec, world, ranks_per_node, device_key)
+    if p.fits:
+        return None
+    return {"predicted_peak_gib": p.peak_bytes / 2**30, "plan_device": device_key}
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    add_arguments(p)
+    p.add_argument("--launcher", default="", help="command prefix that starts the ranks and ends with the program, e.g. "
+                   "'torchrun --standalone --nproc-per-node 2 -m scaleladder' (empty: one local process)")
+    p.add_argument("--plan-device", default="", help="planner device key; when set, a rung predicted not to fit is recorded as 'predicted-oom' without running")
+    p.add_argument("--ranks-per-node", default=None, type=int, help="ranks per node, for the planner (default: from the launcher, else 1)")
+    p.add_argument("--run-predicted-oom", action="store_true", help="run rungs the planner predicts will not fit anyway")
+
+
+def add_finalize_arguments(p: argparse.ArgumentParser) -> None:
+    add_arguments(p)
+    p.add_argument("--rc", type=int, required=True, help="exit code of the launcher that ran `scaleladder run`")
+
+
+def run_command(cfg: RunConfig, launcher: str, **override: Any) -> list[str] | str:
+    """The command that runs the ranks: argv for one local process, or a shell line."""
+    run_args = cfg.argv(**override)
+    if not launcher.strip():
+        return [sys.executable, "-m", "scaleladder", "run", *run_args]
+    return f"{launcher} run {shlex.join(run_args)}"
+
+
+def launch(cfg: RunConfig, launcher: str) -> int:
+    _clear(cfg.out)  # stale markers from an earlier, killed attempt must not turn this run into an OOM
+    cmd = run_command(cfg, launcher)
+    print(f"scaleladder launch: {cmd if isinstance(cmd, str) else shlex.join(cmd)}", file=sys.stderr)
+    rc = subprocess.call(cmd, shell=isinstance(cmd, str))
+    return finalize(cfg, rc)
+
+
+def launch_main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if args.plan_device and not args.run_predicted_oom:
+        verdict = predicted_oom(cfg, args.plan_device, args.ranks_per_node or 1)
+        if verdict is not None:
+            write_oom_record(cfg, [], cfg.spec.nodes * (args.ranks_per_node or 1), status="predicted-oom", extra=verdict)
+            print(f"scaleladder launch: {cfg.spec.path}: predicted not to fit on {args.plan_device} "
+                  f"({verdict['predicted_peak_gib']:.1f} GiB); recorded as 'predicted-oom'", file=sys.stderr)
+            return 0
+    return launch(cfg, args.launcher)
+
+
+def finalize_main(args: argparse.Namespace) -> int:
+    return finalize(config_from_args(args), args.rc)

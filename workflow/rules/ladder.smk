@@ -1,0 +1,122 @@
+# Stage 2: one job per rung, each writing results/rungs/<run spec>.h5.
+#
+# An OOM is a result, not a failure: `scaleladder launch`/`finalize`/`maxbatch` turn it
+# into an HDF5 record with status 'oom' (exit 0), so the ladder goes on. Any other
+# failure exits non-zero and leaves no file; the result is written atomically, so a rung
+# killed mid-run (Slurm at its time limit) leaves nothing behind and the next
+# `snakemake` runs exactly the rungs that are missing.
+#
+# TRAP: do not give these rules a `container:`. A rule's container wraps its WHOLE
+# command, so srun would run inside the image, where there is no Slurm. A multi-node
+# rung starts `srun ... apptainer exec ...` itself, through the site's launcher.
+#
+# The jobs are benchmarks: `bench_slot` keeps two of them off one workstation at once
+# (a SLURM site gives each its own allocation).
+
+RUNG = "{model}/{strategy}/{precision}/{knobs}/n{nodes}/b{batch}"
+
+
+if SITE["supervise"] == "launch":
+
+    # `scaleladder launch` runs the launcher itself: torchrun on a workstation or inside
+    # a single-node container, or srun where scaleladder lives on the batch node.
+    rule rung:
+        input:
+            data=rung_data,
+        output:
+            f"results/rungs/{RUNG}.h5",
+        log:
+            f"results/logs/rungs/{RUNG}.log",
+        wildcard_constraints:
+            batch=r"\d+",
+        params:
+            env=site_env(),
+            scaleladder=SCALELADDER,
+            launcher=launcher,
+            plan=plan_args(),
+            spec=spec_path,
+            data=data_arg,
+            steps=config["steps"],
+            warmup=config["warmup"],
+            workers=config["workers"],
+            seed=config["seed"],
+        resources:
+            bench_slot=1,
+        conda:
+            "../envs/scaleladder.yaml"
+        shell:
+            "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.plan} "
+            "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
+            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
+
+else:
+
+    # An Apptainer-only site: scaleladder lives only in the image, so it cannot call srun.
+    # The rule starts the ranks (`<launcher> run`), then `scaleladder finalize --rc`
+    # does launch's second half. `&& rc=0 || rc=$?` because Snakemake runs shell
+    # commands under `set -e`, which would otherwise stop at the failing srun.
+    rule rung:
+        input:
+            data=rung_data,
+        output:
+            f"results/rungs/{RUNG}.h5",
+        log:
+            f"results/logs/rungs/{RUNG}.log",
+        wildcard_constraints:
+            batch=r"\d+",
+        params:
+            env=site_env(),
+            prologue=prologue(),
+            scaleladder=SCALELADDER,
+            launcher=launcher,
+            spec=spec_path,
+            data=data_arg,
+            steps=config["steps"],
+            warmup=config["warmup"],
+            workers=config["workers"],
+            seed=config["seed"],
+        resources:
+            bench_slot=1,
+        conda:
+            "../envs/scaleladder.yaml"
+        shell:
+            "{params.env}{params.prologue}{params.launcher} run "
+            "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
+            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1 && rc=0 || rc=$?; "
+            "{params.scaleladder} finalize --rc $rc "
+            "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
+            "--workers {params.workers} --seed {params.seed} --out {output:q} >> {log} 2>&1"
+
+
+# The max-batch search probes several batches, each a full launch, so `scaleladder
+# maxbatch` must be able to run the launcher itself (site.supervisor_can_launch; the
+# config check refuses 'max' where it cannot).
+rule rung_max:
+    input:
+        data=rung_data,
+    output:
+        f"results/rungs/{RUNG}.h5",
+    log:
+        f"results/logs/rungs/{RUNG}.log",
+    wildcard_constraints:
+        batch="max",
+    params:
+        env=site_env(),
+        prologue=prologue(),
+        scaleladder=SCALELADDER,
+        launcher=launcher,
+        plan=plan_args(),
+        spec=spec_path,
+        data=data_arg,
+        steps=config["steps"],
+        warmup=config["warmup"],
+        workers=config["workers"],
+        seed=config["seed"],
+    resources:
+        bench_slot=1,
+    conda:
+        "../envs/scaleladder.yaml"
+    shell:
+        "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan} "
+        "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
+        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"

@@ -1,0 +1,73 @@
+# Stage 3: merge the rungs into results/ladder.h5, draw the figures, write the report.
+# These are light and run where snakemake runs (localrules), not as cluster jobs.
+
+localrules:
+    aggregate,
+    plots,
+    report,
+
+
+# Rebuilds the whole file from the rung files each time (HDF5 Group.copy into a
+# temporary file, then an atomic rename): running it twice gives the same groups.
+rule aggregate:
+    input:
+        RUNG_FILES,
+    output:
+        "results/ladder.h5",
+    log:
+        "results/logs/aggregate.log",
+    params:
+        env=site_env(),
+        scaleladder=SCALELADDER,
+        provenance=provenance_json(),
+    conda:
+        "../envs/scaleladder.yaml"
+    shell:
+        "{params.env}{params.scaleladder} aggregate --out {output:q} --provenance {params.provenance:q} "
+        "{input:q} > {log} 2>&1"
+
+
+rule plots:
+    input:
+        "results/ladder.h5",
+    output:
+        throughput=report("results/plots/throughput_by_model.png", caption="../report/throughput_by_model.rst", category="Figures"),
+        max_batch=report("results/plots/max_batch.png", caption="../report/max_batch.rst", category="Figures"),
+        knobs=report("results/plots/fsdp_knobs.png", caption="../report/fsdp_knobs.rst", category="Figures"),
+        scaling=report("results/plots/weak_scaling.png", caption="../report/weak_scaling.rst", category="Figures"),
+        pareto=report("results/plots/pareto.png", caption="../report/pareto.rst", category="Figures"),
+        throughput_pdf="results/plots/throughput_by_model.pdf",
+        max_batch_pdf="results/plots/max_batch.pdf",
+        knobs_pdf="results/plots/fsdp_knobs.pdf",
+        scaling_pdf="results/plots/weak_scaling.pdf",
+        pareto_pdf="results/plots/pareto.pdf",
+    log:
+        "results/logs/plots.log",
+    params:
+        env=site_env(),
+        scaleladder=SCALELADDER,
+        outdir=lambda wildcards, output: os.path.dirname(output.throughput),
+    conda:
+        "../envs/scaleladder.yaml"
+    shell:
+        "{params.env}{params.scaleladder} plots --ladder {input:q} --out-dir {params.outdir} > {log} 2>&1"
+
+
+rule report:
+    input:
+        ladder="results/ladder.h5",
+        plots=rules.plots.output,
+    output:
+        html="results/report.html",
+        md="results/report.md",
+    log:
+        "results/logs/report.log",
+    params:
+        env=site_env(),
+        scaleladder=SCALELADDER,
+        plotdir=lambda wildcards, input: os.path.dirname(input.plots[0]),
+    conda:
+        "../envs/scaleladder.yaml"
+    shell:
+        "{params.env}{params.scaleladder} report --ladder {input.ladder:q} --plots {params.plotdir} "
+        "--html {output.html:q} --md {output.md:q} > {log} 2>&1"
