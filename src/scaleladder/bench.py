@@ -29,6 +29,7 @@ Definitions (also in docs/metrics.md; the tests check them):
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -60,6 +61,17 @@ class OOMDuringStep(RuntimeError):
     def __init__(self, step: int, message: str):
         super().__init__(message)
         self.step = step
+
+
+def _injected_oom_step() -> int:
+    """Fault injection for the OOM path, which no CPU can reach for real:
+    ``SCALELADDER_INJECT_OOM=RANK:STEP`` makes that rank raise a genuine
+    ``torch.OutOfMemoryError`` at that step. Used by the tests; never set in profiles."""
+    spec = os.environ.get("SCALELADDER_INJECT_OOM", "")
+    if not spec:
+        return -1
+    rank, step = (int(x) for x in spec.split(":"))
+    return step if rank == dist.get_rank() else -1
 
 
 def _mem_counters(device: torch.device) -> tuple[int, int]:
@@ -98,6 +110,7 @@ def train_loop(
     t_window = 0.0
     model.train()
     it = iter(batches)
+    inject = _injected_oom_step()
     for step in range(steps):
         if step == warmup:
             # The measured window starts here: every rank, device idle, peaks reset.
@@ -115,6 +128,8 @@ def train_loop(
             events[step].record()
         host_times[step] = time.perf_counter()
         try:
+            if step == inject:
+                raise torch.OutOfMemoryError(f"injected by SCALELADDER_INJECT_OOM at step {step}")
             with prec.autocast(device):
                 loss = model(batch)
             if scaler is not None:

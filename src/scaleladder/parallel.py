@@ -112,7 +112,15 @@ def wrap_fsdp(
     }[strategy.sharding or ""]
     prefetch = {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST, "none": None}[knobs.backward_prefetch]
     extra: dict[str, Any] = {}
-    if strategy.sharding == "hybrid":
+    if strategy.sharding == "hybrid" and strategy.group == 1:
+        # TRAP (torch FSDP1): HYBRID_SHARD whose shard group has ONE rank warns
+        # "switching to NO_SHARD" and then applies NO_SHARD to that 1-rank group only,
+        # dropping the all-reduce across replicas: gradients are never synchronised and
+        # the replicas silently diverge (tests/test_parity.py shows it). Sharding over
+        # groups of 1 and replicating everywhere IS NO_SHARD over the world, so that is
+        # what hybrid1 runs. See docs/strategies.md on the ViT seed's "HYBRID 1GPU".
+        sharding = ShardingStrategy.NO_SHARD
+    elif strategy.sharding == "hybrid":
         # On CPU, HYBRID_SHARD needs both device_id and device_mesh (anchors.md).
         extra["device_mesh"] = _hybrid_mesh(dist.get_world_size(), strategy.group or 1, device)
     if param_init_fn is not None:

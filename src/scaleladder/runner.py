@@ -165,7 +165,7 @@ def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
             return 0
         marker = oom_marker(cfg.out, env.rank)
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"rank": env.rank, "step": step, "error": msg, "host": os.uname().nodename}))
+        marker.write_text(json.dumps({"rank": env.rank, "world": env.world, "step": step, "error": msg, "host": os.uname().nodename}))
         print(f"scaleladder run: rank {env.rank}: out of memory at step {step}", file=sys.stderr)
         sys.stderr.flush()
         # Other ranks are blocked in a collective this rank will never join; exiting

@@ -63,7 +63,7 @@ def finalize(cfg: RunConfig, rc: int, world: int | None = None) -> int:
         if markers:
             events = [json.loads(m.read_text()) for m in markers]
             cfg.out.unlink(missing_ok=True)  # a rank may have OOMed after rank 0 wrote: the OOM wins
-            write_oom_record(cfg, events, world or len(events))
+            write_oom_record(cfg, events, world or int(events[0].get("world", len(events))))
             print(f"scaleladder: {cfg.spec.path}: out of memory on rank(s) {[e['rank'] for e in events]}; recorded as 'oom'", file=sys.stderr)
             return 0
         if rc == 0 and cfg.out.is_file():

@@ -236,13 +236,13 @@ def prologue() -> str:
 
 
 def plan_args() -> str:
-    args = f" --plan-device {SITE['plan_device']}" if SITE.get("plan_device") else ""
+    """The planner's predicted-OOM check (launch and maxbatch only)."""
+    args = f" --plan-device {SITE['plan_device']} --ranks-per-node {RANKS_PER_NODE}" if SITE.get("plan_device") else ""
     return args + (" --run-predicted-oom" if config.get("run_predicted_oom") else "")
 
 
 def data_source() -> str:
-    src = (config.get("data") or {}).get("source", "embedded")
-    return src if isinstance(src, str) else "paths"
+    return (config.get("data") or {}).get("source", "embedded")
 
 
 def rung_data(wildcards) -> list[str]:
@@ -258,8 +258,18 @@ def data_arg(wildcards, input) -> str:
 
 
 def shard_sources() -> str:
-    src = (config.get("data") or {}).get("source", "embedded")
-    return "" if isinstance(src, str) else " ".join(src)
+    """`scaleladder shard` source options; none = its embedded sample set."""
+    data = config.get("data") or {}
+    args = []
+    if data.get("images"):
+        args.append(f"--images {data['images']}")
+    if data.get("captions"):
+        args.append(f"--captions {data['captions']}")
+    if data.get("wds"):
+        args.append("--wds " + " ".join(data["wds"]))
+    if data.get("vocab"):
+        args.append(f"--vocab {data['vocab']}")
+    return " ".join(args)
 
 
 def provenance_json() -> str:

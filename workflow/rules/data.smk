@@ -19,5 +19,5 @@ rule shard:
         "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} shard --out {params.outdir} --samples {params.samples} "
-        "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} {params.sources} "
-        "> {log} 2>&1"
+        "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --overwrite --quiet {params.sources}"
+        " > {log} 2>&1"

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -118,7 +118,7 @@ class _Progress:
         print(f"shard: {samples} samples, {shards} shards, {nbytes / 1e6:.1f} MB, {rate:.1f} MB/s", file=sys.stderr, flush=True)
 
 
-def _summary(values: list[float]) -> dict[str, float]:
+def _summary(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {}
     return {"min": min(values), "max": max(values), "mean": round(sum(values) / len(values), 3)}
@@ -149,6 +149,14 @@ def _place(staging: Path, out: Path, overwrite: bool) -> None:
     os.rename(staging, out)
 
 
+def _publishable(staging: Path) -> None:
+    # mkdtemp makes a 0700 directory; the published set should follow the umask like
+    # any other directory (a shared project space must be able to read it).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
+
+
 def write_shard_set(items: Iterable[Item], out: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
     """Write every good sample of ``items`` into a new shard set at ``out``; return its manifest path.
 
@@ -163,6 +171,7 @@ def write_shard_set(items: Iterable[Item], out: Path, opts: ShardOptions, proven
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         manifest = _write(items, staging, opts, provenance)
+        _publishable(staging)
         _place(staging, out, opts.overwrite)
         return out / manifest.name
     finally:
@@ -261,7 +270,7 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
             "image_width": _summary(stats.widths),
             "image_height": _summary(stats.heights),
             "caption_words": _summary(stats.words),
-            "caption_tokens": _summary([float(x) for x in lengths]),
+            "caption_tokens": _summary(lengths),
             "labelled": labelled,
             "num_classes": (max(stats.labels) + 1) if labelled else None,
             "label_counts": {str(k): v for k, v in sorted(stats.labels.items())},

@@ -252,9 +252,24 @@ def _caption_label(group: dict[str, bytes]) -> tuple[str, str | None, dict[str, 
     return caption, (None if label is None else str(label)), meta
 
 
+def _has_end_marker(shard: Path) -> bool:
+    """A tar ends with two zero blocks. Trap: Python's tarfile treats a file cut at a
+    member boundary as a complete archive and stops silently, so check for them."""
+    size = shard.stat().st_size
+    if size < 1024 or size % 512:
+        return False
+    with shard.open("rb") as f:
+        f.seek(size - 1024)
+        return f.read(1024) == bytes(1024)
+
+
 def iter_wds(shards: list[Path], limit: int | None) -> Iterator[Item]:
     n = 0
     for shard in shards:
+        if not _has_end_marker(shard):
+            # Reported first (so it is the error without --skip-bad); with --skip-bad the
+            # intact samples before the cut are still read.
+            yield BadSample(shard.name, "corrupt_tar", f"{shard}: truncated tar (no end-of-archive blocks)")
         try:
             for key, group in _tar_groups(shard):
                 if limit is not None and n >= limit:

@@ -17,13 +17,12 @@ The model's vocabulary must cover the tokenizer's: :func:`check_vocab`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from scaleladder.data.errors import DataError
+from scaleladder.data.errors import DataError, one_line
 from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
 
@@ -91,7 +90,7 @@ def from_vocab_file(path: str | Path) -> Tokenizer:
     try:
         model = models.WordPiece.from_file(str(path), unk_token=UNK)
     except Exception as e:  # tokenizers raises a bare Exception for unreadable files
-        raise DataError(f"{path}: not a readable WordPiece vocab.txt ({e})") from None
+        raise DataError(f"{path}: not a readable WordPiece vocab.txt ({one_line(e)})") from None
     return _finish(_pipeline(model), str(path))
 
 
@@ -104,28 +103,18 @@ def save(tok: Tokenizer, directory: Path) -> Path:
     return path
 
 
-def tokenizer_path(manifest: str | Path) -> Path:
-    """Where the manifest says the tokenizer is (relative paths are relative to the manifest)."""
-    manifest = Path(manifest)
-    try:
-        info = json.loads(manifest.read_text())["scaleladder"]["tokenizer"]
-        rel = info["path"]
-    except FileNotFoundError:
-        raise DataError(f"{manifest}: manifest does not exist") from None
-    except (KeyError, TypeError, json.JSONDecodeError):
-        raise DataError(f"{manifest}: no scaleladder.tokenizer.path in the manifest") from None
-    return manifest.parent / rel
-
-
 def load_tokenizer(manifest: str | Path) -> Tokenizer:
-    """The tokenizer that ``manifest`` points to, checked for ``[PAD]`` = 0 and the specials."""
-    path = tokenizer_path(manifest)
+    """The tokenizer that ``manifest`` (file or shard directory) points to, checked for ``[PAD]`` = 0 and the specials."""
+    from scaleladder.data.manifest import read_manifest
+
+    m = read_manifest(manifest)
+    path = m.tokenizer_path
     if not path.is_file():
-        raise DataError(f"{path}: tokenizer named by {manifest} does not exist")
+        raise DataError(f"{path}: tokenizer named by {m.path} does not exist")
     try:
         tok = Tokenizer.from_file(str(path))
-    except Exception as e:
-        raise DataError(f"{path}: not a tokenizers JSON file ({e})") from None
+    except Exception as e:  # tokenizers raises a bare Exception on a bad file
+        raise DataError(f"{path}: not a tokenizers JSON file ({one_line(e)})") from None
     return _finish(tok, str(path))
 
 

@@ -1,0 +1,176 @@
+"""``scaleladder shard``: turn image-text data into WebDataset shards + tokenizer + manifest.
+
+Sources (at most one; none means the embedded synthetic set)::
+
+    scaleladder shard --out data/synthetic                        # 512 synthetic samples, 64 px
+    scaleladder shard --out data/pets --images photos/            # sidecar photos/x.txt captions
+    scaleladder shard --out data/cc --images imgs/ --captions cc.csv   # path,caption[,label] table
+    scaleladder shard --out data/laion --wds 'laion-{00000..00009}.tar'  # re-shard img2dataset output
+
+Exit codes: 0 written, 2 bad input (one line naming the file and key; nothing
+written), 1 any other failure or an interrupt (nothing written either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from scaleladder.data import sources
+from scaleladder.data.errors import DataError
+from scaleladder.data.tokenizer import DEFAULT_VOCAB_SIZE
+
+SYNTHETIC_SAMPLES = 512
+SYNTHETIC_IMAGE_SIZE = 64
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("source (give none for the embedded synthetic set)")
+    src.add_argument("--images", type=Path, metavar="DIR", help="folder of images; captions in sidecar NAME.txt (labels in NAME.cls) unless --captions")
+    src.add_argument("--captions", type=Path, metavar="TABLE", help="CSV/TSV/JSONL with path, caption and optional label columns; paths relative to --images (default: the table's folder)")
+    src.add_argument("--wds", nargs="+", metavar="SHARDS", help="existing WebDataset shards (files, folders, or brace patterns) with jpg/png + txt or json caption")
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", type=Path, default=None, metavar="DIR", help="shard directory to create (default: data/NAME)")
+    out.add_argument("--name", default=None, help="shard file prefix: NAME-000000.tar (default: synthetic, or data)")
+    out.add_argument("--per-shard", type=int, default=64, metavar="N", help="samples per shard (default 64)")
+    out.add_argument("--samples", type=int, default=None, metavar="N", help=f"number of samples (synthetic default {SYNTHETIC_SAMPLES}; sources: all)")
+    out.add_argument("--image-size", type=int, default=None, metavar="PX", help=f"synthetic: image side (default {SYNTHETIC_IMAGE_SIZE}); sources: shrink so the shorter side is PX (default: keep)")
+    out.add_argument("--seed", type=int, default=0, help="synthetic data / source shuffling seed (default 0)")
+    out.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    tok = parser.add_argument_group("tokenizer")
+    tg = tok.add_mutually_exclusive_group()
+    tg.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N", help=f"train a WordPiece vocabulary of at most N tokens on the captions (default {DEFAULT_VOCAB_SIZE}, fits flava-debug)")
+    tg.add_argument("--vocab", type=Path, default=None, metavar="VOCAB_TXT", help="use this BERT vocab.txt instead (e.g. bert-base-uncased for the real FLAVA flavors)")
+    parser.add_argument("--skip-bad", action="store_true", help="skip bad samples (counted in the manifest) instead of failing")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _canonical_command(args: argparse.Namespace, options: dict[str, Any]) -> str:
+    """The command as a runnable string, rebuilt from the parsed options (independent of how it was invoked)."""
+    words = ["scaleladder", "shard"]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            words += [flag, *map(str, value)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _items(args: argparse.Namespace, samples: int | None, image_size: int | None) -> tuple[Iterator[sources.Item], dict[str, Any]]:
+    if args.wds:
+        shards = sources.expand_shards(list(args.wds))
+        return sources.iter_wds(shards, samples), {"kind": "webdataset", "shards": [str(s) for s in shards]}
+    if args.captions is not None:
+        return (
+            sources.iter_table(args.captions, args.images, args.seed, samples),
+            {"kind": "table", "table": str(args.captions), "images": str(args.images) if args.images else None},
+        )
+    if args.images is not None:
+        return sources.iter_folder(args.images, args.seed, samples), {"kind": "folder", "images": str(args.images)}
+    assert samples is not None and image_size is not None
+    return sources.iter_synthetic(samples, args.seed, image_size), {"kind": "synthetic", "seed": args.seed}
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.wds and (args.images is not None or args.captions is not None):
+        raise DataError("give either --wds or --images/--captions, not both")
+    for what in ("per_shard", "samples", "image_size", "vocab_size"):
+        value = getattr(args, what)
+        if value is not None and value < 1:
+            raise DataError(f"--{what.replace('_', '-')} must be >= 1, got {value}")
+    if args.name is not None and not _NAME_RE.match(args.name):
+        raise DataError(f"--name {args.name!r} may only hold letters, digits, '-' and '_' (no dots: WebDataset splits keys at dots)")
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def shard_main(args: argparse.Namespace) -> int:
+    from scaleladder.data.shard import ShardOptions, write_shard_set  # webdataset/PIL only when needed
+
+    # SIGTERM (Slurm time limit, Snakemake cancel) must run the cleanup below too;
+    # Python's default for SIGTERM is to die without unwinding.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
+    try:
+        _validate(args)
+        synthetic = not (args.wds or args.images is not None or args.captions is not None)
+        name = args.name or ("synthetic" if synthetic else "data")
+        samples = args.samples if args.samples is not None else (SYNTHETIC_SAMPLES if synthetic else None)
+        image_size = args.image_size if args.image_size is not None else (SYNTHETIC_IMAGE_SIZE if synthetic else None)
+        out = args.out if args.out is not None else Path("data") / name
+        options = {
+            "images": str(args.images) if args.images else None,
+            "captions": str(args.captions) if args.captions else None,
+            "wds": list(args.wds) if args.wds else None,
+            "out": str(out),
+            "name": name,
+            "per_shard": args.per_shard,
+            "samples": samples,
+            "image_size": image_size,
+            "seed": args.seed,
+            "vocab_size": None if args.vocab else args.vocab_size,
+            "vocab": str(args.vocab) if args.vocab else None,
+            "skip_bad": args.skip_bad,
+        }
+        items, source = _items(args, samples, image_size)
+        opts = ShardOptions(
+            name=name,
+            per_shard=args.per_shard,
+            image_size=image_size,
+            skip_bad=args.skip_bad,
+            vocab_size=args.vocab_size,
+            vocab_file=args.vocab,
+            progress=not args.quiet,
+            overwrite=args.overwrite,
+        )
+        provenance = {"command": _canonical_command(args, options), "options": options, "source": source}
+        manifest = write_shard_set(items, out, opts, provenance)
+    except DataError as e:
+        print(f"scaleladder shard: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("scaleladder shard: interrupted; nothing was written", file=sys.stderr)
+        return 1
+    except Exception as e:  # disk full, permissions, ...: still one line, still nothing written
+        print(f"scaleladder shard: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    from scaleladder.data.manifest import read_manifest
+
+    m = read_manifest(manifest)
+    skipped = m.info["skipped"]["total"]
+    print(f"wrote {m.samples} samples in {len(m.shards)} shards to {manifest.parent}"
+          + (f" ({skipped} bad samples skipped)" if skipped else "") + f"; manifest {manifest}")
+    return 0
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scaleladder shard", description="write WebDataset shards + manifest")
+    add_shard_arguments(parser)
+    return shard_main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

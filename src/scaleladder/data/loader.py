@@ -1,0 +1,223 @@
+"""The loader: WebDataset shards -> exactly ``steps`` batches of one rank's local batch.
+
+The pipeline, per reader (one rank x one DataLoader worker)::
+
+    ShardStream           which shards this reader reads, forever (explicit node + worker split,
+                          resampled), each verified against its sha256 before its first use
+    tarfile_to_samples    webdataset: tar members grouped into samples by key
+    shuffle               a sample buffer, seeded per reader
+    map(transform)        decode + FLAVA/ViT transforms, in the worker
+    batched               collated in the worker (one shared-memory transfer per tensor)
+    WebLoader(...).with_epoch(steps)   pinned memory, prefetch, exactly ``steps`` batches
+
+Traps this design avoids (webdataset issues #188, #225):
+
+* webdataset's default nodesplitter (``single_node_only``) raises once world > 1, and
+  its ``split_by_node`` reads rank/world from the environment or torch.distributed.
+  We split explicitly with the ``rank``/``world`` we are given.
+* A rank with no shards yields nothing, and DDP/FSDP then hang in the first
+  collective waiting for it; ranks with unequal sample counts hang at the end of
+  the shorter one. Every reader's stream is infinite (shards are drawn again and
+  again) and ``.with_epoch(steps)`` cuts it, so every rank yields exactly ``steps``
+  batches, whatever the shard sizes.
+* Fewer shards than readers (world x workers): with ``resample=True`` (default)
+  every reader then draws from all shards (streams overlap but stay distinct by
+  seed); with ``resample=False`` it is an error, raised on every rank alike
+  (the decision depends only on the manifest, world and workers) so no rank is
+  left waiting for another.
+* ``with_epoch(0)`` means "no limit" in webdataset: ``steps`` must be >= 1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import webdataset as wds
+from torch.utils.data import IterableDataset
+
+from scaleladder.data import readers
+from scaleladder.data.errors import DataError, one_line
+from scaleladder.data.manifest import Manifest, ShardEntry, check_sizes, read_manifest, sha256_file, verify_shard
+from scaleladder.data.tokenizer import check_vocab
+from scaleladder.data.transforms import FlavaTransform, VitTransform, collate
+from scaleladder.models.flavors import Flavor
+from scaleladder.spec import SpecError
+
+SHUFFLE_BUFFER = 256
+SHUFFLE_INITIAL = 64
+
+
+def assign_shards(shards: list[ShardEntry], reader: readers.Reader, resample: bool) -> list[ShardEntry]:
+    """The shards one reader draws from: split by node (rank), then by worker."""
+    if len(shards) >= reader.count:
+        by_node = shards[reader.rank::reader.world]
+        return by_node[reader.worker::reader.workers]  # >= 1 each, since len >= world * workers
+    if resample:
+        return list(shards)
+    raise DataError(_too_few(len(shards), reader.world, reader.workers))
+
+
+def _too_few(n: int, world: int, workers: int) -> str:
+    return (
+        f"{n} shard(s) cannot give each of world {world} x {workers} worker(s) = {world * workers} readers its own; "
+        "re-shard with a smaller --per-shard, use fewer workers, or allow resampling"
+    )
+
+
+class ShardStream(IterableDataset):
+    """An endless stream of ``{"url": path}`` for the calling reader."""
+
+    def __init__(self, manifest: Manifest, rank: int, world: int, seed: int, resample: bool, verify: bool) -> None:
+        super().__init__()
+        self.manifest, self.rank, self.world, self.seed = manifest, rank, world, seed
+        self.resample, self.verify = resample, verify
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        reader = readers.current_reader(self.rank, self.world)
+        own = assign_shards(self.manifest.shards, reader, self.resample)
+        rng = reader.rng(self.seed, readers.SHARD_ORDER)
+        verified: set[Path] = set()
+        while True:
+            # resampled: draw with replacement; otherwise: each own shard once per pass, shuffled.
+            order = rng.integers(0, len(own), len(own)) if self.resample else rng.permutation(len(own))
+            for i in order:
+                entry = own[int(i)]
+                if self.verify and entry.path not in verified:
+                    # Lazily, once per shard per reader: with enough shards each one is
+                    # hashed by exactly one reader, in parallel, overlapped with training.
+                    verify_shard(entry, self.manifest.path)
+                    verified.add(entry.path)
+                yield {"url": str(entry.path)}
+
+
+class _SeededShuffle:
+    """webdataset's sample shuffle buffer, with a per-reader seeded generator (built in the worker)."""
+
+    def __init__(self, seed: int, rank: int, world: int, bufsize: int) -> None:
+        self.seed, self.rank, self.world, self.bufsize = seed, rank, world, bufsize
+
+    def __call__(self, src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        reader = readers.current_reader(self.rank, self.world)
+        rng = random.Random(int(reader.rng(self.seed, readers.SHUFFLE).integers(2**63)))
+        return wds.shuffle(self.bufsize, min(SHUFFLE_INITIAL, self.bufsize), rng=rng)(src)
+
+
+def _shard_read_error(exn: Exception) -> bool:
+    """webdataset handler: turn tar-level failures into a one-line DataError naming the shard.
+
+    webdataset calls handlers twice for one failure (from the member iterator, then
+    from the shard expander, which appends (stream, url) to ``exn.args``); the
+    second call knows the url.
+    """
+    url = exn.args[-1] if len(exn.args) >= 3 and isinstance(exn.args[-1], str) else None
+    first = str(exn.args[0]).split(" @ ")[0] if exn.args else type(exn).__name__
+    if isinstance(exn, DataError):
+        if url is None:
+            raise exn
+        raise DataError(f"{url}: {first}") from None
+    what = f"truncated or corrupt shard ({type(exn).__name__}: {first})"
+    raise DataError(f"{url}: {what}" if url else what) from None
+
+
+class ShardLoader:
+    """Iterable of exactly ``steps`` batches; ``len()`` is ``steps``.
+
+    Re-raises data errors from the workers as one line (a DataLoader worker's
+    exception comes back with the worker's whole traceback in its message).
+    """
+
+    def __init__(self, loader: wds.WebLoader, steps: int, manifest: Manifest) -> None:
+        self.loader, self.steps, self.manifest = loader, steps, manifest
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        n = 0
+        try:
+            for batch in self.loader:
+                n += 1
+                yield batch
+        except DataError as e:
+            raise DataError(one_line(e)) from None
+        if n != self.steps:  # cannot happen with endless streams; a rank hanging DDP is worse than this error
+            raise DataError(f"{self.manifest.path}: loader gave {n} batches instead of {self.steps}")
+
+
+def _check_model_fit(manifest: Manifest, flavor: Flavor) -> None:
+    if flavor.family == "flava":
+        tok = manifest.info.get("tokenizer", {})
+        path = manifest.tokenizer_path
+        if not path.is_file():
+            raise DataError(f"{path}: tokenizer named by {manifest.path} does not exist")
+        if tok.get("sha256") and sha256_file(path) != tok["sha256"]:
+            raise DataError(f"{path}: sha256 does not match {manifest.path.name}; re-run `scaleladder shard`")
+        check_vocab(int(tok["vocab_size"]), flavor, where=f"tokenizer {path}")
+    else:
+        if not manifest.labelled:
+            raise DataError(f"{manifest.path}: not every sample has a label, and {flavor.name} is a classifier")
+        classes = manifest.num_classes or 0
+        if classes > flavor.num_classes:
+            raise SpecError(f"{manifest.path} has labels up to {classes - 1} but {flavor.name} has {flavor.num_classes} classes")
+
+
+def make_loader(
+    manifest: str | Path,
+    flavor: Flavor,
+    local_batch: int,
+    rank: int,
+    world: int,
+    steps: int,
+    workers: int,
+    seed: int,
+    pin_memory: bool,
+    *,
+    resample: bool = True,
+    verify: bool = True,
+    shuffle_buffer: int = SHUFFLE_BUFFER,
+    prefetch_factor: int = 2,
+) -> ShardLoader:
+    """A loader that yields exactly ``steps`` batches of ``local_batch`` samples on this rank.
+
+    Batches are ``dict[str, Tensor]`` as in docs/design.md ("Batches"). ``manifest`` is
+    the manifest file or its shard directory. Raises DataError/SpecError (one line)
+    before any worker starts when the data cannot feed ``flavor`` on this world.
+    """
+    for what, value, low in (("local batch", local_batch, 1), ("steps", steps, 1), ("world", world, 1), ("workers", workers, 0)):
+        if value < low:
+            raise SpecError(f"{what} must be >= {low}, got {value}")
+    if not 0 <= rank < world:
+        raise SpecError(f"rank {rank} is outside world {world}")
+    m = read_manifest(manifest)
+    check_sizes(m)  # every rank: cheap, and fails before any collective is entered
+    _check_model_fit(m, flavor)
+    if not resample and len(m.shards) < world * max(workers, 1):
+        raise DataError(f"{m.path}: " + _too_few(len(m.shards), world, max(workers, 1)))
+
+    if flavor.family == "flava":
+        transform: Any = FlavaTransform(flavor, m.tokenizer_path, seed, rank, world)
+    else:
+        transform = VitTransform(flavor, seed, rank, world)
+    dataset = wds.DataPipeline(
+        ShardStream(m, rank, world, seed, resample, verify),
+        wds.tarfile_to_samples(handler=_shard_read_error),
+        _SeededShuffle(seed, rank, world, shuffle_buffer),
+        wds.map(transform),
+        wds.batched(local_batch, collation_fn=collate, partial=False),
+    )
+    pin = pin_memory and torch.cuda.is_available()  # pinning without a GPU only warns and costs time
+    loader = wds.WebLoader(
+        dataset,
+        batch_size=None,  # batched in the workers above
+        num_workers=workers,
+        pin_memory=pin,
+        prefetch_factor=prefetch_factor if workers > 0 else None,
+        persistent_workers=False,
+    )
+    # with_epoch on the LOADER (not the dataset): with several workers a per-dataset
+    # epoch is per worker, and the total would be steps x workers.
+    return ShardLoader(loader.with_epoch(steps), steps, m)

@@ -1,0 +1,202 @@
+"""`scaleladder report`: one page with the figures and the table, as HTML and Markdown.
+
+The page answers, in order: what ran where (site, ladder, provenance), which strategy
+wins for each model size, what each figure shows, and every rung's numbers. Figures are
+linked by relative path, so the page and its plots/ folder move together (the HTML
+embeds nothing; it opens from the results folder in any browser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Any
+
+from scaleladder.aggregate import read_ladder
+from scaleladder.plots import FIGURES, _num, is_ok, is_oom, knobs_label, model_order, strategy_label
+
+Rung = dict[str, Any]
+
+TITLES = {
+    "throughput_by_model": "Throughput per model size and strategy (batch 8 and max batch)",
+    "max_batch": "Max local batch per strategy and model size",
+    "fsdp_knobs": "FSDP sharding strategy x prefetch x limit_all_gathers",
+    "weak_scaling": "Weak scaling: throughput and memory per GPU against nodes",
+    "pareto": "Throughput against peak memory: the strategies worth choosing",
+}
+
+COLUMNS = [
+    ("spec", "run spec"),
+    ("status", "status"),
+    ("world_size", "GPUs"),
+    ("batch", "local batch"),
+    ("items_per_s", "items/s"),
+    ("samples_per_s", "samples/s"),
+    ("mfu", "MFU"),
+    ("peak_reserved_gib", "peak reserved GiB"),
+    ("peak_active_gib", "peak active GiB"),
+    ("alloc_retries", "alloc retries"),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ladder", required=True, help="the aggregated HDF5 (results/ladder.h5)")
+    parser.add_argument("--plots", required=True, help="folder holding the figures from `scaleladder plots`")
+    parser.add_argument("--html", help="write the HTML page here")
+    parser.add_argument("--md", help="write the Markdown page here")
+
+
+def _fmt(key: str, v: Any) -> str:
+    if v is None or v == "":
+        return "-"
+    x = _num(v)
+    if x is None:
+        return str(v)
+    if key == "mfu":
+        return f"{100 * x:.1f}%"
+    if key in ("world_size", "alloc_retries") or float(x).is_integer() and key not in ("items_per_s", "samples_per_s"):
+        return f"{int(x)}" if float(x).is_integer() else f"{x:.2f}"
+    return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.2f}"
+
+
+def _cell(r: Rung, key: str) -> str:
+    if key == "batch" and str(r.get("spec_batch")) == "max":
+        return f"max = {r.get('max_batch', r.get('batch', '?'))}"
+    if key == "status" and r.get("status") != "ok":
+        return str(r.get("status"))
+    return _fmt(key, r.get(key))
+
+
+def winners(rungs: list[Rung]) -> list[dict[str, str]]:
+    """Per model and node count: the fastest measured strategy, and the one that fits the
+    largest batch; plus which strategies ran out of memory."""
+    groups: dict[tuple[str, int], list[Rung]] = defaultdict(list)
+    for r in rungs:
+        groups[(r["model"], int(r.get("nodes", 1)))].append(r)
+    rows = []
+    order = model_order(rungs)
+    for model, nodes in sorted(groups, key=lambda k: (order.index(k[0]), k[1])):
+        rs = groups[(model, nodes)]
+        ok = [r for r in rs if is_ok(r)]
+        fastest = max(ok, key=lambda r: r["items_per_s"], default=None)
+        maxb = [r for r in rs if r.get("status") == "ok" and _num(r.get("max_batch"))]
+        biggest = max(maxb, key=lambda r: _num(r.get("max_batch")) or 0, default=None)
+        oom = sorted({strategy_label(r["strategy"]) for r in rs if is_oom(r)})
+        rows.append({
+            "model": model,
+            "nodes": str(nodes),
+            "fastest": (f"{strategy_label(fastest['strategy'])} ({_fmt('items_per_s', fastest['items_per_s'])} items/s, "
+                        f"batch {fastest.get('max_batch', fastest.get('batch'))}, {fastest.get('knobs')})") if fastest else "-",
+            "largest batch": (f"{strategy_label(biggest['strategy'])} ({int(_num(biggest['max_batch']) or 0)})"
+                              if biggest else "-"),
+            "out of memory": ", ".join(oom) or "-",
+        })
+    return rows
+
+
+def _summary(rungs: list[Rung], root: dict[str, Any]) -> list[tuple[str, str]]:
+    prov = {}
+    try:
+        prov = json.loads(root.get("provenance", "{}"))
+    except (TypeError, json.JSONDecodeError):
+        pass
+    counts = json.loads(root.get("status_counts", "{}") or "{}") if isinstance(root.get("status_counts"), str) else {}
+    devices = sorted({str(r.get("device_name")) for r in rungs if r.get("device_name")})
+    return [
+        ("site", str(prov.get("site", "-"))),
+        ("rungs", f"{len(rungs)} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or '-'})"),
+        ("steps per rung", f"{prov.get('steps', '-')} ({prov.get('warmup', '-')} warm-up steps excluded)"),
+        ("devices", ", ".join(devices) or "-"),
+        ("torch", ", ".join(sorted({str(r.get("torch_version")) for r in rungs if r.get("torch_version")})) or "-"),
+        ("scaleladder", f"{root.get('scaleladder_version', '-')} (git {str(root.get('git_commit', ''))[:12] or '-'})"),
+        ("aggregated", str(root.get("created_utc", "-"))),
+        ("combinations skipped", str(len(prov.get("skipped", []))) if prov else "-"),
+    ]
+
+
+def _sorted_rungs(rungs: list[Rung]) -> list[Rung]:
+    order = model_order(rungs)
+    return sorted(rungs, key=lambda r: (order.index(r["model"]), int(r.get("nodes", 1)), r["spec"]))
+
+
+def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str) -> str:
+    out = ["# scaleladder report", ""]
+    out += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _summary(rungs, root)] + [""]
+    out += ["## Which strategy for which model", ""]
+    w = winners(rungs)
+    if w:
+        keys = list(w[0])
+        out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        out += ["| " + " | ".join(row[k] for k in keys) + " |" for row in w]
+    out += [""]
+    for name in FIGURES:
+        out += [f"## {TITLES[name]}", "", f"![{TITLES[name]}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
+    out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
+    out += ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in _sorted_rungs(rungs):
+        out.append("| " + " | ".join(_cell(r, k) for k, _ in COLUMNS) + " |")
+    return "\n".join(out) + "\n"
+
+
+def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str) -> str:
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>scaleladder report</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+        "th{background:#f3f3f3}tr.oom td{color:#c0392b}img{max-width:100%;border:1px solid #eee}"
+        "figure{margin:2em 0}</style></head><body>",
+        "<h1>scaleladder report</h1><table>",
+    ]
+    parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _summary(rungs, root)]
+    parts.append("</table><h2>Which strategy for which model</h2>")
+    w = winners(rungs)
+    if w:
+        keys = list(w[0])
+        parts.append("<table><tr>" + "".join(f"<th>{e(k)}</th>" for k in keys) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(row[k])}</td>" for k in keys) + "</tr>" for row in w]
+        parts.append("</table>")
+    for name in FIGURES:
+        src = f"{plot_rel}/{name}.png"
+        parts.append(f"<figure><h2>{e(TITLES[name])}</h2><img src='{e(src)}' alt='{e(TITLES[name])}'>"
+                     f"<figcaption><a href='{e(plot_rel)}/{name}.pdf'>PDF</a></figcaption></figure>")
+    parts.append("<h2>Every rung</h2><p>An OOM rung is a result: its metrics are absent, not zero.</p><table><tr>")
+    parts += [f"<th>{e(h)}</th>" for _, h in COLUMNS]
+    parts.append("</tr>")
+    for r in _sorted_rungs(rungs):
+        cls = " class='oom'" if is_oom(r) else ""
+        parts.append(f"<tr{cls}>" + "".join(f"<td>{e(_cell(r, k))}</td>" for k, _ in COLUMNS) + "</tr>")
+    parts.append("</table>")
+    knob_note = ", ".join(sorted({f"{k} = {knobs_label(k)}" for k in {str(r.get('knobs')) for r in rungs} if "-" in k}))
+    if knob_note:
+        parts.append(f"<p><small>FSDP knobs in run specs: {e(knob_note)}.</small></p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not (args.html or args.md):
+        print("scaleladder report: error: give --html and/or --md", file=sys.stderr)
+        return 2
+    if not os.path.exists(args.ladder):
+        print(f"scaleladder report: error: no ladder file {args.ladder}", file=sys.stderr)
+        return 2
+    rungs, root = read_ladder(args.ladder)
+    for out, render in ((args.html, render_html), (args.md, render_markdown)):
+        if out:
+            rel = os.path.relpath(args.plots, os.path.dirname(os.path.abspath(out)) or ".")
+            _write(out, render(rungs, root, rel))
+            print(f"scaleladder report: {out}")
+    return 0

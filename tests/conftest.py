@@ -1,0 +1,122 @@
+"""Shared test helpers: rung files in the design's HDF5 schema, and a repo copy for
+workflow tests (each snakemake test runs in its own tmp copy so .snakemake/ and
+results/ never collide)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from scaleladder.spec import RunSpec
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def write_rung(root: Path, spec_path: str, status: str = "ok", **metrics: Any) -> Path:
+    """A rung file as `scaleladder run` writes it (docs/design.md, "Result file")."""
+    spec = RunSpec.from_path(spec_path)
+    path = Path(root) / "results" / "rungs" / f"{spec.path}.h5"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    steps = int(metrics.pop("steps", 6))
+    with h5py.File(path, "w") as f:
+        f.attrs["status"] = status
+        for k, v in spec.as_attrs().items():
+            f.attrs[k] = v
+        f.attrs.update({"steps": steps, "warmup": 2, "seed": 0, "data": "synthetic", "world_size": 8,
+                        "ranks_per_node": 8, "device_name": "test", "torch_version": "test"})
+        if status == "ok":
+            ips = float(metrics.pop("items_per_s", 100.0))
+            f.attrs.update({"items_per_s": ips, "samples_per_s": ips / 2, "mfu": 0.3,
+                            "peak_active_gib": 10.0, "peak_reserved_gib": 12.0})
+            f.create_dataset("step_time_s", data=np.full(steps, 0.1))
+            f.create_dataset("loss", data=np.linspace(2, 1, steps))
+            for k in ("peak_active_bytes", "peak_reserved_bytes", "num_alloc_retries", "num_ooms"):
+                f.create_dataset(f"memory/{k}", data=np.zeros(8, dtype=np.int64))
+        else:
+            f.attrs["error"] = "CUDA out of memory"
+        for k, v in metrics.items():
+            f.attrs[k] = v
+    return path
+
+
+def seed_like_ladder(root: Path) -> list[Path]:
+    """A ladder shaped like the two seeds' experiments, with OOM and missing points."""
+    files = []
+    flava = {"flava-350m": 350e6, "flava-900m": 900e6, "flava-1.8b": 1.8e9, "flava-10b": 10e9}
+    for i, (m, p) in enumerate(flava.items()):
+        for s, fits, speed in (("ddp", i < 2, 1.0), ("fsdp-full", i < 3, 0.9), ("fsdp-full-ac", True, 0.7)):
+            for b in ("8", "max"):
+                spec = f"{m}/{s}/bf16-mixed/pre-lag/n1/b{b}"
+                if fits:
+                    mb = {"ddp": 16, "fsdp-full": 20, "fsdp-full-ac": 60}[s] // (i + 1)
+                    extra = {"max_batch": mb, "batch": str(mb)} if b == "max" else {}
+                    files.append(write_rung(root, spec, items_per_s=4000 * speed / (i + 1) * (1.3 if b == "max" else 1),
+                                            params=p, peak_reserved_gib=8 + 6 * i + (10 if b == "max" else 0), **extra))
+                else:
+                    files.append(write_rung(root, spec, status="oom" if s == "ddp" else "predicted-oom", params=p))
+    for k, thr in (("pre-lag", 900), ("pre-nolag", 850), ("post-lag", 870), ("none-nolag", 700)):
+        for s in ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid2"):
+            files.append(write_rung(root, f"vit-5b/{s}/bf16-mixed/{k}/n8/b32", items_per_s=thr * (1.1 if "hybrid" in s else 1)))
+    for m, base in (("vit-base", 2000.0), ("vit-3b", 150.0)):
+        for s in ("ddp", "fsdp-full", "fsdp-hybrid2"):
+            for n in (1, 2, 4, 8):
+                if m == "vit-3b" and s == "ddp" and n >= 4:
+                    files.append(write_rung(root, f"{m}/{s}/bf16-mixed/pre-lag/n{n}/b32", status="oom"))
+                    continue
+                files.append(write_rung(root, f"{m}/{s}/bf16-mixed/pre-lag/n{n}/b32", items_per_s=base * n * (0.9 ** n),
+                                        peak_reserved_gib=60 / (n if s == "fsdp-full" else 1)))
+    return files
+
+
+@pytest.fixture
+def seed_ladder(tmp_path: Path) -> tuple[Path, list[Path]]:
+    return tmp_path, seed_like_ladder(tmp_path)
+
+
+# -- workflow copies ----------------------------------------------------------------------
+
+WORKFLOW_PARTS = ("Snakefile", "workflow", "profiles", "config")
+
+
+def workflow_copy(dest: Path) -> Path:
+    """The workflow's files (not results/ or .snakemake/) copied into ``dest``."""
+    for part in WORKFLOW_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part)
+        else:
+            shutil.copy2(src, dest / part)
+    return dest
+
+
+def snakemake_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    # scaleladder and snakemake from this venv, also inside Slurm jobs (sbatch --export=ALL)
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    env.setdefault("SCALELADDER_SLURM_ACCOUNT", "testacct")
+    env.update(extra)
+    return env
+
+
+def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 900, **env: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [os.path.join(VENV_BIN, "snakemake"), *args], cwd=cwd, env=snakemake_env(**env),
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-5000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+@pytest.fixture
+def wf(tmp_path: Path) -> Path:
+    return workflow_copy(tmp_path / "wf")

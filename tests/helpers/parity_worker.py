@@ -1,0 +1,62 @@
+"""Run under torchrun (gloo, CPU): train one debug flavor under every strategy in ONE
+process group and print each strategy's per-step losses as JSON (rank 0).
+
+One launch for all strategies keeps the parity test fast: process start-up and
+torch import dominate a debug rung. Each strategy gets a freshly built model
+from the same seed, so the only difference between runs is the wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from scaleladder import launch
+from scaleladder.batches import SyntheticBatches
+from scaleladder.bench import train_loop
+from scaleladder.models.build import build_model
+from scaleladder.models.flavors import get_flavor
+from scaleladder.parallel import apply_strategy
+from scaleladder.precision import policy
+from scaleladder.spec import Knobs, parse_strategy
+
+
+def losses(flavor_name: str, strategy_name: str, local_batch: int, steps: int) -> list[float]:
+    flavor = get_flavor(flavor_name)
+    prec = policy("fp32")
+    device = torch.device("cpu")
+    torch.manual_seed(0)
+    model = build_model(flavor, device)
+    if strategy_name == "raw-hybrid1":
+        # Upstream FSDP1 HYBRID_SHARD with 1-rank shard groups, bypassing our fix.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
+        wrapped = FSDP(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_mesh=mesh, device_id=device,
+                       auto_wrap_policy=ModuleWrapPolicy({model.layer_cls}), use_orig_params=True)
+    else:
+        wrapped, _ = apply_strategy(model, parse_strategy(strategy_name), Knobs(), prec, device)
+    opt = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-3)
+    rank = dist.get_rank()
+    m = train_loop(wrapped, opt, SyntheticBatches(flavor, local_batch, rank, steps, 0, device), steps, 0, prec, device)
+    return [float(x) for x in m.loss]
+
+
+def main() -> None:
+    flavor, global_batch, steps, strategies = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
+    env = launch.detect()
+    launch.init(env, torch.device("cpu"))
+    out = {s: losses(flavor, s, global_batch // env.world, steps) for s in strategies}
+    if env.rank == 0:
+        print("PARITY " + json.dumps(out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
