@@ -89,6 +89,7 @@ WORKFLOW_PARTS = ("Snakefile", "workflow", "profiles", "config")
 
 def workflow_copy(dest: Path) -> Path:
     """The workflow's files (not results/ or .snakemake/) copied into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
     for part in WORKFLOW_PARTS:
         src = REPO / part
         if src.is_dir():

@@ -32,7 +32,26 @@ def _key(path) -> str:
     return out or "(top level)"
 
 
+def _coerce_numbers(cfg: dict) -> None:
+    """`--config` parses YAML with BaseLoader, so `batches: [8]` arrives as ['8']:
+    make digit strings numbers again where the schema wants integers."""
+
+    def num(v):
+        return int(v) if isinstance(v, str) and v.isdigit() else v
+
+    for block in cfg.get("ladders") or []:
+        if isinstance(block, dict):
+            for key in ("batches", "nodes"):
+                if isinstance(block.get(key), list):
+                    block[key] = [num(v) for v in block[key]]
+    for section, keys in (("site", ("ranks_per_node", "cpu_ranks", "max_nodes")), ("data", ("samples", "per_shard", "seed"))):
+        for key in keys:
+            if isinstance(cfg.get(section), dict) and key in cfg[section]:
+                cfg[section][key] = num(cfg[section][key])
+
+
 def check_config(cfg: dict) -> None:
+    _coerce_numbers(cfg)
     with open(SCHEMA) as f:
         schema = yaml.safe_load(f)
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
@@ -86,7 +105,7 @@ SITE: dict = config["site"]
 
 
 def _local_ranks() -> int:
-    """'auto': every visible GPU (CUDA or ROCm), else site.cpu_ranks CPU processes (gloo)."""
+    """'auto': every visible GPU (any vendor torch sees), else site.cpu_ranks CPU processes (gloo)."""
     import torch  # late: only the workstation profile pays for importing torch here
 
     return torch.cuda.device_count() or int(SITE.get("cpu_ranks", 2))

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import webdataset as wds
+import webdataset as wds  # type: ignore[import-untyped]
 from torch.utils.data import IterableDataset
 
 from scaleladder.data import readers
@@ -68,7 +68,7 @@ def _too_few(n: int, world: int, workers: int) -> str:
     )
 
 
-class ShardStream(IterableDataset):
+class ShardStream(IterableDataset[dict[str, str]]):
     """An endless stream of ``{"url": path}`` for the calling reader."""
 
     def __init__(self, manifest: Manifest, rank: int, world: int, seed: int, resample: bool, verify: bool) -> None:
@@ -103,7 +103,8 @@ class _SeededShuffle:
     def __call__(self, src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         reader = readers.current_reader(self.rank, self.world)
         rng = random.Random(int(reader.rng(self.seed, readers.SHUFFLE).integers(2**63)))
-        return wds.shuffle(self.bufsize, min(SHUFFLE_INITIAL, self.bufsize), rng=rng)(src)
+        shuffled: Iterator[dict[str, Any]] = wds.shuffle(self.bufsize, min(SHUFFLE_INITIAL, self.bufsize), rng=rng)(src)
+        return shuffled
 
 
 def _shard_read_error(exn: Exception) -> bool:

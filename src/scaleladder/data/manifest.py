@@ -60,16 +60,17 @@ class Manifest:
 
     @property
     def tokenizer_path(self) -> Path:
-        return self.path.parent / self.info["tokenizer"]["path"]
+        return self.path.parent / str(self.info["tokenizer"]["path"])
 
     @property
     def num_classes(self) -> int | None:
-        return self.info.get("stats", {}).get("num_classes")
+        classes = self.info.get("stats", {}).get("num_classes")
+        return None if classes is None else int(classes)
 
     @property
     def labelled(self) -> bool:
         stats = self.info.get("stats", {})
-        return stats.get("labelled", 0) == stats.get("samples", -1) and stats.get("samples", 0) > 0
+        return bool(stats.get("labelled", 0) == stats.get("samples", -1) and stats.get("samples", 0) > 0)
 
 
 def resolve(manifest: str | Path) -> Path:

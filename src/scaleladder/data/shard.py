@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import webdataset as wds
+import webdataset as wds  # type: ignore[import-untyped]
 from PIL import Image
 
 from scaleladder.data import tokenizer as tokmod
@@ -96,7 +96,7 @@ def prepare_image(data: bytes, image_size: int | None) -> tuple[bytes, int, int]
     if needs_resize:
         assert image_size is not None
         scale = image_size / min(w, h)  # shorter side -> image_size; never upscale
-        rgb = rgb.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BICUBIC)
+        rgb = rgb.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BICUBIC)
     buf = io.BytesIO()
     rgb.save(buf, format="JPEG", quality=JPEG_QUALITY)
     return buf.getvalue(), rgb.width, rgb.height

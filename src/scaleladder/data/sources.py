@@ -193,7 +193,7 @@ def iter_table(table: Path, images: Path | None, seed: int, limit: int | None) -
 
 def expand_shards(specs: list[str]) -> list[Path]:
     """Shard files from paths, directories (every ``*.tar`` in it) and brace patterns ``a-{000..009}.tar``."""
-    from webdataset.shardlists import expand_urls  # braceexpand, as WebDataset itself does
+    from webdataset.shardlists import expand_urls  # type: ignore[import-untyped]  # braceexpand, as WebDataset does
 
     out: list[Path] = []
     for spec in specs:
@@ -288,7 +288,7 @@ def iter_wds(shards: list[Path], limit: int | None) -> Iterator[Item]:
                 except ValueError:
                     yield BadSample(where, "bad_label", f"{shard}: key {key} label {label_text!r} is not a non-negative integer")
                     continue
-                keep = {k: meta[k] for k in ("url", "key", "width", "height") if k in meta}
+                keep: dict[str, Any] = {k: meta[k] for k in ("url", "key", "width", "height") if k in meta}
                 n += 1
                 yield RawSample(where, group[image_ext], caption, label, {"source": f"{shard.name}:{key}", **keep})
         except (tarfile.TarError, EOFError, OSError) as e:

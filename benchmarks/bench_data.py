@@ -1,0 +1,121 @@
+"""Data-pipeline throughput: is the loader fast enough not to be the bottleneck?
+
+Prints, on this machine:
+
+* loader samples/s (total and per worker) at 224 px, for FLAVA pretraining samples
+  (flava-350m: image + codebook image + patch mask + MLM text + ITM) and for ViT
+  samples (vit-base: image + label), from 256 px JPEG shards;
+* shard-writing MB/s of `scaleladder shard --images` (full JPEG decode to validate,
+  tar, sha256, tokenizer training), next to a plain `tar cf` of the same files as
+  the ceiling.
+
+Not a test: run it by hand and record the numbers in docs/data.md::
+
+    .venv/bin/python benchmarks/bench_data.py [--samples 768] [--batch 32] [--batches 24] [--workers 0 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from scaleladder.data import synthetic
+from scaleladder.data.cli import main as shard
+from scaleladder.data.loader import make_loader
+from scaleladder.models.flavors import get_flavor
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _make_folder(folder: Path, n: int, size: int) -> int:
+    """n synthetic JPEGs with sidecar captions and labels; returns their total bytes."""
+    folder.mkdir(parents=True)
+    total = 0
+    for i in range(n):
+        s = synthetic.make_sample(0, i, size)
+        for suffix, data in ((".jpg", s.jpeg), (".txt", s.caption.encode()), (".cls", str(s.label).encode())):
+            (folder / f"{i:06d}{suffix}").write_bytes(data)
+            total += len(data)
+    return total
+
+
+def bench_shard_writing(work: Path, n: int, size: int) -> None:
+    folder = work / "images"
+    nbytes = _make_folder(folder, n, size)
+    mb = nbytes / 1e6
+    t = time.perf_counter()
+    rc = shard(["--images", str(folder), "--out", str(work / "shards"), "--per-shard", "128", "--quiet"])
+    dt_shard = time.perf_counter() - t
+    assert rc == 0
+    t = time.perf_counter()
+    subprocess.run(["tar", "cf", str(work / "plain.tar"), "-C", str(folder), "."], check=True)
+    dt_tar = time.perf_counter() - t
+    out_mb = sum(p.stat().st_size for p in (work / "shards").glob("*.tar")) / 1e6
+    print(f"shard writing: {n} files-triples, {mb:.1f} MB in ({out_mb:.1f} MB of shards out)")
+    print(f"  scaleladder shard --images : {mb / dt_shard:7.1f} MB/s  ({n / dt_shard:7.0f} samples/s, {dt_shard:.2f} s)")
+    print(f"  tar cf (ceiling)           : {mb / dt_tar:7.1f} MB/s  ({n / dt_tar:7.0f} samples/s, {dt_tar:.2f} s)")
+
+
+def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, workers: int, warmup: int = 3) -> None:
+    flavor = get_flavor(flavor_name)
+    loader = make_loader(manifest, flavor, local_batch=batch, rank=0, world=1, steps=warmup + batches,
+                         workers=workers, seed=0, pin_memory=False)
+    it = iter(loader)
+    for _ in range(warmup):  # worker start-up, shard checksums, tokenizer load
+        next(it)
+    t = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    dt = time.perf_counter() - t
+    for _ in it:
+        pass
+    rate = batches * batch / dt
+    per = rate / max(workers, 1)
+    label = f"{workers} worker(s)" if workers else "in main process"
+    print(f"  {flavor_name:11s} {flavor.image_size} px, {label:16s}: {rate:7.1f} samples/s  ({per:6.1f} per worker)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--samples", type=int, default=768, help="samples in the benchmark shard set")
+    p.add_argument("--source-size", type=int, default=256, help="side of the JPEGs in the shards (px)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--batches", type=int, default=24, help="timed batches per configuration")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    args = p.parse_args()
+
+    print(f"machine: {_cpu_name()}, {os.cpu_count()} CPU(s), torch {torch.__version__}, "
+          f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    work = Path(tempfile.mkdtemp(prefix="bench_data-"))
+    try:
+        bench_shard_writing(work, args.samples, args.source_size)
+        manifest = work / "shards"
+        print(f"loader: batch {args.batch}, {args.batches} timed batches after 3 warm-up, {args.source_size} px JPEG shards")
+        for flavor in ("flava-350m", "vit-base"):
+            for workers in args.workers:
+                bench_loader(manifest, flavor, args.batch, args.batches, workers)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Which parameters a flavor has, which FSDP unit owns each, and in what order FSDP flattens them.
+
+The planner needs the *layout*, not just a count: FSDP1 pads every parameter to a
+16-byte boundary inside its unit's flat parameter (``use_orig_params=True`` turns
+address alignment on) and pads the whole flat parameter to a multiple of the shard
+group, and whether a parameter gets a gradient and an AdamW state depends on whether
+the ladder froze it. So we build the model, but cheaply:
+
+* a *reduced* copy of the flavor (one layer per encoder) on the meta device — the
+  root unit and the codebook are the same as the full model's (nothing in them depends
+  on depth), and every transformer layer of a flavor has one layout (FLAVA's image,
+  text and multimodal layers share hidden/MLP/heads), so
+  ``full = root + codebook + n_layers × layer``;
+* units follow ``parallel._unit_classes``: one per transformer layer (the checkpoint
+  wrapper around it under ``-ac`` owns the same parameters), the frozen DALL-E
+  codebook (FLAVA), and the root with everything else;
+* order inside a unit is FSDP's: ``named_modules()`` pre-order, each module's direct
+  parameters, a shared parameter (FLAVA's MLM decoder bias) only the first time.
+
+Freezing follows ``parallel.freeze_unused``: FLAVA pretraining never touches the
+unimodal MLM/MIM heads or the encoders' poolers, so the ladder freezes them (no
+gradient, no AdamW state) — but under FSDP they still sit in the root's flat
+parameter and its flat gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+
+from scaleladder.models.flavors import Flavor, get_flavor
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    numel: int
+    trainable: bool  # requires grad once the ladder has frozen the codebook and the unused heads
+    cast: bool  # autocast caches a low-precision copy (a trainable Linear/Conv weight or bias)
+
+
+@dataclass(frozen=True)
+class UnitLayout:
+    kind: str  # "root" | "layer" | "codebook"
+    params: tuple[ParamInfo, ...]  # FSDP's flattening order
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    @property
+    def trainable_numel(self) -> int:
+        return sum(p.numel for p in self.params if p.trainable)
+
+    @property
+    def cast_numel(self) -> int:
+        return sum(p.numel for p in self.params if p.cast)
+
+    @property
+    def requires_grad(self) -> bool:
+        # FSDP1 gives the flat parameter requires_grad if any of its parameters has it.
+        return any(p.trainable for p in self.params)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    flavor: Flavor
+    root: UnitLayout
+    layer: UnitLayout  # the layout of every transformer layer of this flavor
+    codebook: UnitLayout | None  # FLAVA's frozen DALL-E encoder
+    n_layers: int
+    buffer_bytes: int  # registered buffers (position ids): never sharded, tiny
+
+    def units(self) -> list[UnitLayout]:
+        """Every FSDP unit: root, then the layers, then the codebook."""
+        out = [self.root] + [self.layer] * self.n_layers
+        return out + ([self.codebook] if self.codebook is not None else [])
+
+    @property
+    def numel(self) -> int:
+        return sum(u.numel for u in self.units())
+
+    @property
+    def trainable_numel(self) -> int:
+        return sum(u.trainable_numel for u in self.units())
+
+    @property
+    def cast_numel(self) -> int:
+        return sum(u.cast_numel for u in self.units())
+
+
+def n_layers(flavor: Flavor) -> int:
+    """Transformer layers: ViT depth; FLAVA image + text encoders + multimodal fusion."""
+    return flavor.layers if flavor.family == "vit" else 2 * flavor.layers + flavor.mm_layers
+
+
+def _unit_of(name: str, layer_prefixes: list[str], codebook_prefix: str | None) -> str:
+    if codebook_prefix is not None and name.startswith(codebook_prefix):
+        return "codebook"
+    if any(name.startswith(p) for p in layer_prefixes):
+        return "layer"
+    return "root"
+
+
+def inventory(model: str | Flavor) -> Inventory:
+    """The parameter layout of ``model`` (a flavor or its name), from a reduced meta build."""
+    return _inventory(get_flavor(model) if isinstance(model, str) else model)
+
+
+@lru_cache(maxsize=None)
+def _inventory(flavor: Flavor) -> Inventory:
+    from torch import nn
+
+    from scaleladder.models.build import build_model
+    from scaleladder.parallel import unused_parameter_names
+
+    reduced = dataclasses.replace(flavor, layers=1, mm_layers=1 if flavor.family == "flava" else 0)
+    m = build_model(reduced, "meta")
+    unused = unused_parameter_names(flavor.family)
+
+    layer_prefixes = [f"{n}." for n, mod in m.named_modules() if isinstance(mod, m.layer_cls)]
+    codebook_prefix = "flava.image_codebook." if flavor.family == "flava" else None
+    # A parameter is cast by autocast when a Linear/Conv uses it — checked on every module,
+    # since the shared MLM decoder bias is first reached through the head that owns it.
+    cast_ids = {id(p) for mod in m.modules() if isinstance(mod, (nn.Linear, nn.Conv2d)) for p in mod.parameters(recurse=False)}
+
+    units: dict[str, list[list[ParamInfo]]] = {"root": [[]], "layer": [], "codebook": [[]]}
+    seen: set[int] = set()
+    current_layer: str | None = None
+    for mod_name, mod in m.named_modules():
+        for p_name, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue  # FSDP flattens a shared parameter once
+            seen.add(id(p))
+            full = f"{mod_name}.{p_name}" if mod_name else p_name
+            unit = _unit_of(full, layer_prefixes, codebook_prefix)
+            trainable = unit != "codebook" and full not in unused
+            info = ParamInfo(full, p.numel(), trainable, trainable and id(p) in cast_ids)
+            if unit == "layer":
+                prefix = next(pre for pre in layer_prefixes if full.startswith(pre))
+                if prefix != current_layer:
+                    units["layer"].append([])
+                    current_layer = prefix
+                units["layer"][-1].append(info)
+            else:
+                units[unit][0].append(info)
+
+    # Every layer of the reduced model must have one and the same layout (sizes, order).
+    shapes = {tuple((p.numel, p.trainable, p.cast) for p in layer) for layer in units["layer"]}
+    if len(shapes) != 1:
+        raise AssertionError(f"{flavor.name}: transformer layers differ in layout; the planner assumes one layout per flavor")
+    layer = UnitLayout("layer", tuple(units["layer"][0]))
+    codebook = UnitLayout("codebook", tuple(units["codebook"][0])) if codebook_prefix else None
+    buffer_bytes = sum(b.numel() * b.element_size() for b in m.buffers())
+    return Inventory(flavor, UnitLayout("root", tuple(units["root"][0])), layer, codebook, n_layers(flavor), buffer_bytes)

@@ -1,0 +1,321 @@
+"""Replay one training step as a timeline of allocations; its maximum is the peak.
+
+The step is the runner's (bench.train_loop): forward under autocast, backward,
+``AdamW.step()`` (foreach on GPUs), ``zero_grad(set_to_none=True)``. Between steps a
+rank holds its parameters, AdamW states, DDP's gradient buckets and the pool of
+synthetic batches. On top of that the timeline adds, moment by moment:
+
+forward   activations saved / held by each call; FSDP's all-gathered (unsharded)
+          units — the root for the whole step, a layer unit while it runs (at most
+          two in flight with ``limit_all_gathers``), every unit until its backward
+          under SHARD_GRAD_OP; autocast's cached bf16 weight copies (single/DDP).
+backward  calls in autograd's order, freeing their saved tensors; a unit's gradient
+          appears at its FIRST backward touch and, under FSDP, the unit stays
+          all-gathered (with an unsharded gradient) until its LAST touch, when it is
+          reduced (fp32 copy + reduce-scatter output) and resharded. FLAVA runs each
+          encoder layer twice, so every image/text unit stays gathered from the masked
+          pass's backward to the unmasked pass's — the dominant FSDP term for FLAVA.
+optimizer foreach AdamW allocates one temporary the size of one state (``sqrt(v)``).
+
+The peak is the largest of these moments. It is what ``torch.cuda`` reports as
+``active_bytes.all.peak``. Whether it FITS adds what the allocator does not count
+(CUDA/HIP context, NCCL/RCCL buffers) and a fragmentation margin: see
+:data:`CONTEXT_BYTES`, :data:`COMM_LIB_BYTES`, :data:`FRAGMENTATION`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaleladder.models.flavors import Flavor, get_flavor
+from scaleladder.planner.activations import (
+    Call,
+    backward_order,
+    codebook_transient,
+    dtypes,
+    forward_passes,
+    input_bytes,
+)
+from scaleladder.planner.inventory import Inventory, inventory
+from scaleladder.planner.static import (
+    aligned_numel,
+    flat_layout,
+    fsdp_param_bytes,
+    sharding,
+    static_bytes_for,
+    storage_bytes,
+)
+from scaleladder.spec import Knobs, RunSpec, SpecError, Strategy
+
+GIB = 2**30
+
+# Usable device memory: the total capacity PyTorch reports for one rank's device
+# (torch.cuda.get_device_properties().total_memory), as printed in its OOM messages:
+# "39.59 GiB total capacity" (A100 40GB), "79.15 GiB" (A100 80GB), 79.1–79.3 GiB for
+# H100 80GB (driver/ECC dependent; we take the low end), "139.80 GiB" (H200),
+# "63.98 GiB" (one MI250X GCD under ROCm). ``cpu`` is unlimited.
+DEVICES: dict[str, int | None] = {
+    "a100-40gb": int(39.59 * GIB),
+    "a100-80gb": int(79.15 * GIB),
+    "h100-80gb": int(79.10 * GIB),
+    "h200-141gb": int(139.80 * GIB),
+    "mi250x-gcd": int(63.98 * GIB),
+    "cpu": None,
+}
+
+# Calibration constants (no GPU in this repository's CI: these are ESTIMATES, to be refit
+# from measured rungs — see docs/planner.md, "Calibration").
+CONTEXT_BYTES = int(0.5 * GIB)  # CUDA/HIP context + kernels: outside the caching allocator
+COMM_LIB_BYTES = int(0.5 * GIB)  # NCCL/RCCL channel buffers when world > 1: also outside it
+FRAGMENTATION = 0.05  # reserved/active − 1 in steady state: the allocator's rounding and splitting
+
+INPUT_POOL = 8  # batches.SyntheticBatches keeps min(8, steps) batches on the device
+MAX_BATCH_LIMIT = 1 << 16
+
+
+@dataclass
+class Prediction:
+    """The planner's verdict for one rung on one device."""
+
+    spec: str
+    device: str
+    world: int
+    ranks_per_node: int
+    batch: int | None  # local batch the peak is for (None when the spec says 'max' and nothing fits)
+    peak_bytes: int  # predicted torch.cuda active_bytes.all.peak on the busiest rank
+    required_bytes: int  # peak + fragmentation + context + comm library: what must fit
+    capacity_bytes: int | None  # the device's memory (None: unlimited)
+    fits: bool
+    max_batch: int | None  # the largest local batch that fits (None: unlimited device or nothing fits)
+    phase: str  # where the peak happens: "forward", "backward:<call>", "optimizer", "codebook"
+    breakdown: dict[str, int] = field(default_factory=dict)  # at the peak; sums to peak_bytes (+ overhead)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# -- the timeline ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Timeline:
+    parts: dict[str, float]
+    peak: float = 0.0
+    peak_parts: dict[str, float] = field(default_factory=dict)
+    phase: str = ""
+
+    def add(self, part: str, n: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + n
+
+    def point(self, phase: str, **extra: float) -> None:
+        """A candidate for the peak: the current state plus transients."""
+        total = sum(self.parts.values()) + sum(extra.values())
+        if total > self.peak:
+            self.peak = total
+            self.peak_parts = dict(self.parts)
+            for k, v in extra.items():
+                self.peak_parts[k] = self.peak_parts.get(k, 0.0) + v
+            self.phase = phase
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """Everything about a rung that does not depend on the batch."""
+
+    inv: Inventory
+    strategy: Strategy
+    precision: str
+    knobs: Knobs
+    world: int
+    passes: list[list[Call]]
+    backward: list[Call]
+    static: dict[str, int]
+    unit_full: dict[str, int]  # unsharded flat numel per unit kind ("root", "layer", "codebook")
+    unit_chunk: dict[str, int]  # local chunk numel per unit kind
+
+
+def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs, world: int) -> _Setup:
+    f = get_flavor(model) if isinstance(model, str) else model
+    inv = inventory(f)
+    shard = sharding(strategy, world)
+    passes = forward_passes(f, precision, strategy.ac)
+    full: dict[str, int] = {}
+    chunk: dict[str, int] = {}
+    for u in (inv.root, inv.layer, inv.codebook):
+        if u is None:
+            continue
+        if shard.fsdp:
+            lay = flat_layout(u, aligned_numel(precision), shard.pad_to)
+            full[u.kind], chunk[u.kind] = lay.total, lay.chunk(shard)
+        else:
+            full[u.kind] = chunk[u.kind] = u.numel
+    return _Setup(inv, strategy, precision, knobs, world, passes, backward_order(f, passes),
+                  static_bytes_for(inv, strategy, precision, world), full, chunk)
+
+
+def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
+    inv, f = st.inv, st.inv.flavor
+    shard = sharding(st.strategy, st.world)
+    d = dtypes(st.precision)
+    s = storage_bytes(st.precision)
+    pd = fsdp_param_bytes(st.precision)
+    mixed = d.mode == "mixed"
+    B = batch
+
+    tl = _Timeline({"params": float(st.static["params"]), "optimizer": float(st.static["optimizer"]),
+                    "grads": 0.0, "activations": 0.0, "buffers": float(inv.buffer_bytes),
+                    "inputs": float(pool * B * input_bytes(f, d))})
+    if st.strategy.wrapper == "ddp":
+        tl.add("buffers", inv.trainable_numel * s)  # gradient buckets (gradient_as_bucket_view=False)
+
+    # Which units get all-gathered copies, and when.
+    fsdp = shard.fsdp
+    gathered = fsdp and (shard.sharded or pd != s)  # NO_SHARD gathers nothing unless it casts to bf16
+    keep_after_fwd = fsdp and shard.kind == "grad-op"  # SHARD_GRAD_OP does not reshard after forward
+    layer_copy = st.unit_full["layer"] * pd if gathered else 0.0
+    root_copy = st.unit_full["root"] * pd if gathered else 0.0
+    # Autocast's weight cache (single/DDP under bf16/fp16-mixed): a copy per trainable Linear/Conv.
+    cast_layer = 2 * inv.layer.cast_numel if (mixed and not fsdp) else 0.0
+    cast_root = 2 * inv.root.cast_numel if (mixed and not fsdp) else 0.0
+    inflight_fwd = (2 if st.knobs.limit_all_gathers else 4) + (1 if st.knobs.forward_prefetch else 0)
+    prefetch_bwd = layer_copy if (gathered and not keep_after_fwd and st.knobs.backward_prefetch != "none") else 0.0
+
+    # -- forward --------------------------------------------------------------------------
+    tl.add("buffers", root_copy + cast_root)
+    if f.family == "flava" and inv.codebook is not None:
+        cb_copy = st.unit_full["codebook"] * pd if gathered else 0.0
+        tl.point("codebook", activations=B * codebook_transient(f, d), buffers=cb_copy)
+    seen_fwd: set[int] = set()
+    held = 0.0
+    for p in st.passes:
+        for c in p:
+            extra = 0.0
+            if c.is_layer and c.unit is not None and c.unit not in seen_fwd:
+                seen_fwd.add(c.unit)
+                if keep_after_fwd:
+                    tl.add("buffers", layer_copy)
+                tl.add("buffers", cast_layer)
+            if c.is_layer and gathered and not keep_after_fwd:
+                extra = inflight_fwd * layer_copy
+            elif c.is_layer and keep_after_fwd:
+                extra = layer_copy  # the next unit, prefetched/gathered while this one runs
+            tl.point(f"forward:{c.name}", activations=B * c.fwd_transient, buffers=extra)
+            tl.add("activations", B * (c.saved + c.held))
+            held += B * c.held
+    tl.point("forward:end")
+    tl.add("activations", -held)
+
+    # -- backward -------------------------------------------------------------------------
+    order = st.backward
+    last: dict[int | None, int] = {}
+    for i, c in enumerate(order):
+        last[c.unit if c.is_layer else None] = i
+    touched: set[int | None] = set()
+
+    def first_touch(unit: int | None) -> None:
+        touched.add(unit)
+        kind = "root" if unit is None else "layer"
+        u = inv.root if unit is None else inv.layer
+        if fsdp:
+            if unit is not None and gathered and not keep_after_fwd:
+                tl.add("buffers", layer_copy)  # all-gathered again for backward
+            if u.requires_grad:
+                tl.add("grads", st.unit_full[kind] * pd)  # the unsharded gradient it accumulates
+        else:
+            tl.add("grads", u.trainable_numel * s)
+
+    def last_touch(unit: int | None) -> None:
+        kind = "root" if unit is None else "layer"
+        u = inv.root if unit is None else inv.layer
+        if fsdp:
+            if u.requires_grad:
+                comm = (st.unit_full[kind] * 4 if pd < 4 else 0) + (st.unit_chunk[kind] * 4 if shard.sharded else 0)
+                tl.point(f"backward:reduce-{kind}", buffers=comm)
+                tl.add("grads", -st.unit_full[kind] * pd + st.unit_chunk[kind] * s)
+            if unit is not None and gathered:
+                tl.add("buffers", -layer_copy)
+        elif unit is not None:
+            tl.add("buffers", -cast_layer)
+
+    for i, c in enumerate(order):
+        unit = c.unit if c.is_layer else None
+        if unit not in touched:
+            first_touch(unit)
+        tl.point(f"backward:{c.name}", activations=B * c.bwd_transient, buffers=prefetch_bwd if c.is_layer else 0.0)
+        tl.add("activations", -B * (c.saved))
+        if unit is not None and last[unit] == i:
+            last_touch(unit)
+    last_touch(None)
+    tl.add("buffers", -(root_copy + cast_root))
+    if fsdp:
+        # Units that never ran backward (the frozen codebook) hold no gradient; all others'
+        # sharded gradients are now allocated: the static figure, exactly.
+        tl.parts["grads"] = float(st.static["grads"])
+
+    # -- optimizer ------------------------------------------------------------------------
+    tl.point("optimizer", optimizer=st.static["optimizer"] / 2)  # foreach AdamW: sqrt(exp_avg_sq)
+    return tl
+
+
+# -- public API -------------------------------------------------------------------------------
+
+
+def _check_device(device: str) -> int | None:
+    if device not in DEVICES:
+        raise SpecError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
+    return DEVICES[device]
+
+
+def required_bytes(peak: float, world: int) -> int:
+    """What must fit on the device for a predicted allocator peak."""
+    return int(peak * (1 + FRAGMENTATION) + CONTEXT_BYTES + (COMM_LIB_BYTES if world > 1 else 0))
+
+
+def _fits(st: _Setup, batch: int, capacity: int | None) -> bool:
+    if capacity is None:
+        return True
+    return required_bytes(_simulate(st, batch).peak, st.world) <= capacity
+
+
+def max_batch_for(st: _Setup, capacity: int | None) -> int | None:
+    """The largest local batch that fits (None: unlimited, or not even batch 1)."""
+    if capacity is None or not _fits(st, 1, capacity):
+        return None
+    lo, hi = 1, 2
+    while hi <= MAX_BATCH_LIMIT and _fits(st, hi, capacity):
+        lo, hi = hi, hi * 2
+    hi = min(hi, MAX_BATCH_LIMIT + 1)
+    while hi - lo > 1:  # peak is non-decreasing in the batch: bisect
+        mid = (lo + hi) // 2
+        if _fits(st, mid, capacity):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def predict(spec: RunSpec, world: int, ranks_per_node: int, device: str, batch: int | None = None) -> Prediction:
+    """Predict one rung's per-rank memory on ``device`` with ``world`` ranks.
+
+    ``batch`` overrides the spec's local batch (needed when the spec says ``max``:
+    then the prediction is made at the predicted max batch).
+    """
+    capacity = _check_device(device)
+    if world < 1 or ranks_per_node < 1:
+        raise SpecError(f"world ({world}) and ranks per node ({ranks_per_node}) must be >= 1")
+    st = _setup(spec.model, spec.strategy, spec.precision, spec.knobs, world)
+    mb = max_batch_for(st, capacity)
+    b = batch if batch is not None else (None if spec.batch == "max" else int(spec.batch))
+    if b is None:
+        b = mb if mb is not None else 1
+    tl = _simulate(st, b)
+    req = required_bytes(tl.peak, world)
+    overhead = req - int(tl.peak)
+    breakdown = {k: int(round(v)) for k, v in tl.peak_parts.items()}
+    breakdown["overhead"] = overhead
+    return Prediction(
+        spec=spec.path, device=device, world=world, ranks_per_node=ranks_per_node, batch=b,
+        peak_bytes=int(tl.peak), required_bytes=req, capacity_bytes=capacity,
+        fits=capacity is None or req <= capacity, max_batch=mb, phase=tl.phase, breakdown=breakdown,
+    )

@@ -1,0 +1,156 @@
+"""Every profile, dry-run: the exact launch line each site would run for a rung, the
+resources its jobs would be submitted with, its ladder; and no site detail outside
+profiles/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, snakemake, workflow_copy
+
+ARGS = "--steps {steps} --warmup {warmup} --data {data} --workers 0 --seed 0 --out {out}"
+
+
+def dry_run(wf: Path, profile: str, *targets: str, **env: str) -> str:
+    return snakemake(wf, "--profile", f"profiles/{profile}", "-n", "-p", *targets, **env).stdout
+
+
+def shell_of(out: str, rule: str, output: str) -> str:
+    """The `Shell command:` of the job of `rule` that writes `output`."""
+    for block in out.split("\nrule ")[1:] + out.split("\nlocalrule ")[1:]:
+        if block.startswith(f"{rule}:") and f"output: {output}" in block:
+            return re.search(r"Shell command: (.*)", block).group(1)  # type: ignore[union-attr]
+    raise AssertionError(f"no {rule} job writing {output} in:\n{out[-3000:]}")
+
+
+def resources_of(out: str, rule: str, output: str) -> dict[str, str]:
+    for block in out.split("\nrule ")[1:]:
+        if block.startswith(f"{rule}:") and f"output: {output}" in block:
+            line = re.search(r"resources: (.*)", block).group(1)  # type: ignore[union-attr]
+            return dict(kv.split("=", 1) for kv in line.split(", "))
+    raise AssertionError(f"no {rule} job writing {output}")
+
+
+def job_counts(out: str) -> dict[str, int]:
+    table = out[out.index("Job stats:"):]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.fixture(scope="module")
+def wf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return workflow_copy(tmp_path_factory.mktemp("profiles") / "wf")
+
+
+def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
+    rung = "results/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.h5"
+    out = dry_run(wf, "frontier", rung, SCALELADDER_SLURM_ACCOUNT="abc123")
+    cmd = shell_of(out, "rung", rung)
+    image = "${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"
+    ofi = "${SCALELADDER_OFI_RCCL:-/lustre/orion/world-shared/aws-ofi-rccl}"
+    launcher = (
+        "srun -N2 -n16 -c7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=1 "
+        f"apptainer exec --rocm --workdir $PWD --bind /opt/cray,/var/spool/slurmd,/usr/lib64/libcxi.so.1,/lustre,{ofi} "
+        f"{image} scaleladder"
+    )
+    args = ARGS.format(steps=40, warmup=10, data="results/shards/224px/manifest.json", out=rung)
+    spec = "--spec vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32"
+    log = "results/logs/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.log"
+    env = (
+        'export MASTER_PORT="3442"; export NCCL_SOCKET_IFNAME="hsn0"; export NCCL_NET_GDR_LEVEL="3"; '
+        'export MIOPEN_USER_DB_PATH="/tmp/miopen-$USER"; export MIOPEN_CUSTOM_CACHE_DIR="/tmp/miopen-$USER"; '
+        f'export APPTAINERENV_LD_LIBRARY_PATH="{ofi}/lib:/opt/cray/libfabric/1.15.2.0/lib64:$LD_LIBRARY_PATH"; '
+        'export HDF5_USE_FILE_LOCKING="FALSE"; export OMP_NUM_THREADS="7"; '
+    )
+    assert cmd == (
+        f"{env}mkdir -p /tmp/miopen-$USER; {launcher} run {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
+        f"apptainer exec --rocm --workdir $PWD --bind /lustre {image} scaleladder finalize --rc $rc {spec} {args} >> {log} 2>&1"
+    )
+    assert "torchrun" not in out  # srun starts the ranks on Frontier, never torchrun
+    res = resources_of(out, "rung", rung)
+    assert res["nodes"] == "2" and res["tasks_per_node"] == "8" and res["cpus_per_task"] == "7"
+    assert res["mpi"] == "srun" and res["slurm_account"] == "abc123" and res["slurm_partition"] == "batch"
+
+
+def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
+    out = dry_run(wf, "frontier")
+    # Figure 1: 3 strategies x 6 knob sets at 8 nodes; Figures 2-3: 6 models x 7 strategies
+    # x nodes 1/2/4/8; 3 rungs are in both.
+    assert job_counts(out)["rung"] == 18 + 6 * 7 * 4 - 3
+    for spec in ("vit-15b/fsdp-hybrid8/bf16-mixed/pre-lag/n1/b32", "vit-base/fsdp-hybrid1/bf16-mixed/pre-lag/n8/b32",
+                 "vit-5b/fsdp-grad-op/bf16-mixed/none-nolag/n8/b32"):
+        assert f"results/rungs/{spec}.h5" in out
+    assert "srun -N8 -n64 -c7" in out and "rung_max" not in job_counts(out)
+
+
+def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
+    fixed = "results/rungs/flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
+    mx = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
+    out = dry_run(wf, "a100", fixed, mx)
+    sl = "apptainer exec --nv --workdir $PWD ${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-cuda.sif} scaleladder"
+    launcher = "'torchrun --standalone --nnodes 1 --nproc-per-node 8 -m scaleladder'"
+    env = ('export NCCL_DEBUG="WARN"; export NCCL_ASYNC_ERROR_HANDLING="1"; export OMP_NUM_THREADS="8"; '
+           'export HDF5_USE_FILE_LOCKING="FALSE"; ')
+    plan = "--plan-device a100-40gb --ranks-per-node 8"
+    for rule, verb, target, spec in (("rung", "launch", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
+                                     ("rung_max", "maxbatch", mx, "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax")):
+        args = ARGS.format(steps=1000, warmup=100, data="results/shards/224px/manifest.json", out=target)
+        log = target.replace("results/rungs/", "results/logs/rungs/").replace(".h5", ".log")
+        assert shell_of(out, rule, target) == f"{env}{sl} {verb} --launcher {launcher} {plan} --spec {spec} {args} > {log} 2>&1"
+        res = resources_of(out, rule, target)
+        assert res["nodes"] == "1" and res["gpu"] == "8" and res["slurm_extra"] == "--exclusive"
+    full = dry_run(wf, "a100")
+    assert job_counts(full)["rung"] == 18 and job_counts(full)["rung_max"] == 18  # 6 FLAVA sizes x 3 strategies x {8, max}
+
+
+def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
+    out = dry_run(wf, "local")
+    target = "results/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b8.h5"
+    args = ARGS.format(steps=6, warmup=2, data="results/shards/32px/manifest.json", out=target)
+    log = "results/logs/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b8.log"
+    assert shell_of(out, "rung", target) == (
+        'export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; scaleladder launch '
+        "--launcher 'torchrun --standalone --nnodes 1 --nproc-per-node 2 -m scaleladder' "  # no GPU here: 2 CPU ranks
+        f"--spec vit-debug/fsdp-full/fp32/post-nolag/n1/b8 {args} > {log} 2>&1"
+    )
+    counts = job_counts(out)
+    assert counts["rung"] == 9 and counts["rung_max"] == 6 and counts["shard"] == 2  # 32 px (ViT) and 64 px (FLAVA)
+    assert "slurm" not in out and "srun" not in out
+
+
+def test_ci_profile_differs_from_frontier_only_in_site_values(wf: Path) -> None:
+    rung = "results/rungs/vit-debug/fsdp-full/fp32/pre-lag/n1/b4.h5"
+    out = dry_run(wf, "slurm-localhost")
+    args = ARGS.format(steps=4, warmup=1, data="results/shards/32px/manifest.json", out=rung)
+    spec = "--spec vit-debug/fsdp-full/fp32/pre-lag/n1/b4"
+    log = "results/logs/rungs/vit-debug/fsdp-full/fp32/pre-lag/n1/b4.log"
+    assert shell_of(out, "rung", rung) == (
+        'export MASTER_PORT="29533"; export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; '
+        f"srun -N1 -n2 -c1 --kill-on-bad-exit=1 scaleladder run {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
+        f"scaleladder finalize --rc $rc {spec} {args} >> {log} 2>&1"
+    )
+    res = resources_of(out, "rung", rung)
+    assert res["mpi"] == "srun" and res["tasks_per_node"] == "2" and res["nodes"] == "1"
+    ci, fr = (yaml.safe_load((REPO / "profiles" / p / "site.yaml").read_text())["site"] for p in ("slurm-localhost", "frontier"))
+    assert ci["supervise"] == fr["supervise"] == "finalize"  # so the same rule runs in both
+    ci_p, fr_p = (yaml.safe_load((REPO / "profiles" / p / "config.v8+.yaml").read_text()) for p in ("slurm-localhost", "frontier"))
+    assert ci_p["executor"] == fr_p["executor"] == "slurm"
+    assert set(ci_p["set-resources"]["rung"]) <= set(fr_p["set-resources"]["rung"]) | {"mem_mb"}
+    assert ci_p["slurm-status-command"] == "squeue"  # no accounting on the localhost cluster
+
+
+SITE_WORDS = re.compile(r"hsn0|srun|apptainer|torchrun|rocm|--nv\b|frontier|a100|miopen|nccl|3442|lustre|olcf", re.I)
+
+
+def test_no_site_detail_outside_profiles() -> None:
+    files = [REPO / "Snakefile", *sorted((REPO / "workflow").rglob("*.smk")), *sorted((REPO / "config").rglob("*.yaml"))]
+    offending = []
+    for f in files:
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]  # comments may name the traps; code may not name a site
+            if SITE_WORDS.search(code):
+                offending.append(f"{f.relative_to(REPO)}:{i}: {line.strip()}")
+    assert not offending, "\n".join(offending)

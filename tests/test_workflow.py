@@ -1,0 +1,205 @@
+"""The workflow on the workstation profile, for real: lint, config errors before any job,
+the DAG from shards to report, and reruns: one rung by path, one model by --config
+selection, a rung killed mid-run. Each test works in its own copy of the workflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from conftest import VENV_BIN, snakemake, snakemake_env, workflow_copy
+from scaleladder.aggregate import read_ladder
+
+pytestmark = pytest.mark.slow
+
+PROFILE = ("--profile", "profiles/local")
+# A ladder of three rungs (two ViT strategies, one FLAVA) that trains in about a minute.
+SMALL = """
+steps: 4
+warmup: 1
+ladders:
+  - models: [vit-debug]
+    strategies: [ddp, fsdp-full]
+    batches: [4]
+  - models: [flava-debug]
+    strategies: [ddp]
+    batches: [4]
+"""
+RUNGS = [
+    "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5",
+    "results/rungs/vit-debug/fsdp-full/fp32/pre-lag/n1/b4.h5",
+    "results/rungs/flava-debug/ddp/fp32/pre-lag/n1/b4.h5",
+]
+OUTPUTS = ["results/ladder.h5", "results/report.html", "results/report.md", "results/plots/pareto.png",
+           "results/plots/throughput_by_model.pdf"]
+
+
+def small(wf: Path) -> tuple[str, ...]:
+    """Profile + the small ladder on top of the profile's site.yaml. TRAP: --configfile,
+    like --config and -R, takes every word after it, so targets must come first."""
+    (wf / "small.yaml").write_text(SMALL)
+    return (*PROFILE, "--configfile", "profiles/local/site.yaml", "small.yaml")
+
+
+def jobs(out: str) -> dict[str, int]:
+    if "Nothing to be done" in out:
+        return {}
+    table = out[out.index("Job stats:"):]
+    import re
+
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+def mtimes(wf: Path) -> dict[str, float]:
+    return {r: (wf / r).stat().st_mtime_ns for r in RUNGS}
+
+
+def test_lint_is_clean(wf: Path) -> None:
+    for profile in ("local", "frontier", "slurm-localhost"):
+        out = snakemake(wf, "--lint", "--profile", f"profiles/{profile}")
+        assert "Lints for" not in out.stdout + out.stderr, out.stderr[-3000:]
+        assert "good condition" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (["steps=abc"], "config key 'steps': 'abc' is not of type 'integer'"),
+        (["site={supervise: sometimes}"], "config key 'site.supervise': 'sometimes' is not one of ['launch', 'finalize']"),
+        (["ladders=[{models: [vit-tiny], strategies: [ddp], batches: [4]}]"], "config key 'ladders[0].models[0]': unknown model 'vit-tiny'"),
+        (["ladders=[{models: [vit-debug], strategies: [zero3], batches: [4]}]"], "config key 'ladders[0].strategies[0]': unknown strategy 'zero3'"),
+        (["ladders=[{models: [vit-debug], strategies: [ddp], batches: [0]}]"], "config key 'ladders[0].batches[0]'"),
+        (["ladders=[{models: [vit-debug], strategies: [ddp], batches: [4], nodes: [2]}]"], "config key 'ladders[0].nodes': 2 nodes"),
+        (["select={models: [vit-huge]}"], "config key 'select' matches no rung"),
+    ],
+)
+def test_bad_config_fails_before_any_job_naming_the_key(wf: Path, override: list[str], message: str) -> None:
+    out = snakemake(wf, *PROFILE, "-n", "--config", *override, check=False)  # -n: a config that passes runs nothing
+    assert out.returncode != 0
+    assert message in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+    assert not (wf / "results").exists()
+
+
+def test_max_batch_refused_where_the_supervisor_cannot_launch(wf: Path) -> None:
+    out = snakemake(wf, "--profile", "profiles/frontier", "-n", "--config",
+                    "ladders=[{models: [vit-base], strategies: [ddp], batches: [max]}]", check=False)
+    assert out.returncode != 0 and "config key 'ladders[0].batches': 'max'" in out.stdout + out.stderr
+
+
+def test_no_profile_names_the_missing_site(wf: Path) -> None:
+    out = snakemake(wf, "-n", check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "'site' is a required property" in text and "--profile profiles/<site>" in text
+
+
+def test_select_narrows_the_targets_to_those_rungs(wf: Path) -> None:
+    out = snakemake(wf, "-n", *small(wf), "--config", "select={models: [flava-debug]}").stdout
+    assert jobs(out) == {"shard": 1, "rung": 1, "all": 1}
+    assert RUNGS[2] in out and RUNGS[0] not in out
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small ladder, run to the end once; the rerun tests below start from it."""
+    wf = workflow_copy(tmp_path_factory.mktemp("e2e") / "wf")
+    snakemake(wf, *small(wf))
+    return wf
+
+
+def test_dag_from_shards_to_report(done: Path) -> None:
+    for f in RUNGS + OUTPUTS:
+        assert (done / f).stat().st_size > 0, f
+    rungs, root = read_ladder(str(done / "results/ladder.h5"))
+    assert sorted(r["spec"] for r in rungs) == sorted(f.removeprefix("results/rungs/").removesuffix(".h5") for f in RUNGS)
+    assert all(r["status"] == "ok" and r["world_size"] == 2 for r in rungs)  # 2 CPU ranks, no GPU
+    prov = json.loads(root["provenance"])
+    assert prov["site"] == "local" and prov["steps"] == 4
+    assert (done / "results/shards/32px/manifest.json").exists() and (done / "results/shards/64px/manifest.json").exists()
+    for log in ("aggregate", "plots", "report"):
+        assert (done / f"results/logs/{log}.log").exists()
+    assert "Nothing to be done" in snakemake(done, "-n", *small(done)).stdout
+
+
+def test_rerun_one_rung_by_path_then_reaggregate(done: Path) -> None:
+    before = mtimes(done)
+    digest = {r["spec"]: r["source_sha256"] for r in read_ladder(str(done / "results/ladder.h5"))[0]}
+    # targets first: --forcerun (-R) would swallow them
+    snakemake(done, RUNGS[1], "--forcerun", RUNGS[1], *small(done))
+    after = mtimes(done)
+    assert after[RUNGS[1]] > before[RUNGS[1]]
+    assert after[RUNGS[0]] == before[RUNGS[0]] and after[RUNGS[2]] == before[RUNGS[2]]
+    # the ladder is now older than one of its rungs: a plain run re-aggregates, and only that
+    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    snakemake(done, *small(done))
+    now = {r["spec"]: r["source_sha256"] for r in read_ladder(str(done / "results/ladder.h5"))[0]}
+    changed = {s for s in now if now[s] != digest[s]}
+    assert changed == {"vit-debug/fsdp-full/fp32/pre-lag/n1/b4"}
+    assert mtimes(done) == after
+
+
+def test_rerun_one_model_by_config_selection(done: Path) -> None:
+    before = mtimes(done)
+    out = snakemake(done, *small(done), "--config", "select={models: [flava-debug]}", "--forcerun", "rung")
+    assert "rule aggregate" not in out.stdout  # the selection targets rung files only
+    after = mtimes(done)
+    assert after[RUNGS[2]] > before[RUNGS[2]]
+    assert after[RUNGS[0]] == before[RUNGS[0]] and after[RUNGS[1]] == before[RUNGS[1]]
+    snakemake(done, *small(done))  # re-aggregate
+    rungs, _ = read_ladder(str(done / "results/ladder.h5"))
+    assert len(rungs) == 3
+
+
+def test_aggregation_is_idempotent(done: Path) -> None:
+    ladder = done / "results/ladder.h5"
+
+    def snapshot() -> dict[str, object]:
+        with h5py.File(ladder, "r") as f:
+            return {"attrs": {k: str(v) for k, v in f.attrs.items() if k != "created_utc"},
+                    "groups": sorted(n for n in f["rungs"].keys())}
+
+    first = snapshot()
+    snakemake(done, "results/ladder.h5", "--forcerun", "aggregate", *small(done))
+    assert snapshot() == first
+
+
+def test_rung_killed_mid_run_leaves_nothing_and_is_rerun(done: Path) -> None:
+    """As Slurm does at a time limit: SIGTERM to every process of the job, SIGKILL later."""
+    target, log = RUNGS[0], done / RUNGS[0].replace("results/rungs", "results/logs/rungs").replace(".h5", ".log")
+    (done / target).unlink()
+    log.unlink()
+    # steps=100000 makes the rung long; it only reaches this one job (the target)
+    proc = subprocess.Popen(
+        [os.path.join(VENV_BIN, "snakemake"), target, *small(done), "--config", "steps=100000"],
+        cwd=done, env=snakemake_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (log.exists() and "torchrun" in log.read_text()):
+            time.sleep(0.5)
+        assert log.exists(), "the rung never started"
+        time.sleep(8)  # well into training
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert not (done / target).exists()
+    assert not [p for p in (done / "results/rungs").rglob("*") if p.is_file() and not p.name.endswith(".h5")]
+    assert not list((done / "results/rungs").rglob("*.oom-rank*"))
+    # the next run does exactly what is missing: that rung, then the aggregate and its products
+    plan = jobs(snakemake(done, "-n", *small(done)).stdout)
+    assert plan == {"rung": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    snakemake(done, *small(done))
+    assert len(read_ladder(str(done / "results/ladder.h5"))[0]) == 3
