@@ -11,7 +11,10 @@ Prints, on this machine:
 
 Not a test: run it by hand and record the numbers in docs/data.md::
 
-    .venv/bin/python benchmarks/bench_data.py [--samples 768] [--batch 32] [--batches 24] [--workers 0 1 2]
+    .venv/bin/python benchmarks/bench_data.py [--samples 768] [--batch 32] [--batches 12] [--repeats 3] [--workers 0 1 2]
+
+Each figure is printed as the median and the best of ``--repeats`` timed windows: on
+a shared machine the best is the less disturbed estimate of what the code can do.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,40 +60,47 @@ def _make_folder(folder: Path, n: int, size: int) -> int:
     return total
 
 
-def bench_shard_writing(work: Path, n: int, size: int) -> None:
+def _rates(times: list[float], amount: float) -> str:
+    rates = sorted(amount / t for t in times)
+    return f"median {statistics.median(rates):7.1f}, best {rates[-1]:7.1f}"
+
+
+def bench_shard_writing(work: Path, n: int, size: int, repeats: int) -> Path:
     folder = work / "images"
     nbytes = _make_folder(folder, n, size)
     mb = nbytes / 1e6
-    t = time.perf_counter()
-    rc = shard(["--images", str(folder), "--out", str(work / "shards"), "--per-shard", "128", "--quiet"])
-    dt_shard = time.perf_counter() - t
-    assert rc == 0
-    t = time.perf_counter()
-    subprocess.run(["tar", "cf", str(work / "plain.tar"), "-C", str(folder), "."], check=True)
-    dt_tar = time.perf_counter() - t
-    out_mb = sum(p.stat().st_size for p in (work / "shards").glob("*.tar")) / 1e6
-    print(f"shard writing: {n} files-triples, {mb:.1f} MB in ({out_mb:.1f} MB of shards out)")
-    print(f"  scaleladder shard --images : {mb / dt_shard:7.1f} MB/s  ({n / dt_shard:7.0f} samples/s, {dt_shard:.2f} s)")
-    print(f"  tar cf (ceiling)           : {mb / dt_tar:7.1f} MB/s  ({n / dt_tar:7.0f} samples/s, {dt_tar:.2f} s)")
+    shard_times, tar_times = [], []
+    for r in range(repeats):
+        out = work / f"shards{r}"
+        t = time.perf_counter()
+        assert shard(["--images", str(folder), "--out", str(out), "--per-shard", "128", "--quiet"]) == 0
+        shard_times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        subprocess.run(["tar", "cf", str(work / "plain.tar"), "-C", str(folder), "."], check=True)
+        tar_times.append(time.perf_counter() - t)
+    out_mb = sum(p.stat().st_size for p in (work / "shards0").glob("*.tar")) / 1e6
+    print(f"shard writing: {n} samples (jpg+txt+cls files), {mb:.1f} MB in, {out_mb:.1f} MB of shards out; {repeats} runs")
+    print(f"  scaleladder shard --images : MB/s {_rates(shard_times, mb)}   samples/s {_rates(shard_times, n)}")
+    print(f"  tar cf (ceiling)           : MB/s {_rates(tar_times, mb)}   samples/s {_rates(tar_times, n)}")
+    return work / "shards0"
 
 
-def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, workers: int, warmup: int = 3) -> None:
+def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, workers: int, repeats: int, warmup: int = 3) -> None:
     flavor = get_flavor(flavor_name)
-    loader = make_loader(manifest, flavor, local_batch=batch, rank=0, world=1, steps=warmup + batches,
+    loader = make_loader(manifest, flavor, local_batch=batch, rank=0, world=1, steps=warmup + repeats * batches,
                          workers=workers, seed=0, pin_memory=False)
     it = iter(loader)
     for _ in range(warmup):  # worker start-up, shard checksums, tokenizer load
         next(it)
-    t = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    dt = time.perf_counter() - t
-    for _ in it:
-        pass
-    rate = batches * batch / dt
-    per = rate / max(workers, 1)
+    times = []
+    for _ in range(repeats):  # consecutive windows of one run
+        t = time.perf_counter()
+        for _ in range(batches):
+            next(it)
+        times.append(time.perf_counter() - t)
     label = f"{workers} worker(s)" if workers else "in main process"
-    print(f"  {flavor_name:11s} {flavor.image_size} px, {label:16s}: {rate:7.1f} samples/s  ({per:6.1f} per worker)")
+    per = _rates(times, batches * batch / max(workers, 1))
+    print(f"  {flavor_name:11s} {flavor.image_size} px, {label:16s}: samples/s {_rates(times, batches * batch)};  per worker {per}")
 
 
 def main() -> int:
@@ -97,21 +108,23 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=768, help="samples in the benchmark shard set")
     p.add_argument("--source-size", type=int, default=256, help="side of the JPEGs in the shards (px)")
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--batches", type=int, default=24, help="timed batches per configuration")
+    p.add_argument("--batches", type=int, default=12, help="timed batches per window")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--repeats", type=int, default=3, help="timed windows per configuration (median and best are printed)")
     args = p.parse_args()
 
     print(f"machine: {_cpu_name()}, {os.cpu_count()} CPU(s), torch {torch.__version__}, "
-          f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
+          f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, "
+          f"load average {os.getloadavg()[0]:.2f} at start")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     work = Path(tempfile.mkdtemp(prefix="bench_data-"))
     try:
-        bench_shard_writing(work, args.samples, args.source_size)
-        manifest = work / "shards"
-        print(f"loader: batch {args.batch}, {args.batches} timed batches after 3 warm-up, {args.source_size} px JPEG shards")
+        manifest = bench_shard_writing(work, args.samples, args.source_size, args.repeats)
+        print(f"loader: batch {args.batch}, {args.repeats} x {args.batches} timed batches after 3 warm-up, "
+              f"{args.source_size} px JPEG shards")
         for flavor in ("flava-350m", "vit-base"):
             for workers in args.workers:
-                bench_loader(manifest, flavor, args.batch, args.batches, workers)
+                bench_loader(manifest, flavor, args.batch, args.batches, workers, args.repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -212,6 +212,15 @@ def test_tar_member_without_caption(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert read_manifest(tmp_path / "s").info["skipped"]["by_reason"] == {"no_caption": 1}
 
 
+def test_corrupt_jpeg_in_input_shard_names_shard_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.tar"
+    with wds.TarWriter(str(src)) as w:
+        for i in range(3):
+            s = synthetic.make_sample(0, i, 32)
+            w.write({"__key__": f"k{i}", "jpg": s.jpeg[:300] if i == 1 else s.jpeg, "txt": s.caption})
+    _fails(capsys, ["--wds", str(src), "--out", str(tmp_path / "s")], "in.tar: key k1", "corrupt or truncated image")
+
+
 def test_truncated_input_tar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "in.tar"
     with wds.TarWriter(str(src)) as w:

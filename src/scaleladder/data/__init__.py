@@ -9,7 +9,9 @@ Modules, one idea each:
 * ``manifest``   the wids-style shard list with checksums and statistics
 * ``tokenizer``  WordPiece tokenizer (trained or from a BERT vocab.txt), ``check_vocab``
 * ``transforms`` FLAVA pretraining and ViT sample transforms (masks, MLM, ITM negatives)
+* ``readers``    a reader = (rank, DataLoader worker): shard assignment and seeds
 * ``loader``     the WebDataset loader: exactly ``steps`` batches on every rank
+* ``errors``     ``DataError``: bad input, one line naming the file and key
 * ``cli``        ``scaleladder shard`` argument parsing
 
 Nothing heavy is imported here, so ``import scaleladder.data.cli`` stays cheap.

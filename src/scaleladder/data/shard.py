@@ -77,26 +77,35 @@ class _HashingWriter:
 
 
 def prepare_image(data: bytes, image_size: int | None) -> tuple[bytes, int, int]:
-    """Validate (full decode) and, if needed, re-encode an image as JPEG. Returns (jpeg, width, height).
+    """Validate (decode) and, if needed, re-encode an image as JPEG. Returns (jpeg, width, height).
 
-    The full decode is the only reliable test: ``Image.verify()`` misses truncated
-    JPEGs, which PIL only notices when it decodes the last scanlines.
+    Only a decode is a reliable test: ``Image.verify()`` misses truncated JPEGs,
+    which PIL notices when it runs out of data for the last scanlines. JPEGs are
+    decoded in "draft" mode (DCT-scaled, 1/8 or just above the target size): every
+    byte of entropy-coded data is still read, so truncation is still caught, at
+    about half the cost of a full decode.
     """
     try:
         with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            fmt = img.format
-            w, h = img.size
+            fmt, (w, h) = img.format, img.size
             needs_resize = image_size is not None and min(w, h) > image_size
             if fmt == "JPEG" and img.mode in ("RGB", "L") and not needs_resize:
+                img.draft(img.mode, (max(1, w // 8), max(1, h // 8)))
+                img.load()
                 return data, w, h  # pass through: no generation loss, and fast
+            if needs_resize:
+                assert image_size is not None
+                scale = image_size / min(w, h)  # shorter side -> image_size; never upscale
+                size = (max(1, round(w * scale)), max(1, round(h * scale)))
+                img.draft("RGB", size)
+            else:
+                size = (w, h)
+            img.load()
             rgb = img.convert("RGB")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ValueError(f"corrupt or truncated image ({e})") from None
-    if needs_resize:
-        assert image_size is not None
-        scale = image_size / min(w, h)  # shorter side -> image_size; never upscale
-        rgb = rgb.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BICUBIC)
+    if rgb.size != size:
+        rgb = rgb.resize(size, Image.Resampling.BICUBIC)
     buf = io.BytesIO()
     rgb.save(buf, format="JPEG", quality=JPEG_QUALITY)
     return buf.getvalue(), rgb.width, rgb.height
@@ -210,40 +219,44 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
             stats.examples.append(bad.message)
 
     n = 0
-    for item in items:
-        if isinstance(item, BadSample):
-            skip(item)
-            continue
-        assert isinstance(item, RawSample)
-        try:
-            jpeg, w, h = prepare_image(item.image, opts.image_size)
-        except ValueError as e:
-            skip(BadSample(item.origin, "corrupt_image", f"{item.origin}: {e}"))
-            continue
-        if writer is None:
-            raw = (staging / f"{opts.name}-{len(shards):06d}.tar").open("wb")
-            sink = _HashingWriter(raw)
-            writer = wds.TarWriter(sink, encoder=False, user="", group="", mode=0o444, mtime=0)
-        sample: dict[str, Any] = {
-            "__key__": f"{n:09d}",
-            "jpg": jpeg,
-            "txt": item.caption.encode("utf-8"),
-            "json": json.dumps({**item.meta, "width": w, "height": h}, sort_keys=True).encode("utf-8"),
-        }
-        if item.label is not None:
-            sample["cls"] = str(item.label).encode("ascii")
-            stats.labels[item.label] += 1
-        writer.write(sample)
-        captions.append(item.caption)
-        stats.widths.append(w)
-        stats.heights.append(h)
-        stats.words.append(len(item.caption.split()))
-        n += 1
-        in_shard += 1
-        if in_shard == opts.per_shard:
-            close_shard()
-        progress.update(n, len(shards), total_bytes + (sink.size if sink else 0))
-    close_shard()
+    try:
+        for item in items:
+            if isinstance(item, BadSample):
+                skip(item)
+                continue
+            assert isinstance(item, RawSample)
+            try:
+                jpeg, w, h = prepare_image(item.image, opts.image_size)
+            except ValueError as e:
+                skip(BadSample(item.origin, "corrupt_image", f"{item.origin}: {e}"))
+                continue
+            if writer is None:
+                raw = (staging / f"{opts.name}-{len(shards):06d}.tar").open("wb")
+                sink = _HashingWriter(raw)
+                writer = wds.TarWriter(sink, encoder=False, user="", group="", mode=0o444, mtime=0)
+            sample: dict[str, Any] = {
+                "__key__": f"{n:09d}",
+                "jpg": jpeg,
+                "txt": item.caption.encode("utf-8"),
+                "json": json.dumps({**item.meta, "width": w, "height": h}, sort_keys=True).encode("utf-8"),
+            }
+            if item.label is not None:
+                sample["cls"] = str(item.label).encode("ascii")
+                stats.labels[item.label] += 1
+            writer.write(sample)
+            captions.append(item.caption)
+            stats.widths.append(w)
+            stats.heights.append(h)
+            stats.words.append(len(item.caption.split()))
+            n += 1
+            in_shard += 1
+            if in_shard == opts.per_shard:
+                close_shard()
+            progress.update(n, len(shards), total_bytes + (sink.size if sink else 0))
+        close_shard()
+    finally:
+        if raw is not None and not raw.closed:  # failed mid-shard: release the file before the cleanup
+            raw.close()
     progress.update(n, len(shards), total_bytes, final=n > 0 and time.monotonic() - progress.start > progress.every)
 
     if n == 0:

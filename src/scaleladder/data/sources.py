@@ -40,7 +40,7 @@ LABEL_COLUMNS: tuple[str, ...] = ("label", "class", "cls")
 
 @dataclass(frozen=True)
 class RawSample:
-    origin: str  # what an error message names: "photos/cat.jpg" or "in-000001.tar key 000012"
+    origin: str  # what an error message names: "photos/cat.jpg", "caps.csv:7 (path='x.jpg')", "in.tar: key 000012"
     image: bytes
     caption: str
     label: int | None = None
@@ -112,7 +112,7 @@ def iter_folder(folder: Path, seed: int, limit: int | None) -> Iterator[Item]:
         except ValueError:
             yield BadSample(rel, "bad_label", f"{cls}: label is not a non-negative integer")
             continue
-        yield RawSample(rel, path.read_bytes(), caption, label, {"source": rel})
+        yield RawSample(str(path), path.read_bytes(), caption, label, {"source": rel})
 
 
 # -- a folder of images with a CSV / JSONL table ---------------------------------------
@@ -185,7 +185,7 @@ def iter_table(table: Path, images: Path | None, seed: int, limit: int | None) -
         except ValueError:
             yield BadSample(where, "bad_label", f"{table}:{n} ({label_col}={row.get(label_col)!r}): not a non-negative integer")
             continue
-        yield RawSample(f"{where} ({rel})", path.read_bytes(), caption, label, {"source": rel})
+        yield RawSample(f"{table}:{n} ({path_col}={rel!r})", path.read_bytes(), caption, label, {"source": rel})
 
 
 # -- existing WebDataset shards ---------------------------------------------------------
@@ -274,7 +274,7 @@ def iter_wds(shards: list[Path], limit: int | None) -> Iterator[Item]:
             for key, group in _tar_groups(shard):
                 if limit is not None and n >= limit:
                     return
-                where = f"{shard.name} key {key}"
+                where = f"{shard}: key {key}"
                 image_ext = next((e for e in IMAGE_MEMBERS if e in group), None)
                 if image_ext is None:
                     yield BadSample(where, "no_image", f"{shard}: key {key} has no image member ({'/'.join(IMAGE_MEMBERS)})")

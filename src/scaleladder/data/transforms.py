@@ -305,6 +305,12 @@ def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Stack per-sample tensors into one batch (done in the worker: one IPC transfer per key).
 
     ``wds.map`` copies ``__key__`` (and friends) into each result; they are not batch keys.
+    Stacked with numpy: ``torch.stack`` of 32 images at 224 px took 60 ms with two
+    intra-op threads on a busy 2-core machine (workers=0 runs here in the main
+    process, with torch's threads on), against 2 ms single-threaded.
     """
-    return {k: torch.stack([s[k] for s in samples]) for k in samples[0] if not k.startswith("__")}
-
+    return {
+        k: torch.from_numpy(np.stack([s[k].numpy() for s in samples]))
+        for k in samples[0]
+        if not k.startswith("__")
+    }

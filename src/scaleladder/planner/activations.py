@@ -44,27 +44,51 @@ STATS = 8  # LayerNorm saves mean and rstd, fp32, per token
 
 @dataclass(frozen=True)
 class Dtypes:
-    """Bytes per element for one precision."""
+    """Bytes per element, and which autocast behaviours apply, for one precision × wrapper."""
 
-    mode: str  # "mixed" (autocast), "fp32" (fp32/tf32), "true" (bf16-true)
+    mode: str  # "mixed" (autocast, fp32 params), "fsdp-mixed" (autocast + FSDP bf16 params), "fp32", "true" (bf16-true)
     c: int  # matmul outputs
     r: int  # residual stream / layer inputs
     store: int  # model inputs as the runner stores them on the device
 
+    @property
+    def autocast(self) -> bool:
+        return self.mode in ("mixed", "fsdp-mixed")
+
+    @property
+    def casts(self) -> bool:
+        """Autocast copies fp32 activations for each Linear (only in the fp32-residual mode)."""
+        return self.mode == "mixed"
+
     def lin_in(self, consumers: int) -> int:
-        """Bytes per element the Linears that read one fp32-or-lowp tensor save.
+        """Bytes per element the Linears that read one tensor save.
 
-        Autocast casts the input once PER Linear (only parameters are cached);
-        without autocast all consumers share the one tensor.
+        Autocast casts an fp32 input once PER Linear (only parameters are cached);
+        a tensor already in the compute dtype is shared by all its consumers.
         """
-        if self.mode == "mixed":
-            return 2 * consumers
-        return self.c
+        return 2 * consumers if self.casts else self.c
+
+    @property
+    def probs(self) -> int:
+        """FLAVA attention: bytes saved per score (autocast: fp32 softmax out + its bf16 copy)."""
+        return 6 if self.autocast else self.c
+
+    @property
+    def hidden_held(self) -> int:
+        """Per layer input element: what ``hidden_states`` keeps beyond LN's saved fp32 copy.
+
+        With a bf16 residual stream, Fp32LayerNorm saves an fp32 COPY of its input, and
+        the bf16 input itself lives on in the encoder's ``hidden_states`` list."""
+        return self.r if self.r < 4 else 0
 
 
-def dtypes(precision: str) -> Dtypes:
+def dtypes(precision: str, fsdp: bool = False) -> Dtypes:
+    """The dtypes of a run. Trap: FSDP's MixedPrecision(param_dtype=bf16) makes EVERY
+    parameter bf16 during compute — position embeddings and CLS tokens included — and
+    casts the root's float inputs to bf16, so under FSDP the residual stream is bf16,
+    while under DDP/single (fp32 parameters, autocast) it stays fp32."""
     if precision in ("bf16-mixed", "fp16-mixed"):
-        return Dtypes("mixed", 2, 4, 4)
+        return Dtypes("fsdp-mixed", 2, 2, 4) if fsdp else Dtypes("mixed", 2, 4, 4)
     if precision == "bf16-true":
         return Dtypes("true", 2, 2, 2)
     return Dtypes("fp32", 4, 4, 4)
@@ -88,26 +112,39 @@ def flava_layer(T: int, f: Flavor, d: Dtypes) -> tuple[float, float, float, floa
     """(saved, held, fwd_transient, bwd_transient) per sample, FLAVA's own layer (no SDPA)."""
     h, m, a = f.hidden, f.mlp, f.heads
     Th, Tm, S = T * h, T * m, a * T * T
-    probs = {"mixed": 4 + 2, "fp32": 4, "true": 2}[d.mode]  # softmax out (+ its bf16 copy under autocast)
     saved = (
-        4 * Th + STATS * T  # LN1 saves its fp32 input (an fp32 COPY under bf16-true)
+        4 * Th + STATS * T  # LN1 saves its fp32 input (an fp32 COPY when the stream is bf16)
         + d.lin_in(3) * Th  # q, k, v projections' inputs
         + 2 * d.c * Th  # q and k re-laid-out for the batched matmul
-        + probs * S
+        + d.probs * S
         + d.c * Th  # v re-laid-out
         + d.c * Th  # merged heads: the output projection's input
         + 4 * Th + STATS * T  # LN2 input (fp32)
         + d.lin_in(1) * Th  # fc1 input
         + 2 * d.c * Tm  # fc1 output (GELU input) and GELU output (fc2 input)
     )
-    held = d.r * Th if d.mode == "true" else 0.0  # hidden_states keeps the bf16 input; LN saved an fp32 copy
-    # Forward: scores, scaled scores (+ their fp32 cast) alive next to the softmax output.
-    fwd = {"mixed": 6, "fp32": 8, "true": 4}[d.mode] * S
-    # Backward: incoming grad + MLP grads, or later the score grads (fp32 under autocast)
-    # once the MLP's saved tensors are gone.
-    mlp_phase = d.r * Th + d.c * Th + 2 * d.c * Tm
-    attn_phase = d.r * Th + {"mixed": 8, "fp32": 8, "true": 4}[d.mode] * S - 2 * d.c * Tm
-    return saved, held, fwd, max(mlp_phase, attn_phase)
+    held = d.hidden_held * Th
+    # Forward: scores and scaled scores (and under autocast their fp32 cast) next to the softmax output.
+    fwd = {"mixed": 6, "fsdp-mixed": 6, "fp32": 8, "true": 4}[d.mode] * S
+    # Backward of the scores: fp32 gradients in and out of softmax (bf16-true: bf16); under
+    # autocast the bf16 copy of the probabilities is released first (bmm's backward).
+    grads = (4 if d.mode == "true" else 8) * S
+    return saved, held, fwd, _bwd_transient(Th, Tm, d, attn_grads=grads, attn_freed=(2 * S if d.autocast else 0.0))
+
+
+def _bwd_transient(Th: int, Tm: int, d: Dtypes, attn_grads: float, attn_freed: float) -> float:
+    """Peak extra memory inside one layer's backward, over the tensors it saved.
+
+    MLP first: the incoming gradient (residual dtype) plus fc2's input gradient; by
+    GELU's backward fc2's saved input is gone, so the net extra stays ``dY + grad(T×m)``.
+    Then attention, once the MLP's saved tensors (fc1 in/out, GELU out, LN2 input) are
+    freed: the residual gradient plus the attention gradients (``attn_grads``), less what
+    the attention already released (``attn_freed``: FLAVA's bf16 copy of the probabilities).
+    """
+    mlp_phase = d.r * Th + d.c * Tm
+    mlp_saved = 2 * d.c * Tm + (4 + d.lin_in(1)) * Th
+    attn_phase = d.r * Th + attn_grads - mlp_saved - attn_freed
+    return max(mlp_phase, attn_phase)
 
 
 def vit_layer(T: int, f: Flavor, d: Dtypes) -> tuple[float, float, float, float]:
@@ -125,11 +162,10 @@ def vit_layer(T: int, f: Flavor, d: Dtypes) -> tuple[float, float, float, float]
         + d.lin_in(1) * Th  # fc1 input
         + 2 * d.c * Tm  # fc1 out, GELU out
     )
-    held = d.r * Th if d.mode == "true" else 0.0
+    held = d.hidden_held * Th
     fwd = d.r * Th + d.c * Th
-    mlp_phase = d.r * Th + d.c * Th + 2 * d.c * Tm
-    attn_phase = d.r * Th + qkv + 4 * Th - 2 * d.c * Tm  # dq/dk/dv + the fp32 dq accumulator
-    return saved, held, fwd, max(mlp_phase, attn_phase)
+    # SDPA's backward: dq, dk, dv, plus flash-attention-2's fp32 dq accumulator.
+    return saved, held, fwd, _bwd_transient(Th, Tm, d, attn_grads=qkv + 4 * Th, attn_freed=0.0)
 
 
 def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool) -> Call:
@@ -142,7 +178,12 @@ def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool) -> 
     # FLAVA's layer still RETURNS its attention probabilities, and the encoder keeps them
     # in `attentions` until forward returns, so they are held even under AC.
     probs_held = f.heads * T * T * d.c if f.family == "flava" else 0.0
-    return Call(name, unit, d.r * T * f.hidden, probs_held, saved + fwd, saved + bwd, is_layer=True)
+    # Inside a checkpointed forward nothing is saved: intermediates die as soon as they are
+    # consumed, so the in-layer peak is the attention transient next to the q/k/v inputs
+    # and copies, or the MLP's two T×m tensors.
+    Th = T * f.hidden
+    fwd_ac = max(fwd + (d.lin_in(3) + 3 * d.c) * Th, 2 * d.c * T * f.mlp + (4 + d.lin_in(1)) * Th)
+    return Call(name, unit, d.r * Th, probs_held, fwd_ac, saved + bwd, is_layer=True)
 
 
 # -- whole models ------------------------------------------------------------------------
@@ -169,20 +210,43 @@ def codebook_transient(f: Flavor, d: Dtypes) -> float:
 
 
 def _head(n_tokens: float, vocab: int, h: int, d: Dtypes) -> tuple[float, float, float]:
-    """A masked-prediction head on n_tokens tokens: (saved, held, transient) per sample."""
-    saved_h = {"mixed": 2 + 2 + 2 + 4 + 2, "fp32": 4 * 4, "true": 2 + 2 + 4 + 2}[d.mode] * h + STATS
-    saved_v = {"mixed": 4, "fp32": 4, "true": 2}[d.mode] * vocab  # log_softmax output
-    held_v = d.c * vocab  # the logits, kept in the loss output object
-    transient_v = 4 * vocab if d.mode == "mixed" else 0  # autocast's fp32 copy of the logits
+    """A masked-prediction head on n_tokens tokens: (saved, held, transient) per sample.
+
+    dense → GELU → Fp32LayerNorm → decoder → cross-entropy. Per token it saves the
+    dense input, GELU input, LN's fp32 input and the decoder input (h-sized), and the
+    log-softmax output (vocab-sized, fp32 under autocast); the logits themselves are
+    held by the loss output until forward returns; autocast's fp32 copy of the logits
+    exists only while log_softmax runs.
+    """
+    saved_h = ({"mixed": 2, "fsdp-mixed": 2, "fp32": 4, "true": 2}[d.mode] + d.c + 4 + d.c) * h + STATS
+    saved_v = (4 if d.autocast or d.mode == "fp32" else 2) * vocab
+    held_v = d.c * vocab
+    transient_v = 4 * vocab if d.autocast else 0
     return n_tokens * (saved_h + saved_v), n_tokens * held_v, n_tokens * transient_v
+
+
+def _final_norm(name: str, T: int, h: int, d: Dtypes, read_by_head: bool) -> Call:
+    """An encoder's final LayerNorm: saves its fp32 input; its output lives until forward returns.
+
+    Trap: when a Linear head reads ``out[:, 0]`` (ViT's classifier, FLAVA's contrastive
+    projections and ITM pooler) and no autocast cast sits between them, autograd saves
+    that VIEW — which keeps the whole ``[B, T, h]`` output alive until the head's
+    backward. With an fp32 stream under autocast the head saves a bf16 copy of the CLS
+    rows instead, and the output dies when forward returns.
+    """
+    out = d.r * T * h
+    keep = read_by_head and not d.casts
+    return Call(name, None, saved=4 * T * h + STATS * T + (out if keep else 0.0),
+                held=(0.0 if keep else out) + d.hidden_held * T * h)
 
 
 def vit_calls(f: Flavor, d: Dtypes, ac: bool) -> list[list[Call]]:
     """Forward passes (here one) as lists of calls, in forward order."""
     T, h, s = f.patches + 1, f.hidden, f.image_size
-    embed = Call("vit.embed", None, saved=(2 * 3 * s * s if d.mode == "mixed" else 0), fwd_transient=d.c * f.patches * h + d.r * T * h)
+    # Under autocast the patch conv saves a bf16 copy of the image (FSDP: the root's input cast).
+    embed = Call("vit.embed", None, saved=(2 * 3 * s * s if d.autocast else 0), fwd_transient=d.c * f.patches * h + d.r * T * h)
     layers = [layer_call("vit.layer", i, T, f, d, ac) for i in range(f.layers)]
-    final = Call("vit.final_norm", None, saved=4 * T * h + STATS * T, held=d.r * T * h + (d.r * T * h if d.mode == "true" else 0))
+    final = _final_norm("vit.final_norm", T, h, d, read_by_head=True)
     head = Call("vit.head", None, saved=2 * h + 4 * f.num_classes)
     return [[embed, *layers, final, head]]
 
@@ -192,25 +256,24 @@ def flava_calls(f: Flavor, d: Dtypes, ac: bool) -> list[list[Call]]:
     h, L, s = f.hidden, f.layers, f.image_size
     Ti, Tt = f.patches + 1, f.text_len
     Tm = Ti + Tt + 1  # image tokens + text tokens + the fusion encoder's own CLS
-    true_extra = d.r if d.mode == "true" else 0
 
     def image_pass(tag: str) -> list[Call]:
-        embed = Call(f"image{tag}.embed", None, saved=(2 * 3 * s * s if d.mode == "mixed" else 0),
+        embed = Call(f"image{tag}.embed", None, saved=(2 * 3 * s * s if d.autocast else 0),
                      fwd_transient=(d.c + 2 * 4) * f.patches * h)
         layers = [layer_call(f"image{tag}.layer", i, Ti, f, d, ac) for i in range(L)]
-        final = Call(f"image{tag}.final_norm", None, saved=4 * Ti * h + STATS * Ti, held=(d.r + true_extra) * Ti * h)
+        final = _final_norm(f"image{tag}.final_norm", Ti, h, d, read_by_head=tag == "")
         return [embed, *layers, final]
 
     def text_pass(tag: str) -> list[Call]:
         embed = Call(f"text{tag}.embed", None, saved=4 * Tt * h + STATS * Tt, fwd_transient=3 * d.r * Tt * h)
         layers = [layer_call(f"text{tag}.layer", L + i, Tt, f, d, ac) for i in range(L)]
-        final = Call(f"text{tag}.final_norm", None, saved=4 * Tt * h + STATS * Tt, held=(d.r + true_extra) * Tt * h)
+        final = _final_norm(f"text{tag}.final_norm", Tt, h, d, read_by_head=tag == "")
         return [embed, *layers, final]
 
-    proj_saved = 2 * (Ti + Tt) * h if d.mode == "mixed" else 0
+    proj_saved = 2 * (Ti + Tt) * h if d.casts else 0
     mm = [Call("mm.projections", None, saved=proj_saved, fwd_transient=2 * d.c * (Ti + Tt) * h)]
     mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac) for i in range(f.mm_layers)]
-    mm.append(Call("mm.final_norm", None, saved=4 * Tm * h + STATS * Tm, held=(d.r + true_extra) * Tm * h))
+    mm.append(_final_norm("mm.final_norm", Tm, h, d, read_by_head=True))
 
     # Loss: only the multimodal heads run (the unimodal MLM/MIM ones are skipped when a
     # fusion output exists), on the masked tokens of matched pairs (9 in 10 samples).
@@ -222,8 +285,8 @@ def flava_calls(f: Flavor, d: Dtypes, ac: bool) -> list[list[Call]]:
     return [image_pass(""), text_pass(""), image_pass("_masked"), text_pass("_masked"), mm, [loss]]
 
 
-def forward_passes(f: Flavor, precision: str, ac: bool) -> list[list[Call]]:
-    d = dtypes(precision)
+def forward_passes(f: Flavor, precision: str, ac: bool, fsdp: bool = False) -> list[list[Call]]:
+    d = dtypes(precision, fsdp)
     return flava_calls(f, d, ac) if f.family == "flava" else vit_calls(f, d, ac)
 
 

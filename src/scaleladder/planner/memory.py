@@ -25,6 +25,7 @@ The peak is the largest of these moments. It is what ``torch.cuda`` reports as
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,31 @@ class _Timeline:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Counterfactuals for explaining a disagreement with a seed — NOT the runner's setup.
+
+    The default is exactly what scaleladder's runner does. Each field switches one
+    mechanism to what a seed's code did instead, so a test can show which difference
+    moves a prediction across the line (docs/planner.md, "Seed claims").
+    """
+
+    # FLAVA runs each encoder layer twice. With NON-reentrant AC (ours) or no AC, FSDP1's
+    # post-backward hook fires once per unit per backward, after BOTH passes: the unit stays
+    # gathered with an unsharded gradient in between. The FLAVA seed used REENTRANT AC under
+    # FSDP, whose nested backward runs the hook once per pass (torch's FSDP permits this):
+    # False models that.
+    gather_across_passes: bool = True
+    # Bytes of an all-gathered parameter. The FLAVA seed left MixedPrecision's param_dtype
+    # unset ("not working" in its train.py), so it gathered fp32: 4. None = the precision's.
+    gathered_param_bytes: int | None = None
+    # Text length of the FLAVA batches (the seed's text-only MLM batches were 512 tokens).
+    text_len: int | None = None
+
+
+RUNNER = Variant()
+
+
+@dataclass(frozen=True)
 class _Setup:
     """Everything about a rung that does not depend on the batch."""
 
@@ -133,13 +159,22 @@ class _Setup:
     static: dict[str, int]
     unit_full: dict[str, int]  # unsharded flat numel per unit kind ("root", "layer", "codebook")
     unit_chunk: dict[str, int]  # local chunk numel per unit kind
+    variant: Variant = RUNNER
 
 
-def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs, world: int) -> _Setup:
+def _lowp_params(fsdp: bool, precision: str, variant: Variant) -> bool:
+    """Does FSDP gather the parameters in the autocast dtype (bf16 residual stream)?"""
+    return fsdp and (variant.gathered_param_bytes or fsdp_param_bytes(precision)) < storage_bytes(precision)
+
+
+def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs, world: int,
+           variant: Variant = RUNNER) -> _Setup:
     f = get_flavor(model) if isinstance(model, str) else model
     inv = inventory(f)
+    if variant.text_len is not None:
+        f = dataclasses.replace(f, text_len=variant.text_len)  # activations only: parameters are unchanged
     shard = sharding(strategy, world)
-    passes = forward_passes(f, precision, strategy.ac)
+    passes = forward_passes(f, precision, strategy.ac, _lowp_params(shard.fsdp, precision, variant))
     full: dict[str, int] = {}
     chunk: dict[str, int] = {}
     for u in (inv.root, inv.layer, inv.codebook):
@@ -151,15 +186,15 @@ def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs
         else:
             full[u.kind] = chunk[u.kind] = u.numel
     return _Setup(inv, strategy, precision, knobs, world, passes, backward_order(f, passes),
-                  static_bytes_for(inv, strategy, precision, world), full, chunk)
+                  static_bytes_for(inv, strategy, precision, world), full, chunk, variant)
 
 
 def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
     inv, f = st.inv, st.inv.flavor
     shard = sharding(st.strategy, st.world)
-    d = dtypes(st.precision)
+    d = dtypes(st.precision, _lowp_params(shard.fsdp, st.precision, st.variant))
     s = storage_bytes(st.precision)
-    pd = fsdp_param_bytes(st.precision)
+    pd = st.variant.gathered_param_bytes or fsdp_param_bytes(st.precision)
     mixed = d.mode == "mixed"
     B = batch
 
@@ -211,10 +246,14 @@ def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
     last: dict[int | None, int] = {}
     for i, c in enumerate(order):
         last[c.unit if c.is_layer else None] = i
+    # A unit's backward "span": from its first backward call to its last (ours), or — in
+    # the reentrant-AC counterfactual — each call on its own (not for SHARD_GRAD_OP, whose
+    # forward-gathered units are simply kept).
+    per_call = fsdp and st.strategy.ac and not st.variant.gather_across_passes and not keep_after_fwd
     touched: set[int | None] = set()
+    reduced: set[int | None] = set()
 
-    def first_touch(unit: int | None) -> None:
-        touched.add(unit)
+    def span_start(unit: int | None) -> None:
         kind = "root" if unit is None else "layer"
         u = inv.root if unit is None else inv.layer
         if fsdp:
@@ -222,17 +261,19 @@ def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
                 tl.add("buffers", layer_copy)  # all-gathered again for backward
             if u.requires_grad:
                 tl.add("grads", st.unit_full[kind] * pd)  # the unsharded gradient it accumulates
-        else:
+        elif unit not in touched:
             tl.add("grads", u.trainable_numel * s)
+        touched.add(unit)
 
-    def last_touch(unit: int | None) -> None:
+    def span_end(unit: int | None) -> None:
         kind = "root" if unit is None else "layer"
         u = inv.root if unit is None else inv.layer
         if fsdp:
             if u.requires_grad:
                 comm = (st.unit_full[kind] * 4 if pd < 4 else 0) + (st.unit_chunk[kind] * 4 if shard.sharded else 0)
                 tl.point(f"backward:reduce-{kind}", buffers=comm)
-                tl.add("grads", -st.unit_full[kind] * pd + st.unit_chunk[kind] * s)
+                tl.add("grads", -st.unit_full[kind] * pd + (0 if unit in reduced else st.unit_chunk[kind] * s))
+                reduced.add(unit)
             if unit is not None and gathered:
                 tl.add("buffers", -layer_copy)
         elif unit is not None:
@@ -240,13 +281,13 @@ def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
 
     for i, c in enumerate(order):
         unit = c.unit if c.is_layer else None
-        if unit not in touched:
-            first_touch(unit)
+        if unit not in touched or (per_call and unit is not None):
+            span_start(unit)
         tl.point(f"backward:{c.name}", activations=B * c.bwd_transient, buffers=prefetch_bwd if c.is_layer else 0.0)
         tl.add("activations", -B * (c.saved))
-        if unit is not None and last[unit] == i:
-            last_touch(unit)
-    last_touch(None)
+        if unit is not None and (per_call or last[unit] == i):
+            span_end(unit)
+    span_end(None)
     tl.add("buffers", -(root_copy + cast_root))
     if fsdp:
         # Units that never ran backward (the frozen codebook) hold no gradient; all others'

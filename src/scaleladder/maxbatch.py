@@ -1,0 +1,336 @@
+"""`scaleladder maxbatch`: find the largest local batch that trains, then run the rung at it.
+
+The FLAVA seed's Figure 2 is found by hand; Lightning's batch-size finder refuses
+distributed strategies. Here, for one (model, strategy, precision, knobs, nodes):
+
+1. **Start** at the planner's predicted max batch when ``--plan-device`` is given
+   (else at 1), capped by ``--max-batch-cap``.
+2. **Double** while probes pass, then **bisect** between the last pass and the first
+   failure. Batch 1 failing ends the search: the rung is recorded as ``oom``.
+3. A **probe** is a real short run (``--probe-steps``, ``--probe-warmup``) through
+   ``supervise.launch`` — fresh processes every time, so an OOM cannot leave a
+   fragmented or poisoned allocator behind for the next probe (in-process recovery
+   after a CUDA OOM is not provably clean: cached blocks, NCCL state, half-built
+   autograd graphs). It passes when it finishes with status ``ok`` AND its allocator
+   retries after warm-up stay within ``--max-retries`` (default 0): the FLAVA seed
+   shows cudaMalloc retries slow training near the limit, so "fits but thrashes" is
+   not a fit. A probe that crashes for another reason aborts the search (exit 1) —
+   never mistaken for an OOM.
+4. The **rung** then runs in full at the found batch via ``supervise.launch``, and its
+   HDF5 file gains ``max_batch`` and ``maxbatch_*`` attributes and a
+   ``maxbatch/probes`` group (batch, status, retries, peaks, why each failed),
+   written atomically (temp file, then ``os.replace``).
+
+On a CPU nothing runs out of memory, so there the search only ends at
+``--max-batch-cap``: true OOM probing needs a GPU (see docs/planner.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scaleladder.spec import RunSpec, SpecError, parse_positive
+
+PASS = "ok"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe at one local batch found."""
+
+    batch: int
+    status: str  # "ok" | "oom" | "retries" (ok, but over the retry threshold) | "error"
+    alloc_retries: int = 0
+    peak_active_gib: float = float("nan")
+    peak_reserved_gib: float = float("nan")
+    reason: str = ""  # why it failed (the OOM message, the retry count), empty when it passed
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASS
+
+
+@dataclass
+class SearchResult:
+    max_batch: int | None  # None: not even batch 1 trains
+    probes: list[ProbeResult] = field(default_factory=list)
+    start: int = 1
+    capped: bool = False  # the search stopped at --max-batch-cap, not at a failure
+
+
+class ProbeError(RuntimeError):
+    """A probe failed for a reason other than memory: the search cannot go on."""
+
+
+def judge(result: ProbeResult, max_retries: int) -> ProbeResult:
+    """Turn an ``ok`` run over the retry threshold into a failed probe."""
+    if result.status == PASS and result.alloc_retries > max_retries:
+        return dataclasses.replace(result, status="retries",
+                                   reason=f"{result.alloc_retries} allocator retries after warm-up (threshold {max_retries})")
+    return result
+
+
+def search(probe: Callable[[int], ProbeResult], start: int | None = None, cap: int | None = None,
+           max_retries: int = 0, log: Callable[[str], None] | None = None) -> SearchResult:
+    """Largest batch ``b`` whose probe passes: double from ``start``, then bisect.
+
+    Assumes a monotone answer (if ``b`` fits, every smaller batch fits), which is what
+    makes bisection valid; each batch is probed at most once.
+    """
+    if cap is not None and cap < 1:
+        raise SpecError(f"--max-batch-cap must be >= 1, got {cap}")
+    first = max(1, min(start or 1, cap or (start or 1)))
+    res = SearchResult(None, start=first)
+    tried: dict[int, ProbeResult] = {}
+
+    def ok(b: int) -> bool:
+        if b not in tried:
+            r = judge(probe(b), max_retries)
+            if r.status not in (PASS, "oom", "retries"):
+                raise ProbeError(f"probe at batch {b} failed: {r.reason or r.status}")
+            tried[b] = r
+            res.probes.append(r)
+            if log:
+                log(f"probe b={b}: {r.status}" + (f" ({r.reason})" if r.reason else ""))
+        return tried[b].passed
+
+    lo: int | None = None  # largest batch known to pass
+    hi: int | None = None  # smallest batch known to fail
+    if ok(first):
+        lo = first
+        while True:  # double
+            if cap is not None and lo >= cap:
+                res.capped = True
+                break
+            nxt = lo * 2 if cap is None else min(lo * 2, cap)
+            if ok(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+                break
+    else:
+        hi = first
+        b = first
+        while b > 1:  # halve until something passes
+            b = max(1, b // 2)
+            if ok(b):
+                lo = b
+                break
+            hi = b
+        if lo is None:
+            return res  # not even batch 1
+    if hi is not None:
+        while hi - lo > 1:  # bisect
+            mid = (lo + hi) // 2
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+    res.max_batch = lo
+    return res
+
+
+# -- probes through the real launcher ---------------------------------------------------------
+
+
+def read_probe(path: Path, batch: int, seconds: float) -> ProbeResult:
+    from scaleladder.store import read_attrs
+
+    a = read_attrs(path)
+    status = str(a.get("status", ""))
+    return ProbeResult(batch, status if status in ("ok", "oom") else "error", int(a.get("alloc_retries", 0) or 0),
+                       float(a.get("peak_active_gib", float("nan"))), float(a.get("peak_reserved_gib", float("nan"))),
+                       "" if status == "ok" else str(a.get("error", status)), seconds)
+
+
+def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: int) -> Callable[[int], ProbeResult]:
+    """A probe that runs ``steps`` real steps at a batch in fresh processes via supervise.launch."""
+    from scaleladder.supervise import launch
+
+    def probe(batch: int) -> ProbeResult:
+        spec = dataclasses.replace(cfg.spec, batch=batch)
+        out = workdir / f"probe-b{batch}.h5"
+        pc = dataclasses.replace(cfg, spec=spec, steps=steps, warmup=warmup, out=out)
+        t0 = time.perf_counter()
+        rc = launch(pc, launcher)
+        dt = time.perf_counter() - t0
+        if rc != 0 or not out.is_file():
+            return ProbeResult(batch, "error", reason=f"launcher failed with exit code {rc} (see its stderr)", seconds=dt)
+        return read_probe(out, batch, dt)
+
+    return probe
+
+
+def planned_start(spec: RunSpec, device: str, ranks_per_node: int) -> int | None:
+    """The planner's max batch for this rung, or None (no device, unlimited, or predicted OOM)."""
+    from scaleladder.plan import predict
+
+    p = predict(spec, spec.nodes * ranks_per_node, ranks_per_node, device)
+    return p.max_batch
+
+
+def probes_datasets(probes: list[ProbeResult]) -> dict[str, np.ndarray]:
+    """The ``maxbatch/probes`` group: one row per probe, in the order they ran."""
+    return {
+        "maxbatch/probes/batch": np.array([p.batch for p in probes], dtype=np.int64),
+        "maxbatch/probes/status": np.array([p.status for p in probes], dtype=object),
+        "maxbatch/probes/alloc_retries": np.array([p.alloc_retries for p in probes], dtype=np.int64),
+        "maxbatch/probes/peak_active_gib": np.array([p.peak_active_gib for p in probes], dtype=np.float64),
+        "maxbatch/probes/peak_reserved_gib": np.array([p.peak_reserved_gib for p in probes], dtype=np.float64),
+        "maxbatch/probes/reason": np.array([p.reason for p in probes], dtype=object),
+        "maxbatch/probes/seconds": np.array([p.seconds for p in probes], dtype=np.float64),
+    }
+
+
+def _clean(v: Any) -> Any:
+    """An HDF5-storable attribute value (lists as JSON, None as empty, str as str)."""
+    import json
+
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(v)
+    if v is None:
+        return ""
+    return str(v) if isinstance(v, str) else v
+
+
+def _write_datasets(f: Any, datasets: dict[str, np.ndarray]) -> None:
+    import h5py
+
+    for name, arr in datasets.items():
+        if arr.dtype == object:
+            f.create_dataset(name, data=arr.astype(str).tolist(), dtype=h5py.string_dtype())
+        else:
+            f.create_dataset(name, data=arr)
+
+
+def search_attrs(res: SearchResult, max_retries: int, cap: int | None, planned: int | None) -> dict[str, Any]:
+    return {
+        "max_batch": res.max_batch if res.max_batch is not None else 0,
+        "maxbatch_probes": len(res.probes),
+        "maxbatch_start": res.start,
+        "maxbatch_planned": planned if planned is not None else 0,  # 0 = no prediction
+        "maxbatch_capped": res.capped,
+        "maxbatch_cap": cap or 0,
+        "maxbatch_max_retries": max_retries,
+    }
+
+
+def record_result(final: Path, out: Path, spec: RunSpec, attrs: dict[str, Any], probes: list[ProbeResult]) -> None:
+    """Copy the final run's file onto ``out`` with the search's attributes and probes, atomically."""
+    import h5py
+
+    from scaleladder.store import atomic_path
+
+    with atomic_path(out) as tmp:
+        with h5py.File(final, "r") as src, h5py.File(tmp, "w") as dst:
+            for k, v in src.attrs.items():
+                dst.attrs[k] = v
+            for name in src:
+                src.copy(src[name], dst, name=name)
+            # The rung is the `max` rung: its spec stays b'max'; `batch` is the batch it ran at.
+            for k, v in {**attrs, "spec": spec.path, "batch": str(attrs["max_batch"])}.items():
+                dst.attrs[k] = _clean(v)
+            _write_datasets(dst, probes_datasets(probes))
+
+
+def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeResult]) -> None:
+    """Not even batch 1 trains: a status ``oom`` record carrying the probes."""
+    import h5py
+
+    from scaleladder import provenance
+    from scaleladder.store import atomic_path
+
+    reason = probes[-1].reason if probes else "out of memory"
+    rec = {"status": "oom", **cfg.attrs(), "world_size": world, "error": f"batch 1 does not train: {reason}",
+           **{k: v for k, v in provenance.collect("").items() if k != "device_name"}, **attrs}
+    with atomic_path(cfg.out) as tmp:
+        with h5py.File(tmp, "w") as f:
+            for k, v in rec.items():
+                f.attrs[k] = _clean(v)
+            _write_datasets(f, probes_datasets(probes))
+
+
+# -- CLI ---------------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from scaleladder.runner import add_arguments as add_run_arguments
+
+    add_run_arguments(p)
+    p.add_argument("--launcher", default="", help="command prefix that starts the ranks, as for `scaleladder launch` (empty: one local process)")
+    p.add_argument("--plan-device", default="", help="planner device key: start the search at the predicted max batch")
+    p.add_argument("--ranks-per-node", default="1", help="ranks per node, for the planner (default 1)")
+    p.add_argument("--max-retries", default="0", help="allocator retries after warm-up a probe may have and still pass (default 0)")
+    p.add_argument("--max-batch-cap", default=None, help="never probe above this batch (the search's only end on a CPU)")
+    p.add_argument("--probe-steps", default="5", help="steps per probe, warm-up included (default 5)")
+    p.add_argument("--probe-warmup", default="2", help="warm-up steps per probe, excluded from its retry count (default 2)")
+    p.add_argument("--keep-probes", action="store_true", help="keep the probes' HDF5 files (beside --out)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from scaleladder.runner import config_from_args
+    from scaleladder.supervise import launch
+
+    cfg = config_from_args(args)
+    if cfg.spec.batch != "max":
+        raise SpecError(f"maxbatch searches the batch: the spec must end in /bmax, got {cfg.spec.path!r}")
+    rpn = parse_positive("ranks-per-node", args.ranks_per_node)
+    try:
+        max_retries = int(args.max_retries)
+    except ValueError:
+        raise SpecError(f"--max-retries must be an integer >= 0, got {args.max_retries!r}") from None
+    if max_retries < 0:
+        raise SpecError(f"--max-retries must be an integer >= 0, got {args.max_retries!r}")
+    cap = None if args.max_batch_cap is None else parse_positive("max-batch-cap", args.max_batch_cap)
+    steps = parse_positive("probe-steps", args.probe_steps)
+    try:
+        warmup = int(args.probe_warmup)
+    except ValueError:
+        raise SpecError(f"--probe-warmup must be an integer, got {args.probe_warmup!r}") from None
+    if not 0 <= warmup < steps:
+        raise SpecError(f"--probe-warmup must be in [0, probe-steps), got {warmup} with {steps} steps")
+    planned = planned_start(cfg.spec, args.plan_device, rpn) if args.plan_device else None
+
+    def log(msg: str) -> None:
+        print(f"scaleladder maxbatch: {cfg.spec.path}: {msg}", file=sys.stderr)
+
+    workdir = cfg.out.with_name(f".{cfg.out.name}.maxbatch")
+    workdir.mkdir(parents=True, exist_ok=True)
+    final = workdir / "final.h5"
+    try:
+        log(f"start at b={planned or 1}" + (f" (planner, {args.plan_device})" if planned else "") + (f", cap {cap}" if cap else ""))
+        try:
+            res = search(launcher_probe(cfg, args.launcher, workdir, steps, warmup), planned, cap, max_retries, log)
+        except ProbeError as e:
+            log(str(e))
+            return 1
+        attrs = search_attrs(res, max_retries, cap, planned)
+        if res.max_batch is None:
+            record_oom(cfg, cfg.spec.nodes * rpn, attrs, res.probes)
+            log(f"not even batch 1 trains; recorded as 'oom' in {cfg.out}")
+            return 0
+        log(f"max batch {res.max_batch}{' (the cap)' if res.capped else ''} after {len(res.probes)} probes; running the rung")
+        rung = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, batch=res.max_batch), out=final)
+        rc = launch(rung, args.launcher)
+        if rc != 0 or not final.is_file():
+            log(f"the rung at b={res.max_batch} failed (exit {rc}); no result written")
+            return rc or 1
+        record_result(final, cfg.out, cfg.spec, attrs, res.probes)
+        log(f"-> {cfg.out}")
+        return 0
+    finally:
+        if args.keep_probes:
+            final.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,116 @@
+"""Containers, as far as they can be checked without building them (no image builds on
+our machines): the Dockerfiles pass hadolint, the Apptainer definitions parse, and every
+pin agrees: Dockerfile = .def = constraints = Makefile, all within pyproject.toml."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from conftest import REPO, VENV_BIN
+
+C = REPO / "containers"
+FLAVORS = ("cuda", "rocm")
+IN_CI = os.environ.get("CI") == "true"
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def constraints(flavor: str) -> dict[str, str]:
+    pins = {}
+    for line in (C / f"constraints-{flavor}.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[norm(name)] = version
+    return pins
+
+
+def dockerfile_args(flavor: str) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", (C / f"Dockerfile.{flavor}").read_text(), re.M))
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or (os.path.join(VENV_BIN, name) if os.path.exists(os.path.join(VENV_BIN, name)) else None)
+    if path is None:
+        if IN_CI:
+            pytest.fail(f"{name} is not installed (make setup installs it)")
+        pytest.skip(f"{name} is not installed (make setup installs it)")
+    return path
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_dockerfile_passes_hadolint(flavor: str) -> None:
+    out = subprocess.run([_tool("hadolint"), "--no-color", str(C / f"Dockerfile.{flavor}")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_apptainer_definition_parses(flavor: str) -> None:
+    parsers = pytest.importorskip("spython.main.parse.parsers") if not IN_CI else __import__(
+        "spython.main.parse.parsers", fromlist=["SingularityParser"])
+    text = (C / f"scaleladder-{flavor}.def").read_text()
+    header = dict(re.findall(r"^(Bootstrap|From):\s*(\S+)$", text, re.M))
+    assert header["Bootstrap"] == "docker"
+    recipe = next(iter(parsers.SingularityParser(str(C / f"scaleladder-{flavor}.def")).recipe.values()))
+    # the same base as the Dockerfile, so the two images differ only in how they are built
+    docker_from = re.search(r"^FROM (\S+)", (C / f"Dockerfile.{flavor}").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    assert recipe.fromHeader == header["From"] == docker_from
+    sections = set(re.findall(r"^%(\w+)", text, re.M))
+    assert sections == {"labels", "files", "post", "environment", "runscript", "test"}
+    files = {line.split()[0] for line in recipe.files}
+    for src in files - {"README.md"}:  # README.md is the project's; the rest must exist here
+        assert (REPO / src).exists(), src
+    assert f"containers/constraints-{flavor}.txt" in files
+    post = "\n".join(recipe.install)
+    args = dockerfile_args(flavor)
+    assert f"TORCH_VERSION={args['TORCH_VERSION']}" in post and f"TORCHVISION_VERSION={args['TORCHVISION_VERSION']}" in post
+    assert f"-c containers/constraints-{flavor}.txt" in post
+    if flavor == "rocm":
+        assert f"TORCH_INDEX_URL={args['TORCH_INDEX_URL']}" in post
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_pins_agree_with_each_other_and_pyproject(flavor: str) -> None:
+    pins = constraints(flavor)
+    args = dockerfile_args(flavor)
+    assert pins["torch"] == args["TORCH_VERSION"] and pins["torchvision"] == args["TORCHVISION_VERSION"]
+    make = (REPO / "Makefile").read_text()
+    assert f"torch=={pins['torch']} torchvision=={pins['torchvision']}" in make  # what CI and `make run` install
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    required = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["workflow"]]
+    for req in required:
+        name = norm(req.name)
+        assert name in pins, f"{name} is a dependency but not pinned in constraints-{flavor}.txt"
+        assert req.specifier.contains(Version(pins[name]), prereleases=True), f"{name}=={pins[name]} violates {req}"
+    dockerfile = (C / f"Dockerfile.{flavor}").read_text()
+    assert f"-c containers/constraints-{flavor}.txt" in dockerfile and '".[workflow]"' in dockerfile
+    env = (REPO / "workflow/envs/scaleladder.yaml").read_text()
+    assert f"torch=={pins['torch']}" in env
+
+
+def test_rocm_lock_is_the_cuda_lock_without_cuda() -> None:
+    cuda, rocm = constraints("cuda"), constraints("rocm")
+    assert set(rocm) <= set(cuda)
+    assert all(re.match(r"nvidia-|cuda-|triton$", k) for k in set(cuda) - set(rocm))
+    assert {k: cuda[k] for k in rocm} == rocm
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_image_runs_the_local_profile_into_a_mounted_results(flavor: str) -> None:
+    text = (C / f"Dockerfile.{flavor}").read_text()
+    assert 'CMD ["snakemake", "--profile", "profiles/local"]' in text
+    assert 'VOLUME ["/opt/scaleladder/results"]' in text and "WORKDIR /opt/scaleladder" in text
+    for src in re.findall(r"^COPY (\S+)", text, re.M):
+        if src not in ("README.md",) and not src.startswith("--"):
+            assert (REPO / src).exists(), src
+    assert "exec snakemake --profile profiles/local" in (C / f"scaleladder-{flavor}.def").read_text()
