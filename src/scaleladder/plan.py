@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", default="1", help="nodes, for --fits-table/--fits-chart (default 1)")
     p.add_argument("--precision", default="bf16-mixed", help="precision for --fits-table/--fits-chart (default bf16-mixed)")
     p.add_argument("--batch", default=None, help="local batch for --fits-table/--fits-chart (default: report the max batch)")
+    p.add_argument("--vs-measured", metavar="OUT.png", help="draw predicted against measured peak memory of --rungs")
+    p.add_argument("--rungs", nargs="*", default=[], help="rung HDF5 files for --vs-measured")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -136,6 +139,17 @@ def main(args: argparse.Namespace) -> int:
     if args.device not in DEVICES:
         raise SpecError(f"unknown device {args.device!r}; expected one of {', '.join(DEVICES)}")
     gpus = parse_positive("gpus-per-node", args.gpus_per_node)
+    if args.vs_measured:
+        from scaleladder.plan_plots import points_from_rungs, predicted_vs_measured
+
+        missing = [r for r in args.rungs if not Path(r).is_file()]
+        if not args.rungs or missing:
+            raise SpecError(f"--vs-measured needs existing --rungs files; missing: {missing[0] if missing else '(none given)'}")
+        points = points_from_rungs(args.rungs, args.device)
+        predicted_vs_measured(points, args.vs_measured, f"planner vs measurement ({args.device})")
+        if args.json:
+            print(json.dumps([pt.__dict__ for pt in points], indent=1))
+        return 0
     if args.fits_table or args.fits_chart:
         if args.spec:
             raise SpecError("--spec and --fits-table/--fits-chart are separate modes; give one")

@@ -311,7 +311,11 @@ def fig_max_batch(rungs: list[Rung], palette: Palette) -> Figure:
         def mb(r: Rung) -> float | None:
             return _num(r.get("max_batch")) if r.get("status") == "ok" else None
 
-        _grouped_bars(ax, rs, models, strategies, palette, value=mb, annotate=lambda r: f"{r.get('max_batch', '?')}")
+        def label(r: Rung) -> str:
+            # a search stopped by its cap (always, on a CPU) found a lower bound, not the max
+            return f"≥{r.get('max_batch', '?')} (cap)" if r.get("maxbatch_capped") else f"{r.get('max_batch', '?')}"
+
+        _grouped_bars(ax, rs, models, strategies, palette, value=mb, annotate=label)
         ax.set_ylabel("max local batch (samples per GPU)")
     fig.suptitle("Max local batch per strategy and model size", fontsize=12)
     _legend(fig, palette, sorted({r["strategy"] for r in rungs if _is_max(r)}, key=_strategy_sort_key) or palette.order)

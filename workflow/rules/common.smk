@@ -260,6 +260,10 @@ def plan_args() -> str:
     return args + (" --run-predicted-oom" if config.get("run_predicted_oom") else "")
 
 
+def maxbatch_args() -> str:
+    return f" --max-batch-cap {SITE['max_batch_cap']}" if SITE.get("max_batch_cap") else ""
+
+
 def data_source() -> str:
     return (config.get("data") or {}).get("source", "embedded")
 

@@ -106,6 +106,7 @@ rule rung_max:
         scaleladder=SCALELADDER,
         launcher=launcher,
         plan=plan_args(),
+        cap=maxbatch_args(),
         spec=spec_path,
         data=data_arg,
         steps=config["steps"],
@@ -117,6 +118,6 @@ rule rung_max:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan} "
+        "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan}{params.cap} "
         "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
         "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"

@@ -255,7 +255,11 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
             progress.update(n, len(shards), total_bytes + (sink.size if sink else 0))
         close_shard()
     finally:
-        if raw is not None and not raw.closed:  # failed mid-shard: release the file before the cleanup
+        # Failed mid-shard: release the half-written tar before the staging cleanup
+        # (closing the tar stream first, or its __del__ later writes to a closed file).
+        if writer is not None:
+            writer.close()
+        if raw is not None:
             raw.close()
     progress.update(n, len(shards), total_bytes, final=n > 0 and time.monotonic() - progress.start > progress.every)
 

@@ -95,6 +95,21 @@ def n_layers(flavor: Flavor) -> int:
     return flavor.layers if flavor.family == "vit" else 2 * flavor.layers + flavor.mm_layers
 
 
+# Parameters FLAVA pretraining never uses when the fusion path runs (FLAVAPretrainingLoss skips
+# the unimodal MLM/MIM heads; nothing reads the encoders' pooler outputs). parallel.freeze_unused
+# finds the same set empirically with a CPU step on flava-debug — too slow to pay for every
+# plan; tests/test_plan.py checks that the two agree.
+_UNUSED_PREFIXES = {
+    "flava": ("flava.loss.mlm_loss.", "flava.loss.mim_loss.", "flava.model.image_encoder.pooler.",
+              "flava.model.text_encoder.pooler.", "flava.model.mm_encoder.pooler."),
+    "vit": (),
+}
+
+
+def is_unused(family: str, name: str) -> bool:
+    return name.startswith(_UNUSED_PREFIXES[family])
+
+
 def _unit_of(name: str, layer_prefixes: list[str], codebook_prefix: str | None) -> str:
     if codebook_prefix is not None and name.startswith(codebook_prefix):
         return "codebook"
@@ -113,11 +128,10 @@ def _inventory(flavor: Flavor) -> Inventory:
     from torch import nn
 
     from scaleladder.models.build import build_model
-    from scaleladder.parallel import unused_parameter_names
 
     reduced = dataclasses.replace(flavor, layers=1, mm_layers=1 if flavor.family == "flava" else 0)
     m = build_model(reduced, "meta")
-    unused = unused_parameter_names(flavor.family)
+    unused = {n for n, _ in m.named_parameters() if is_unused(flavor.family, n)}
 
     layer_prefixes = [f"{n}." for n, mod in m.named_modules() if isinstance(mod, m.layer_cls)]
     codebook_prefix = "flava.image_codebook." if flavor.family == "flava" else None

@@ -133,19 +133,20 @@ def static_bytes_for(inv: Inventory, strategy: Strategy, precision: str, world: 
         return {"params": inv.numel * s, "grads": inv.trainable_numel * s, "optimizer": 2 * inv.trainable_numel * s}
     ranks = range(shard.group) if rank is None else [rank % shard.group]
     align = aligned_numel(precision)
-    distinct: dict[UnitLayout, FlatLayout] = {}
-    for u in (inv.root, inv.layer, inv.codebook):
-        if u is not None:
-            distinct[u] = flat_layout(u, align, shard.pad_to)
+    # Every layer unit has the same layout, hence the same chunk boundaries: count each
+    # distinct unit once, times how often it occurs.
+    counts: dict[UnitLayout, int] = {}
+    for u in inv.units():
+        counts[u] = counts.get(u, 0) + 1
+    layouts = {u: flat_layout(u, align, shard.pad_to) for u in counts}
     best: dict[str, int] | None = None
     for r in ranks:
         params = grads = opt = 0
-        for u in inv.units():
-            lay = distinct[u]
-            local = lay.chunk(shard)
-            params += local * s
-            grads += local * s if u.requires_grad else 0
-            opt += 2 * s * _local_trainable(u, lay, shard, r)
+        for u, n in counts.items():
+            local = layouts[u].chunk(shard)
+            params += n * local * s
+            grads += n * local * s if u.requires_grad else 0
+            opt += n * 2 * s * _local_trainable(u, layouts[u], shard, r)
         cur = {"params": params, "grads": grads, "optimizer": opt}
         if best is None or sum(cur.values()) > sum(best.values()):
             best = cur

@@ -1,0 +1,125 @@
+"""The planner's two figures: what fits where, and predicted against measured peak memory.
+
+Both take plain data (no HDF5 handles), so the workflow's ``plots.py`` can call them
+with whatever it aggregated. matplotlib is imported lazily, with the Agg backend
+(compute nodes have no display).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scaleladder.models.flavors import FLAVORS
+
+GIB = 2**30
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _model_order(models: list[str]) -> list[str]:
+    """Families together, then by parameter count as the seeds publish it (smallest first)."""
+    def key(m: str) -> tuple[str, float]:
+        f = FLAVORS.get(m)
+        return (f.family if f else "", (f.seed_params_m or 0.0) if f else 0.0)
+
+    return sorted(dict.fromkeys(models), key=key)
+
+
+def fits_chart(cells: list[Any], out: str | Path, title: str = "") -> Path:
+    """A model × strategy grid: green = fits (with the max local batch), red = predicted OOM.
+
+    ``cells`` are ``plan.FitsCell`` (anything with model, strategy, fits, max_batch).
+    """
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    models = _model_order([c.model for c in cells])
+    strategies = list(dict.fromkeys(c.strategy for c in cells))
+    by = {(c.model, c.strategy): c for c in cells}
+    grid = [[0.0] * len(strategies) for _ in models]
+    fig, ax = plt.subplots(figsize=(1.3 * len(strategies) + 2.5, 0.45 * len(models) + 1.8))
+    for i, m in enumerate(models):
+        for j, s in enumerate(strategies):
+            c = by.get((m, s))
+            state = 0 if c is None or c.fits is None else (2 if c.fits else 1)
+            grid[i][j] = state
+            text = {0: "n/a", 1: "OOM", 2: f"{c.max_batch}" if c is not None and c.max_batch else "fits"}[state]
+            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+    ax.imshow(grid, cmap=ListedColormap(["#dddddd", "#f4a6a6", "#a6dba0"]), vmin=0, vmax=2, aspect="auto")
+    ax.set_xticks(range(len(strategies)), strategies, rotation=30, ha="right")
+    ax.set_yticks(range(len(models)), models)
+    ax.set_title(title or "what fits where (predicted)")
+    ax.legend(handles=[Patch(color="#a6dba0", label="fits: max local batch"), Patch(color="#f4a6a6", label="predicted OOM"),
+                       Patch(color="#dddddd", label="not possible on this world")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
+
+
+@dataclass(frozen=True)
+class PeakPoint:
+    label: str  # the rung's spec path
+    predicted_gib: float
+    measured_gib: float
+
+
+def predicted_vs_measured(points: list[PeakPoint], out: str | Path, title: str = "") -> Path:
+    """Scatter of predicted against measured peak active memory, with the y = x line and ±10 %."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5.2))
+    xs = [p.measured_gib for p in points]
+    ys = [p.predicted_gib for p in points]
+    hi = max([1.0, *xs, *ys]) * 1.08
+    ax.plot([0, hi], [0, hi], color="black", lw=1, label="predicted = measured")
+    ax.fill_between([0, hi], [0, 0.9 * hi], [0, 1.1 * hi], color="#cccccc", alpha=0.5, label="±10 %")
+    ax.scatter(xs, ys, s=18, zorder=3)
+    for p in points:
+        if p.measured_gib > 0 and abs(p.predicted_gib / p.measured_gib - 1) > 0.1:
+            ax.annotate(p.label, (p.measured_gib, p.predicted_gib), fontsize=6)
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_xlabel("measured peak active memory per rank (GiB)")
+    ax.set_ylabel("predicted peak (GiB)")
+    ax.set_title(title or "planner vs measurement")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
+
+
+def points_from_rungs(paths: list[str | Path], device: str) -> list[PeakPoint]:
+    """Predicted and measured peaks of every ``ok`` rung file (non-GPU rungs, which report 0, are skipped)."""
+    from scaleladder.plan import predict
+    from scaleladder.spec import RunSpec
+    from scaleladder.store import read_attrs
+
+    points = []
+    for path in paths:
+        a = read_attrs(path)
+        measured = float(a.get("peak_active_gib", 0.0) or 0.0)
+        if a.get("status") != "ok" or not measured or math.isnan(measured):
+            continue
+        spec = RunSpec.from_path(str(a["spec"]))
+        batch = int(a["batch"])
+        world = int(a.get("world_size", 1))
+        p = predict(spec, world, int(a.get("ranks_per_node", world)), device, batch=batch)
+        points.append(PeakPoint(spec.path, p.peak_bytes / GIB, measured))
+    return points
