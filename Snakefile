@@ -17,6 +17,13 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# Without a profile, the workstation's site and ladder, so that a bare `snakemake -n`
+# or `snakemake --lint` works.
+if "site" not in config:
+
+    configfile: "profiles/local/site.yaml"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/ladder.smk"

@@ -25,20 +25,19 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # two processes (still run in CI, and by default)
+
 FLAVORS = ("vit-debug", "flava-debug")
 STRATEGIES = ("ddp", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "fsdp-hybrid1", "fsdp-hybrid2", "fsdp-full-ac")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
 # Every (flavor, strategy, precision) takes ~1.5 s on two CPU ranks; the full 42-case matrix
-# (SCALELADDER_EXACT_FULL=1) passed when this was written. By default a subset that still
-# covers each code path: unsharded vs sharded vs NO_SHARD-padded-to-world, both alignments
-# (4 elements in fp32, 8 in bf16/fp16 param dtype), bf16 storage, hybrid1's NO_SHARD
-# rewrite, a frozen-unit (codebook) and a mixed frozen/trained root (FLAVA), and AC.
+# (SCALELADDER_EXACT_FULL=1: every strategy incl. grad-op, hybrid1, hybrid2) passed when this
+# was written. By default a subset that still covers each code path: unsharded vs sharded vs
+# NO_SHARD-padded-to-the-world, both alignments (4 elements with fp32, 8 with a bf16 param
+# dtype), bf16 storage, a frozen unit (the codebook) and a mixed frozen/trained root (FLAVA), AC.
 CASES = [
-    ("vit-debug", "ddp", "fp32"), ("vit-debug", "fsdp-full", "fp32"), ("vit-debug", "fsdp-full", "bf16-mixed"),
-    ("vit-debug", "fsdp-no-shard", "bf16-true"), ("vit-debug", "fsdp-grad-op", "bf16-true"),
-    ("flava-debug", "ddp", "bf16-mixed"), ("flava-debug", "fsdp-full", "bf16-mixed"), ("flava-debug", "fsdp-full", "fp32"),
-    ("flava-debug", "fsdp-no-shard", "fp32"), ("flava-debug", "fsdp-hybrid1", "bf16-mixed"),
-    ("flava-debug", "fsdp-full-ac", "bf16-true"),
+    ("vit-debug", "ddp", "fp32"), ("vit-debug", "fsdp-full", "bf16-mixed"), ("vit-debug", "fsdp-no-shard", "bf16-true"),
+    ("flava-debug", "ddp", "bf16-mixed"), ("flava-debug", "fsdp-full", "fp32"), ("flava-debug", "fsdp-full-ac", "bf16-true"),
 ]
 if os.environ.get("SCALELADDER_EXACT_FULL"):
     CASES = [(f, s, p) for f in FLAVORS for s in STRATEGIES for p in PRECISIONS]

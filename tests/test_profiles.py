@@ -67,7 +67,7 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     )
     assert cmd == (
         f"{env}mkdir -p /tmp/miopen-$USER; {launcher} run {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
-        f"apptainer exec --rocm --workdir $PWD --bind /lustre {image} scaleladder finalize --rc $rc {spec} {args} >> {log} 2>&1"
+        f"apptainer exec --workdir $PWD --bind /lustre {image} scaleladder finalize --rc $rc {spec} {args} >> {log} 2>&1"
     )
     assert "torchrun" not in out  # srun starts the ranks on Frontier, never torchrun
     res = resources_of(out, "rung", rung)

@@ -93,10 +93,10 @@ def test_max_batch_refused_where_the_supervisor_cannot_launch(wf: Path) -> None:
     assert out.returncode != 0 and "config key 'ladders[0].batches': 'max'" in out.stdout + out.stderr
 
 
-def test_no_profile_names_the_missing_site(wf: Path) -> None:
-    out = snakemake(wf, "-n", check=False)
-    text = out.stdout + out.stderr
-    assert out.returncode != 0 and "'site' is a required property" in text and "--profile profiles/<site>" in text
+def test_without_a_profile_the_workstation_ladder_lints_and_plans(wf: Path) -> None:
+    out = snakemake(wf, "--lint")
+    assert "good condition" in out.stdout + out.stderr and "Lints for" not in out.stdout + out.stderr
+    assert "rung_max" in snakemake(wf, "-n").stdout
 
 
 def test_select_narrows_the_targets_to_those_rungs(wf: Path) -> None:

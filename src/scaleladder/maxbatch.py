@@ -4,7 +4,9 @@ The FLAVA seed's Figure 2 is found by hand; Lightning's batch-size finder refuse
 distributed strategies. Here, for one (model, strategy, precision, knobs, nodes):
 
 1. **Start** at the planner's predicted max batch when ``--plan-device`` is given
-   (else at 1), capped by ``--max-batch-cap``.
+   (else at 1), capped by ``--max-batch-cap``. When the planner predicts that not even
+   batch 1 fits, record ``predicted-oom`` and probe nothing (``--run-predicted-oom``
+   searches anyway), as ``launch --plan-device`` does for a fixed batch.
 2. **Double** while probes pass, then **bisect** between the last pass and the first
    failure. Batch 1 failing ends the search: the rung is recorded as ``oom``.
 3. A **probe** is a real short run (``--probe-steps``, ``--probe-warmup``) through
@@ -16,7 +18,8 @@ distributed strategies. Here, for one (model, strategy, precision, knobs, nodes)
    shows cudaMalloc retries slow training near the limit, so "fits but thrashes" is
    not a fit. A probe that crashes for another reason aborts the search (exit 1) —
    never mistaken for an OOM.
-4. The **rung** then runs in full at the found batch via ``supervise.launch``, and its
+4. The **rung** then runs in full at the found batch via ``supervise.launch`` (unless the
+   probes already ran the rung's own steps, in which case the passing probe IS the rung), and its
    HDF5 file gains ``max_batch`` and ``maxbatch_*`` attributes and a
    ``maxbatch/probes`` group (batch, status, retries, peaks, why each failed),
    written atomically (temp file, then ``os.replace``).
@@ -172,12 +175,12 @@ def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: i
     return probe
 
 
-def planned_start(spec: RunSpec, device: str, ranks_per_node: int) -> int | None:
-    """The planner's max batch for this rung, or None (no device, unlimited, or predicted OOM)."""
+def planned_start(spec: RunSpec, device: str, ranks_per_node: int) -> tuple[int | None, bool]:
+    """(the planner's max batch or None, whether it predicts that not even batch 1 fits)."""
     from scaleladder.plan import predict
 
     p = predict(spec, spec.nodes * ranks_per_node, ranks_per_node, device)
-    return p.max_batch
+    return p.max_batch, p.capacity_bytes is not None and p.max_batch is None
 
 
 def probes_datasets(probes: list[ProbeResult]) -> dict[str, np.ndarray]:
@@ -271,6 +274,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher", default="", help="command prefix that starts the ranks, as for `scaleladder launch` (empty: one local process)")
     p.add_argument("--plan-device", default="", help="planner device key: start the search at the predicted max batch")
     p.add_argument("--ranks-per-node", default="1", help="ranks per node, for the planner (default 1)")
+    p.add_argument("--run-predicted-oom", action="store_true", help="search even when the planner predicts batch 1 will not fit")
     p.add_argument("--max-retries", default="0", help="allocator retries after warm-up a probe may have and still pass (default 0)")
     p.add_argument("--max-batch-cap", default=None, help="never probe above this batch (the search's only end on a CPU)")
     p.add_argument("--probe-steps", default="5", help="steps per probe, warm-up included (default 5)")
@@ -300,7 +304,16 @@ def main(args: argparse.Namespace) -> int:
         raise SpecError(f"--probe-warmup must be an integer, got {args.probe_warmup!r}") from None
     if not 0 <= warmup < steps:
         raise SpecError(f"--probe-warmup must be in [0, probe-steps), got {warmup} with {steps} steps")
-    planned = planned_start(cfg.spec, args.plan_device, rpn) if args.plan_device else None
+    planned, hopeless = planned_start(cfg.spec, args.plan_device, rpn) if args.plan_device else (None, False)
+    if hopeless and not args.run_predicted_oom:
+        from scaleladder.supervise import write_oom_record
+
+        # The same verdict `launch --plan-device` records for a fixed batch: no probe is spent.
+        write_oom_record(cfg, [], cfg.spec.nodes * rpn, status="predicted-oom",
+                         extra={"plan_device": args.plan_device, "max_batch": 0, "maxbatch_probes": 0})
+        print(f"scaleladder maxbatch: {cfg.spec.path}: predicted not to fit even at batch 1 on {args.plan_device}; "
+              "recorded as 'predicted-oom'", file=sys.stderr)
+        return 0
 
     def log(msg: str) -> None:
         print(f"scaleladder maxbatch: {cfg.spec.path}: {msg}", file=sys.stderr)
@@ -320,12 +333,17 @@ def main(args: argparse.Namespace) -> int:
             record_oom(cfg, cfg.spec.nodes * rpn, attrs, res.probes)
             log(f"not even batch 1 trains; recorded as 'oom' in {cfg.out}")
             return 0
-        log(f"max batch {res.max_batch}{' (the cap)' if res.capped else ''} after {len(res.probes)} probes; running the rung")
-        rung = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, batch=res.max_batch), out=final)
-        rc = launch(rung, args.launcher)
-        if rc != 0 or not final.is_file():
-            log(f"the rung at b={res.max_batch} failed (exit {rc}); no result written")
-            return rc or 1
+        log(f"max batch {res.max_batch}{' (the cap)' if res.capped else ''} after {len(res.probes)} probes")
+        probe_file = workdir / f"probe-b{res.max_batch}.h5"
+        if (steps, warmup) == (cfg.steps, cfg.warmup) and probe_file.is_file():
+            final = probe_file  # the passing probe already WAS the full rung: same command, same steps
+        else:
+            log(f"running the rung at b={res.max_batch}")
+            rung = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, batch=res.max_batch), out=final)
+            rc = launch(rung, args.launcher)
+            if rc != 0 or not final.is_file():
+                log(f"the rung at b={res.max_batch} failed (exit {rc}); no result written")
+                return rc or 1
         record_result(final, cfg.out, cfg.spec, attrs, res.probes)
         log(f"-> {cfg.out}")
         return 0

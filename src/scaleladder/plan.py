@@ -155,10 +155,9 @@ def main(args: argparse.Namespace) -> int:
             raise SpecError("--spec and --fits-table/--fits-chart are separate modes; give one")
         nodes = parse_positive("nodes", args.nodes)
         precision = parse_precision(args.precision)
-        batch = None if args.batch is None else parse_batch(args.batch)
-        if batch == "max":
-            batch = None
-        cells = fits_table(args.device, nodes, gpus, precision, batch)  # type: ignore[arg-type]
+        parsed = None if args.batch is None else parse_batch(args.batch)
+        batch = parsed if isinstance(parsed, int) else None  # 'max' = report the max batch
+        cells = fits_table(args.device, nodes, gpus, precision, batch)
         if args.fits_chart:
             from scaleladder.plan_plots import fits_chart
 

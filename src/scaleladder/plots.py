@@ -485,6 +485,11 @@ def fig_pareto(rungs: list[Rung], palette: Palette) -> Figure:
             ax.text(0.02, 0.97, f"fastest: {strategy_label(best['strategy'])}, batch {best.get('max_batch', best.get('batch'))}",
                     transform=ax.transAxes, ha="left", va="top", fontsize=7,
                     bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+        if ok and max(r["peak_reserved_gib"] for r in ok) <= 0:
+            # a CPU run: torch's CUDA allocator saw nothing, so there is no memory axis
+            ax.set_xlim(-0.5, 0.5)
+            ax.text(0.98, 0.5, "peak memory is not measured\non a CPU (0 GiB)", transform=ax.transAxes, ha="right",
+                    va="center", fontsize=8, color="dimgrey")
         ooms = [r for r in rm if is_oom(r)]
         if ooms:
             ax.text(0.02, 0.02, "OOM: " + ", ".join(sorted({f"{strategy_label(r['strategy'])} b{r.get('spec_batch')}"

@@ -22,7 +22,7 @@ from scaleladder.plots import FIGURES, _num, is_ok, is_oom, knobs_label, model_o
 Rung = dict[str, Any]
 
 TITLES = {
-    "throughput_by_model": "Throughput per model size and strategy (batch 8 and max batch)",
+    "throughput_by_model": "Throughput per model size and strategy (fixed batch and max batch)",
     "max_batch": "Max local batch per strategy and model size",
     "fsdp_knobs": "FSDP sharding strategy x prefetch x limit_all_gathers",
     "weak_scaling": "Weak scaling: throughput and memory per GPU against nodes",
@@ -91,8 +91,8 @@ def winners(rungs: list[Rung]) -> list[dict[str, str]]:
             "nodes": str(nodes),
             "fastest": (f"{strategy_label(fastest['strategy'])} ({_fmt('items_per_s', fastest['items_per_s'])} items/s, "
                         f"batch {fastest.get('max_batch', fastest.get('batch'))}, {fastest.get('knobs')})") if fastest else "-",
-            "largest batch": (f"{strategy_label(biggest['strategy'])} ({int(_num(biggest['max_batch']) or 0)})"
-                              if biggest else "-"),
+            "largest batch": (f"{strategy_label(biggest['strategy'])} ({int(_num(biggest['max_batch']) or 0)}"
+                              f"{', the search cap' if biggest.get('maxbatch_capped') else ''})" if biggest else "-"),
             "out of memory": ", ".join(oom) or "-",
         })
     return rows
