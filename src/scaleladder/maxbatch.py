@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from scaleladder.spec import RunSpec, SpecError, parse_positive
+from scaleladder.spec import RunSpec, SpecError, parse_positive, parse_steps_warmup
 
 PASS = "ok"
 
@@ -297,13 +297,7 @@ def main(args: argparse.Namespace) -> int:
     if max_retries < 0:
         raise SpecError(f"--max-retries must be an integer >= 0, got {args.max_retries!r}")
     cap = None if args.max_batch_cap is None else parse_positive("max-batch-cap", args.max_batch_cap)
-    steps = parse_positive("probe-steps", args.probe_steps)
-    try:
-        warmup = int(args.probe_warmup)
-    except ValueError:
-        raise SpecError(f"--probe-warmup must be an integer, got {args.probe_warmup!r}") from None
-    if not 0 <= warmup < steps:
-        raise SpecError(f"--probe-warmup must be in [0, probe-steps), got {warmup} with {steps} steps")
+    steps, warmup = parse_steps_warmup(args.probe_steps, args.probe_warmup, prefix="--probe-")
     planned, hopeless = planned_start(cfg.spec, args.plan_device, rpn) if args.plan_device else (None, False)
     if hopeless and not args.run_predicted_oom:
         from scaleladder.supervise import write_oom_record

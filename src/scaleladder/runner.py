@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from scaleladder.spec import RunSpec, SpecError, parse_batch, parse_knobs, parse_positive, parse_precision, parse_strategy
+from scaleladder.spec import RunSpec, SpecError, parse_batch, parse_knobs, parse_positive, parse_precision, parse_steps_warmup, parse_strategy
 
 EXIT_OOM = 3
 
@@ -97,13 +97,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
             raise SpecError("--model, --strategy and --batch are required without --spec")
         spec = RunSpec(a.model, parse_strategy(a.strategy), parse_precision(a.precision or "fp32"), parse_knobs(a.knobs or "pre-lag"),
                        parse_positive("nodes", a.nodes or 1), parse_batch(a.batch))
-    steps = parse_positive("steps", a.steps)
-    try:
-        warmup = int(a.warmup)
-    except ValueError:
-        raise SpecError(f"warmup must be an integer, got {a.warmup!r}") from None
-    if not 0 <= warmup < steps:
-        raise SpecError(f"warmup must be in [0, steps), got warmup={warmup} with steps={steps}")
+    steps, warmup = parse_steps_warmup(a.steps, a.warmup)
     if a.data != "synthetic" and not Path(a.data).is_file():
         raise SpecError(f"--data {a.data!r}: no such manifest file (or use 'synthetic')")
     if a.codebook_weights and not Path(a.codebook_weights).is_file():

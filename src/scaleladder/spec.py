@@ -141,6 +141,18 @@ def parse_positive(what: str, value: str | int) -> int:
     return n
 
 
+def parse_steps_warmup(steps: str | int, warmup: str | int, prefix: str = "") -> tuple[int, int]:
+    """Steps in all and warm-up steps, with ``0 <= warmup < steps``."""
+    n = parse_positive(f"{prefix}steps", steps)
+    try:
+        w = int(warmup)
+    except (TypeError, ValueError):
+        raise SpecError(f"{prefix}warmup must be an integer, got {warmup!r}") from None
+    if not 0 <= w < n:
+        raise SpecError(f"{prefix}warmup must be in [0, {prefix}steps), got {prefix}warmup={w} with {prefix}steps={n}")
+    return n, w
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One rung. ``batch`` is the LOCAL (per-rank) batch."""
