@@ -30,7 +30,7 @@ run: setup
 	snakemake --profile profiles/local
 
 test: setup
-	pytest -q -rs
+	pytest -q -rs --durations=15
 
 lint: setup
 	snakemake --lint --profile profiles/local

@@ -94,7 +94,9 @@ def init(env: DistEnv, device: torch.device, timeout_s: int = 600) -> None:
     port torchrun already holds. A single process is still a real one-rank group,
     so the ladder never special-cases "no process group".
     """
-    port = env.master_port if env.world > 1 else _free_port()
+    # A plain process picks a free port; a launched one (even one rank under torchrun,
+    # whose agent already serves the store on MASTER_PORT) must use the port it was given.
+    port = _free_port() if env.source == "single" else env.master_port
     os.environ.update(
         MASTER_ADDR=env.master_addr, MASTER_PORT=str(port), RANK=str(env.rank), WORLD_SIZE=str(env.world),
         LOCAL_RANK=str(env.local_rank),
