@@ -96,6 +96,9 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    from scaleladder.data.shard import INTERRUPTED
+
+    INTERRUPTED.set()  # in case the exception below is swallowed where it lands
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -189,6 +190,9 @@ def write_shard_set(items: Iterable[Item], out: Path, opts: ShardOptions, proven
         shutil.rmtree(staging, ignore_errors=True)
 
 
+INTERRUPTED = threading.Event()  # set by the CLI's SIGTERM handler
+
+
 def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
     shards: list[dict[str, Any]] = []
     captions: list[str] = []
@@ -221,6 +225,11 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
     n = 0
     try:
         for item in items:
+            if INTERRUPTED.is_set():
+                # The signal handler's KeyboardInterrupt can be swallowed when it fires
+                # inside a __del__ or a library callback ("Exception ignored in ...");
+                # the flag makes the stop certain.
+                raise KeyboardInterrupt("interrupted by a signal")
             if isinstance(item, BadSample):
                 skip(item)
                 continue
