@@ -63,12 +63,16 @@ def fits_chart(cells: list[Any], out: str | Path, title: str = "") -> Path:
     ax.legend(handles=[Patch(color="#a6dba0", label="fits: max local batch"), Patch(color="#f4a6a6", label="predicted OOM"),
                        Patch(color="#dddddd", label="not possible on this world")],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
+    return _save(plt, fig, out)
+
+
+def _save(plt: Any, fig: Any, out: str | Path) -> Path:
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
     plt.close(fig)
-    return out
+    return path
 
 
 @dataclass(frozen=True)
@@ -97,12 +101,7 @@ def predicted_vs_measured(points: list[PeakPoint], out: str | Path, title: str =
     ax.set_ylabel("predicted peak (GiB)")
     ax.set_title(title or "planner vs measurement")
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def points_from_rungs(paths: list[str | Path], device: str) -> list[PeakPoint]:

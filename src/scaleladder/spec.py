@@ -123,12 +123,9 @@ def parse_batch(value: str | int) -> int | Literal["max"]:
     if value == "max":
         return "max"
     try:
-        b = int(value)
-    except (TypeError, ValueError):
+        return parse_positive("batch", value)
+    except SpecError:
         raise SpecError(f"batch must be a positive integer or 'max', got {value!r}") from None
-    if b <= 0:
-        raise SpecError(f"batch must be a positive integer or 'max', got {value!r}")
-    return b
 
 
 def parse_positive(what: str, value: str | int) -> int:
