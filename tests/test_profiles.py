@@ -4,15 +4,17 @@ profiles/."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, snakemake, workflow_copy
+from conftest import REPO, VENV_BIN, snakemake, snakemake_env, workflow_copy
 
-ARGS = "--steps {steps} --warmup {warmup} --data {data} --workers 0 --seed 0 --out {out}"
+ARGS = "--steps {steps} --warmup {warmup} --data {data} --workers {workers} --seed 0 --out {out}"
 
 
 def dry_run(wf: Path, profile: str, *targets: str, **env: str) -> str:
@@ -56,7 +58,7 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
         f"apptainer exec --rocm --workdir $PWD --bind /opt/cray,/var/spool/slurmd,/usr/lib64/libcxi.so.1,/lustre,{ofi} "
         f"{image} scaleladder"
     )
-    args = ARGS.format(steps=40, warmup=10, data="results/shards/224px/manifest.json", out=rung)
+    args = ARGS.format(steps=40, warmup=10, data="results/shards/224px/manifest.json", workers=6, out=rung)
     spec = "--spec vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32"
     log = "results/logs/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.log"
     env = (
@@ -66,7 +68,8 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
         'export HDF5_USE_FILE_LOCKING="FALSE"; export OMP_NUM_THREADS="7"; '
     )
     assert cmd == (
-        f"{env}mkdir -p /tmp/miopen-$USER; {launcher} run {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
+        f"rm -f {rung}.oom-rank*.json; {env}srun -N2 --ntasks-per-node=1 mkdir -p /tmp/miopen-$USER; "
+        f"{launcher} run {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
         f"apptainer exec --workdir $PWD --bind /lustre {image} scaleladder finalize --rc $rc {spec} {args} >> {log} 2>&1"
     )
     assert "torchrun" not in out  # srun starts the ranks on Frontier, never torchrun
@@ -97,7 +100,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     plan = "--plan-device a100-40gb --ranks-per-node 8"
     for rule, verb, target, spec in (("rung", "launch", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
                                      ("rung_max", "maxbatch", mx, "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax")):
-        args = ARGS.format(steps=1000, warmup=100, data="results/shards/224px/manifest.json", out=target)
+        args = ARGS.format(steps=1000, warmup=100, data="results/shards/224px/manifest.json", workers=7, out=target)
         log = target.replace("results/rungs/", "results/logs/rungs/").replace(".h5", ".log")
         assert shell_of(out, rule, target) == f"{env}{sl} {verb} --launcher {launcher} {plan} --spec {spec} {args} > {log} 2>&1"
         res = resources_of(out, rule, target)
@@ -109,7 +112,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
 def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
     out = dry_run(wf, "local")
     target = "results/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b4.h5"
-    args = ARGS.format(steps=6, warmup=2, data="results/shards/32px/manifest.json", out=target)
+    args = ARGS.format(steps=6, warmup=2, data="results/shards/32px/manifest.json", workers=0, out=target)
     log = "results/logs/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b4.log"
     assert shell_of(out, "rung", target) == (
         'export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; scaleladder launch '
@@ -129,10 +132,11 @@ def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
 def test_ci_profile_differs_from_frontier_only_in_site_values(wf: Path) -> None:
     rung = "results/rungs/vit-debug/fsdp-full/fp32/pre-lag/n1/b4.h5"
     out = dry_run(wf, "slurm-localhost")
-    args = ARGS.format(steps=4, warmup=1, data="results/shards/32px/manifest.json", out=rung)
+    args = ARGS.format(steps=4, warmup=1, data="results/shards/32px/manifest.json", workers=0, out=rung)
     spec = "--spec vit-debug/fsdp-full/fp32/pre-lag/n1/b4"
     log = "results/logs/rungs/vit-debug/fsdp-full/fp32/pre-lag/n1/b4.log"
     assert shell_of(out, "rung", rung) == (
+        f"rm -f {rung}.oom-rank*.json; "
         'export MASTER_PORT="29533"; export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; '
         f"srun -N1 -n2 -c1 --kill-on-bad-exit=1 scaleladder run {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
         f"scaleladder finalize --rc $rc {spec} {args} >> {log} 2>&1"
@@ -159,3 +163,36 @@ def test_no_site_detail_outside_profiles() -> None:
             if SITE_WORDS.search(code):
                 offending.append(f"{f.relative_to(REPO)}:{i}: {line.strip()}")
     assert not offending, "\n".join(offending)
+
+
+def _submit_lines(wf: Path, tmp: Path, profile: str, *targets: str) -> subprocess.Popen[str]:
+    """Run `snakemake --profile PROFILE TARGETS` with a fake `sbatch` first on PATH that
+    records its arguments and refuses the job: what the SLURM plugin really submits."""
+    bin_dir = tmp / f"bin-{profile}"
+    bin_dir.mkdir()
+    log = tmp / f"sbatch-{profile}.log"
+    fake = bin_dir / "sbatch"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho "sbatch: refused by the test" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    env = snakemake_env(PATH=f"{bin_dir}{os.pathsep}{VENV_BIN}{os.pathsep}{os.environ['PATH']}", SCALELADDER_SLURM_ACCOUNT="abc123")
+    return subprocess.Popen([os.path.join(VENV_BIN, "snakemake"), "--profile", f"profiles/{profile}", *targets,
+                             "--config", "data={source: synthetic}"], cwd=wf, env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path: Path) -> None:
+    """TRAP: Snakemake gives every job mem_mb=1000 unless told otherwise, and the SLURM
+    plugin turns it into `sbatch --mem 1000`: 8 ranks of a 10B model killed for host
+    memory. The GPU profiles ask for no --mem (the whole node, with --exclusive)."""
+    wf = workflow_copy(tmp_path / "wf")
+    frontier = "results/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.h5"
+    a100 = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
+    procs = [_submit_lines(wf, tmp_path, "frontier", frontier), _submit_lines(wf, tmp_path, "a100", a100)]
+    for p in procs:
+        assert p.wait(timeout=300) != 0  # every submission was refused
+    lines = {p: (tmp_path / f"sbatch-{p}.log").read_text() for p in ("frontier", "a100")}
+    assert " -A abc123 -p batch -t 60 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --exclusive " in lines["frontier"]
+    assert " -A abc123 -p gpu -t 120 --nodes=1 --cpus-per-task=64 --exclusive " in lines["a100"]
+    assert " --gpus=8 " in lines["a100"]
+    for line in lines.values():
+        assert "--mem" not in line, line

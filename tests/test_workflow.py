@@ -62,7 +62,7 @@ def mtimes(wf: Path) -> dict[str, float]:
 
 
 def test_lint_is_clean(wf: Path) -> None:
-    for profile in ("local", "frontier", "slurm-localhost"):
+    for profile in ("local", "frontier", "a100", "slurm-localhost"):
         out = snakemake(wf, "--lint", "--profile", f"profiles/{profile}")
         assert "Lints for" not in out.stdout + out.stderr, out.stderr[-3000:]
         assert "good condition" in out.stdout + out.stderr
@@ -203,3 +203,23 @@ def test_rung_killed_mid_run_leaves_nothing_and_is_rerun(done: Path) -> None:
     assert plan == {"rung": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
     snakemake(done, *small(done))
     assert len(read_ladder(str(done / "results/ladder.h5"))[0]) == 3
+
+
+def test_an_oom_rung_is_a_result_and_the_ladder_goes_on(done: Path) -> None:
+    """No CPU runs out of memory, so rank 1 is made to raise a real torch.OutOfMemoryError
+    at step 2 (SCALELADDER_INJECT_OOM): torchrun stops the other rank, `launch` records
+    the rung as 'oom' and exits 0, and Snakemake goes on to aggregate, plot and report."""
+    oom_rung = RUNGS[1]
+    (done / oom_rung).unlink()
+    out = snakemake(done, *small(done), SCALELADDER_INJECT_OOM="1:2")
+    assert jobs(out.stdout) == {"rung": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    status = {r["spec"]: r["status"] for r in read_ladder(str(done / "results/ladder.h5"))[0]}
+    spec = oom_rung.removeprefix("results/rungs/").removesuffix(".h5")
+    assert status.pop(spec) == "oom" and set(status.values()) == {"ok"}
+    with h5py.File(done / oom_rung, "r") as f:
+        assert "injected" in f.attrs["error"] and "items_per_s" not in f.attrs  # absent, not zero
+    assert not list((done / "results/rungs").rglob("*.oom-rank*"))
+    assert "An OOM rung is a result" in (done / "results/report.md").read_text()
+    assert spec in (done / "results/report.md").read_text()
+    # the OOM record is the rung's result: a plain rerun has nothing to do
+    assert "Nothing to be done" in snakemake(done, "-n", *small(done)).stdout

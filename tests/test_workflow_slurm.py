@@ -49,12 +49,16 @@ def ran(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_debug_ladder_through_the_slurm_executor(ran: Path) -> None:
     rungs, root = read_ladder(str(ran / "results/ladder.h5"))
-    assert sorted(r["spec"] for r in rungs) == ["vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/fsdp-full/fp32/pre-lag/n1/b4"]
+    assert sorted(r["spec"] for r in rungs) == [
+        "vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/fsdp-full/fp32/pre-lag/n1/b4", "vit-debug/fsdp-full/fp32/pre-lag/n1/bmax"]
     for r in rungs:
         assert r["status"] == "ok" and r["world_size"] == 2
         assert str(r["slurm_job_id"]).isdigit()  # it ran inside a Slurm job ...
         assert r["launcher"] == "slurm"  # ... and its ranks came from srun, not torchrun
-    assert len({r["slurm_job_id"] for r in rungs}) == 2  # one batch job per rung
+    assert len({r["slurm_job_id"] for r in rungs}) == 3  # one batch job per rung
+    # the max-batch search probed through srun inside its batch job, up to the site's cap
+    (mx,) = [r for r in rungs if r["spec"].endswith("/bmax")]
+    assert mx["max_batch"] == 4 and int(mx["batch"]) == 4
     for f in ("results/report.html", "results/plots/weak_scaling.png"):
         assert (ran / f).exists()
 
@@ -69,6 +73,7 @@ def test_rung_killed_at_its_time_limit_leaves_nothing(ran: Path) -> None:
     assert out.returncode != 0
     assert "TIMEOUT" in out.stdout + out.stderr
     assert not (ran / target).exists()
-    assert not list((ran / "results/rungs").rglob("*.tmp")) and not list((ran / "results/rungs").rglob("*oom-rank*"))
+    # nothing but finished results: no `<out>.tmp-<pid>` from the store, no OOM marker
+    assert not [p for p in (ran / "results/rungs").rglob("*") if p.is_file() and not p.name.endswith(".h5")]
     # the ladder itself is untouched and still complete
     assert "Nothing to be done" in snakemake(ran, *PROFILE, "-n").stdout

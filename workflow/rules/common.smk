@@ -16,7 +16,16 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from scaleladder.models.flavors import FLAVORS, get_flavor
-from scaleladder.spec import DEFAULT_KNOBS, RunSpec, SpecError, parse_batch, parse_knobs, parse_precision, parse_strategy
+from scaleladder.spec import (
+    DEFAULT_KNOBS,
+    RunSpec,
+    SpecError,
+    parse_batch,
+    parse_knobs,
+    parse_precision,
+    parse_steps_warmup,
+    parse_strategy,
+)
 
 
 # -- 1. validation: a bad config fails here, before any job, naming the key ----------------
@@ -61,6 +70,10 @@ def check_config(cfg: dict) -> None:
         if any(not e.absolute_path and "'site'" in e.message for e in errors):
             hint = "\n  (the site and its ladder come from a profile: snakemake --profile profiles/<site>)"
         raise WorkflowError("invalid scaleladder config:\n" + "\n".join(lines) + hint)
+    try:  # warm-up < steps: the runner's own check, so no job fails on it later
+        parse_steps_warmup(cfg["steps"], cfg["warmup"])
+    except SpecError as e:
+        raise WorkflowError(f"invalid scaleladder config:\n  config key 'warmup': {e}") from None
     # Names are checked with the run-spec grammar itself, so a typo fails here and not
     # as a job that cannot parse its own spec.
     for i, block in enumerate(cfg["ladders"]):
@@ -249,8 +262,8 @@ def spec_path(wildcards) -> str:
     return spec_of(wildcards).path
 
 
-def prologue() -> str:
-    p = SITE.get("prologue", "").strip()
+def prologue(wildcards) -> str:
+    p = _fill(SITE.get("prologue", ""), spec_of(wildcards)).strip()
     return f"{p}; " if p else ""
 
 

@@ -55,6 +55,9 @@ else:
     # The rule starts the ranks (`<launcher> run`), then `scaleladder finalize --rc`
     # does launch's second half. `&& rc=0 || rc=$?` because Snakemake runs shell
     # commands under `set -e`, which would otherwise stop at the failing srun.
+    # TRAP: OOM markers left by an earlier attempt that Slurm killed between a rank's
+    # OOM and `finalize` would turn this run's good result into 'oom': remove them first
+    # (`launch` does the same in the other branch).
     rule rung:
         input:
             data=rung_data,
@@ -66,7 +69,7 @@ else:
             batch=r"\d+",
         params:
             env=site_env(),
-            prologue=prologue(),
+            prologue=prologue,
             scaleladder=SCALELADDER,
             launcher=launcher,
             spec=spec_path,
@@ -80,7 +83,7 @@ else:
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "{params.env}{params.prologue}{params.launcher} run "
+            "rm -f {output:q}.oom-rank*.json; {params.env}{params.prologue}{params.launcher} run "
             "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
             "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1 && rc=0 || rc=$?; "
             "{params.scaleladder} finalize --rc $rc "
@@ -102,7 +105,7 @@ rule rung_max:
         batch="max",
     params:
         env=site_env(),
-        prologue=prologue(),
+        prologue=prologue,
         scaleladder=SCALELADDER,
         launcher=launcher,
         plan=plan_args(),
