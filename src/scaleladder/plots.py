@@ -13,8 +13,10 @@ held fixed, axes carry units, every strategy keeps one colour in every figure):
 * ``pareto``               none of the seeds: throughput against peak memory per model, with
   the Pareto front, i.e. the strategies worth considering for a given memory budget.
 
-A rung that ran out of memory (status ``oom`` or ``predicted-oom``) is a result: it is
-drawn as a red "OOM" mark where its bar or point would be. A rung the ladder does not
+A rung that ran out of memory (status ``oom``) is a result: it is drawn as a red "OOM"
+cross where its bar or point would be; a rung the planner predicted would not fit and
+that was therefore not run (``predicted-oom``) gets a hollow red circle marked
+"pred. OOM", so a prediction is never mistaken for a measurement. A rung the ladder does not
 have is simply absent, and a figure whose rungs are all absent says so in its panel
 instead of failing, so partial ladders plot.
 """
@@ -78,7 +80,9 @@ def family(model: str) -> str:
 
 def throughput_label(fam: str) -> str:
     # The FLAVA seed counts items (an image and a text are two); the ViT seed, images.
-    return {"flava": "throughput (items/s: images + texts)", "vit": "throughput (images/s)"}.get(fam, "items/s")
+    # Always the GLOBAL rate, summed over every GPU of the run (docs/metrics.md).
+    what = {"flava": "items/s: images + texts", "vit": "images/s"}.get(fam, "items/s")
+    return f"global throughput ({what}, all GPUs)"
 
 
 def model_order(rungs: Iterable[Rung]) -> list[str]:
@@ -171,13 +175,41 @@ def _note(ax: Axes, text: str) -> None:
     ax.set_yticks([])
 
 
-def _oom_mark(ax: Axes, x: float, label: str = "OOM") -> None:
-    """A red 'OOM' standing on the axis where a bar would be."""
-    ax.plot([x], [0], marker="x", color=OOM_COLOR, markersize=8, mew=2, clip_on=False, zorder=5)
+def _oom_style(r: Rung) -> dict[str, Any]:
+    """Measured OOM: a red cross. Predicted (never run): a hollow red circle."""
+    if r.get("status") == "predicted-oom":
+        return {"marker": "o", "markerfacecolor": "none", "markeredgecolor": OOM_COLOR, "color": OOM_COLOR}
+    return {"marker": "x", "color": OOM_COLOR}
+
+
+def oom_label(r: Rung) -> str:
+    return "pred. OOM" if r.get("status") == "predicted-oom" else "OOM"
+
+
+def _oom_mark(ax: Axes, x: float, r: Rung) -> None:
+    """A red 'OOM' (or 'pred. OOM') standing on the axis where a bar would be."""
+    ax.plot([x], [0], markersize=8, mew=2, clip_on=False, zorder=5, **_oom_style(r))
     ax.annotate(
-        label, (x, 0), xytext=(0, 6), textcoords="offset points", rotation=90, ha="center", va="bottom",
+        oom_label(r), (x, 0), xytext=(0, 6), textcoords="offset points", rotation=90, ha="center", va="bottom",
         color=OOM_COLOR, fontsize=7, fontweight="bold",
     )
+
+
+def _oom_handles(rungs: Iterable[Rung]) -> list[Any]:
+    """Legend entries for the kinds of OOM this ladder has (a measured one always shows)."""
+    from matplotlib.lines import Line2D
+
+    handles: list[Any] = [Line2D([], [], linestyle="", mew=2, label="out of memory (measured)", **_oom_style({}))]
+    if any(r.get("status") == "predicted-oom" for r in rungs):
+        handles.append(Line2D([], [], linestyle="", mew=2, label="predicted not to fit (not run)",
+                              **_oom_style({"status": "predicted-oom"})))
+    return handles
+
+
+def max_batch_label(r: Rung) -> str:
+    # a search stopped by its cap (always, on a CPU) found a lower bound, not the max
+    mb = r.get("max_batch", r.get("batch", "?"))
+    return f"≥{mb} (cap)" if r.get("maxbatch_capped") else f"{mb}"
 
 
 def _held_fixed(rs: list[Rung], keys: tuple[str, ...]) -> str:
@@ -230,7 +262,7 @@ def _grouped_bars(
             r = match[0]
             v = value(r)
             if is_oom(r) or (v is not None and v <= 0 and r.get("status") == "ok"):
-                _oom_mark(ax, x)
+                _oom_mark(ax, x, r)
             elif v is not None:
                 ax.bar(x, v, width * 0.95, color=palette(s), edgecolor="black", linewidth=0.4)
                 if annotate:
@@ -243,12 +275,11 @@ def _grouped_bars(
     ax.set_axisbelow(True)
 
 
-def _legend(fig: Figure, palette: Palette, strategies: list[str]) -> None:
-    from matplotlib.lines import Line2D
+def _legend(fig: Figure, palette: Palette, strategies: list[str], rungs: list[Rung]) -> None:
     from matplotlib.patches import Patch
 
     handles: list[Any] = [Patch(facecolor=palette(s), edgecolor="black", label=strategy_label(s)) for s in strategies]
-    handles.append(Line2D([], [], color=OOM_COLOR, marker="x", linestyle="", mew=2, label="out of memory"))
+    handles += _oom_handles(rungs)
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
 
 
@@ -283,11 +314,11 @@ def fig_throughput_by_model(rungs: list[Rung], palette: Palette) -> Figure:
             _grouped_bars(
                 ax, rs, models, strategies, palette,
                 value=lambda r: _num(r.get("items_per_s")),
-                annotate=(lambda r: f"b={r.get('max_batch', r.get('batch'))}") if _is_max(rs[0]) else None,
+                annotate=(lambda r: f"b={max_batch_label(r)}") if _is_max(rs[0]) else None,
             )
             ax.set_ylabel(throughput_label(fam))
     fig.suptitle("Training throughput per model size and strategy", fontsize=12)
-    _legend(fig, palette, [s for s in palette.order if any(r["strategy"] == s for r in shown)] or palette.order)
+    _legend(fig, palette, [s for s in palette.order if any(r["strategy"] == s for r in shown)] or palette.order, shown)
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     return fig
 
@@ -311,14 +342,11 @@ def fig_max_batch(rungs: list[Rung], palette: Palette) -> Figure:
         def mb(r: Rung) -> float | None:
             return _num(r.get("max_batch")) if r.get("status") == "ok" else None
 
-        def label(r: Rung) -> str:
-            # a search stopped by its cap (always, on a CPU) found a lower bound, not the max
-            return f"≥{r.get('max_batch', '?')} (cap)" if r.get("maxbatch_capped") else f"{r.get('max_batch', '?')}"
-
-        _grouped_bars(ax, rs, models, strategies, palette, value=mb, annotate=label)
+        _grouped_bars(ax, rs, models, strategies, palette, value=mb, annotate=max_batch_label)
         ax.set_ylabel("max local batch (samples per GPU)")
     fig.suptitle("Max local batch per strategy and model size", fontsize=12)
-    _legend(fig, palette, sorted({r["strategy"] for r in rungs if _is_max(r)}, key=_strategy_sort_key) or palette.order)
+    maxed = [r for r in rungs if _is_max(r)]
+    _legend(fig, palette, sorted({r["strategy"] for r in maxed}, key=_strategy_sort_key) or palette.order, maxed)
     fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     return fig
 
@@ -327,7 +355,7 @@ def fig_max_batch(rungs: list[Rung], palette: Palette) -> Figure:
 
 
 def fig_fsdp_knobs(rungs: list[Rung], palette: Palette) -> Figure:
-    fig, ax = plt.subplots(figsize=(10, 5))
+    fig, ax = plt.subplots(figsize=(12, 5))
     fsdp = [r for r in rungs if str(r.get("strategy", "")).startswith("fsdp") and _fixed(r)]
     # The setting (model, nodes, batch, precision) whose FSDP rungs vary the knobs most.
     groups: dict[tuple[Any, ...], list[Rung]] = defaultdict(list)
@@ -352,7 +380,7 @@ def fig_fsdp_knobs(rungs: list[Rung], palette: Palette) -> Figure:
                 continue
             r = match[0]
             if is_oom(r):
-                _oom_mark(ax, x)
+                _oom_mark(ax, x, r)
             elif is_ok(r):
                 # hatching tells limit_all_gathers apart even in greyscale print
                 ax.bar(x, r["items_per_s"], width * 0.95, color=cmap(j % 8), edgecolor="black", linewidth=0.4,
@@ -361,7 +389,10 @@ def fig_fsdp_knobs(rungs: list[Rung], palette: Palette) -> Figure:
 
     handles = [Patch(facecolor=cmap(j % 8), edgecolor="black", hatch="" if "nolag" not in k else "//",
                      label=knobs_label(k)) for j, k in enumerate(knob_values)]
-    ax.legend(handles=handles, fontsize=8, title="backward prefetch, all-gathers", title_fontsize=8)
+    handles += _oom_handles(rs) if any(is_oom(r) for r in rs) else []
+    # outside the axes: inside, it covered the tallest (HYBRID) bars
+    ax.legend(handles=handles, fontsize=8, title="backward prefetch, all-gathers", title_fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_xticks(range(len(strategies)))
     ax.set_xticklabels([strategy_label(s) for s in strategies], fontsize=9)
     ax.set_ylabel(throughput_label(family(model)))
@@ -415,7 +446,7 @@ def fig_weak_scaling(rungs: list[Rung], palette: Palette) -> Figure:
             for n, r in pts:
                 if is_oom(r):
                     for ax in (ax_t, ax_m):
-                        ax.plot([n], [0], marker="x", color=OOM_COLOR, markersize=9, mew=2, clip_on=False, zorder=5)
+                        ax.plot([n], [0], markersize=9, mew=2, clip_on=False, zorder=5, **_oom_style(r))
         for ax in (ax_t, ax_m):
             ax.set_xscale("log", base=2)
             ax.set_xticks(node_counts)
@@ -435,8 +466,7 @@ def fig_weak_scaling(rungs: list[Rung], palette: Palette) -> Figure:
                 labels.append(lab)
     from matplotlib.lines import Line2D
 
-    handles += [Line2D([], [], color="black", linestyle="--", label="ideal linear scaling"),
-                Line2D([], [], color=OOM_COLOR, marker="x", linestyle="", mew=2, label="out of memory")]
+    handles += [Line2D([], [], color="black", linestyle="--", label="ideal linear scaling"), *_oom_handles(rs)]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     held = _held_fixed(rs, ("precision", "knobs"))
     fig.suptitle("Weak scaling: throughput and memory per GPU against nodes" + (f" ({held})" if held else ""), fontsize=12)
@@ -493,6 +523,7 @@ def fig_pareto(rungs: list[Rung], palette: Palette) -> Figure:
         ooms = [r for r in rm if is_oom(r)]
         if ooms:
             ax.text(0.02, 0.02, "OOM: " + ", ".join(sorted({f"{strategy_label(r['strategy'])} b{r.get('spec_batch')}"
+                                                             + (" (predicted)" if r.get("status") == "predicted-oom" else "")
                                                              for r in ooms}))[:160],
                     transform=ax.transAxes, fontsize=6, color=OOM_COLOR, va="bottom", wrap=True)
         if not ok and not ooms:
@@ -533,11 +564,23 @@ def draw_all(rungs: list[Rung], out_dir: str, only: Iterable[str] | None = None)
     for name in only or FIGURES:
         fig = DRAW[name](rungs, palette)
         for ext in ("png", "pdf"):
-            path = os.path.join(out_dir, f"{name}.{ext}")
-            fig.savefig(path, dpi=150 if ext == "png" else None)
-            written.append(path)
+            written.append(save_figure(fig, os.path.join(out_dir, f"{name}.{ext}")))
         plt.close(fig)
     return written
+
+
+def save_figure(fig: Figure, path: str) -> str:
+    """Write through a temporary file and rename, so an interrupted job never leaves a
+    half-written figure that Snakemake would take for a finished one."""
+    ext = os.path.splitext(path)[1].lstrip(".")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        fig.savefig(tmp, format=ext, dpi=150 if ext == "png" else None)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
 
 
 def main(args: argparse.Namespace) -> int:
