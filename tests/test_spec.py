@@ -62,3 +62,46 @@ def test_world_checks() -> None:
 
 def test_batch_max() -> None:
     assert parse_batch("max") == "max" and parse_batch("16") == 16
+
+
+@pytest.mark.parametrize(
+    "name,canonical",
+    [("fsdp-hybrid02", "fsdp-hybrid2"), ("fsdp-hybrid002-ac", "fsdp-hybrid2-ac"), ("fsdp-hybrid\u0662", "fsdp-hybrid2")],
+)
+def test_non_canonical_strategies_are_rejected_with_the_canonical_form(name: str, canonical: str) -> None:
+    # int() reads "02" and the Arabic-Indic "٢" as 2: accepted, they would name a second file for the same run.
+    with pytest.raises(SpecError, match=f"{name!r} is not canonical; write {canonical!r}") as e:
+        parse_strategy(name)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "path,part,canonical",
+    [
+        ("vit-base/fsdp-hybrid02/fp32/pre-lag/n1/b8", "fsdp-hybrid02", "fsdp-hybrid2"),
+        ("vit-base/ddp/fp32/pre-lag/n01/b8", "n01", "n1"),
+        ("vit-base/ddp/fp32/pre-lag/n1/b+8", "b+8", "b8"),
+        ("vit-base/ddp/fp32/pre-lag/n1/b08", "b08", "b8"),
+        ("vit-base/ddp/fp32/pre-lag/n1/b1_6", "b1_6", "b16"),
+        ("vit-base/ddp/fp32/pre-lag/n 1/b8", "n 1", "n1"),
+    ],
+)
+def test_non_canonical_paths_are_rejected_naming_the_part(path: str, part: str, canonical: str) -> None:
+    with pytest.raises(SpecError) as e:
+        RunSpec.from_path(path)
+    msg = str(e.value)
+    assert "\n" not in msg and repr(part) in msg and repr(canonical) in msg and "not canonical" in msg
+
+
+def test_every_accepted_path_round_trips() -> None:
+    for path in ["vit-base/fsdp-hybrid16-ac/bf16-mixed/none-nolag-fwd/n12/b128", "flava-debug/single/fp32/pre-lag/n1/bmax"]:
+        assert RunSpec.from_path(path).path == path
+
+
+def test_seed_and_counts_are_checked_by_the_spec_parsers() -> None:
+    from scaleladder.spec import parse_nonnegative
+
+    assert parse_nonnegative("seed", "0") == 0 and parse_nonnegative("seed", 7) == 7
+    for bad in ("abc", "-1", "1.5", None):
+        with pytest.raises(SpecError, match="seed must be an integer >= 0"):
+            parse_nonnegative("seed", bad)  # type: ignore[arg-type]

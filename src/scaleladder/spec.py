@@ -6,7 +6,8 @@ the Snakemake wildcard path, parsed once here, and stored as HDF5 attributes.
 Nothing else in the code base re-derives it: everything else calls
 :func:`parse_strategy`, :func:`parse_knobs` or :meth:`RunSpec.from_path`.
 
-Grammar (each part round-trips through ``str()``/``parse_*``):
+Grammar (each part round-trips through ``str()``/``parse_*``; a part that parses but
+is not written canonically, e.g. ``fsdp-hybrid02``, ``n01``, ``b+8``, is an error):
 
 * strategy  ``single | ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>``
   optionally followed by ``-ac`` (non-reentrant activation checkpointing).
@@ -87,10 +88,21 @@ def parse_strategy(name: str) -> Strategy:
         )
     head, sharding, group, ac = m.groups()
     if head in ("single", "ddp"):
-        return Strategy(wrapper=head, ac=bool(ac))  # type: ignore[arg-type]
-    if group is not None:
-        return Strategy("fsdp", "hybrid", int(group), bool(ac))
-    return Strategy("fsdp", sharding, None, bool(ac))
+        strategy = Strategy(wrapper=head, ac=bool(ac))  # type: ignore[arg-type]
+    elif group is not None:
+        strategy = Strategy("fsdp", "hybrid", int(group), bool(ac))
+    else:
+        strategy = Strategy("fsdp", sharding, None, bool(ac))
+    _require_canonical("strategy", name, str(strategy))
+    return strategy
+
+
+def _require_canonical(what: str, given: str, canonical: str) -> None:
+    """One rung, one name: the name is a file path and an HDF5 key, so a second spelling
+    (``fsdp-hybrid02``, ``n01``, ``b+8`` — ``int()`` accepts all of them) would be a
+    second result for the same run, and a wildcard that never matches its own output."""
+    if given != canonical:
+        raise SpecError(f"{what} {given!r} is not canonical; write {canonical!r}")
 
 
 @dataclass(frozen=True)
@@ -138,14 +150,21 @@ def parse_positive(what: str, value: str | int) -> int:
     return n
 
 
+def parse_nonnegative(what: str, value: str | int) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{what} must be an integer >= 0, got {value!r}") from None
+    if n < 0:
+        raise SpecError(f"{what} must be an integer >= 0, got {value!r}")
+    return n
+
+
 def parse_steps_warmup(steps: str | int, warmup: str | int, prefix: str = "") -> tuple[int, int]:
     """Steps in all and warm-up steps, with ``0 <= warmup < steps``."""
     n = parse_positive(f"{prefix}steps", steps)
-    try:
-        w = int(warmup)
-    except (TypeError, ValueError):
-        raise SpecError(f"{prefix}warmup must be an integer, got {warmup!r}") from None
-    if not 0 <= w < n:
+    w = parse_nonnegative(f"{prefix}warmup", warmup)
+    if not w < n:
         raise SpecError(f"{prefix}warmup must be in [0, {prefix}steps), got {prefix}warmup={w} with {prefix}steps={n}")
     return n, w
 
@@ -185,7 +204,7 @@ class RunSpec:
         model, strategy, precision, knobs, n, b = parts[-6:]
         if not (n.startswith("n") and b.startswith("b")):
             raise SpecError(f"run-spec path {path!r}: expected n<nodes>/b<batch> as its last two parts")
-        return cls(
+        spec = cls(
             model=model,
             strategy=parse_strategy(strategy),
             precision=parse_precision(precision),
@@ -193,6 +212,9 @@ class RunSpec:
             nodes=parse_positive("nodes", n[1:]),
             batch=parse_batch(b[1:]),
         )
+        for given, canonical in zip(parts[-6:], spec.path.split("/")):
+            _require_canonical("run-spec part", given, canonical)
+        return spec
 
     def as_attrs(self) -> dict[str, str | int | bool]:
         """Flat attributes for HDF5 (strings for the names, so they round-trip)."""
