@@ -6,10 +6,14 @@ layer, giving ``FSDP(CheckpointWrapper(layer))`` — the structure PyTorch's own
 FSDP+AC tests use: the recompute in backward runs inside an FSDP unit whose
 parameters the pre-backward hook has already gathered.
 
-Proof that wrapping happened is part of the result: the number of FSDP units
-and checkpointed layers is recorded, and a policy that wraps nothing raises
-(a wrong layer class would otherwise give a silent one-unit "FSDP" that is
-really DDP with extra steps — the trap of the FLAVA blog's class name).
+Proof that wrapping happened is part of the result: the number of FSDP units,
+of units that hold a transformer layer, and of checkpointed layers is recorded,
+and a policy that misses any layer raises. Counting all units is not enough:
+FLAVA's codebook is always a unit of its own, so a wrong layer class (the trap
+of the FLAVA blog's class name) still gives root + codebook = 2 units — an
+"FSDP" that shards nothing per layer. So every layer_cls instance must sit in
+its own unit (``FSDP(layer)``, or ``FSDP(CheckpointWrapper(layer))`` under AC),
+and under AC every one must be checkpointed.
 
 FLAVA and DDP: FLAVA pretraining never uses some parameters (the unimodal
 MLM/MIM heads, the encoders' poolers when the multimodal path is taken).
@@ -36,7 +40,8 @@ from scaleladder.spec import Knobs, SpecError, Strategy
 
 @dataclass(frozen=True)
 class LadderReport:
-    fsdp_units: int
+    fsdp_units: int  # every FSDP instance, the root included
+    fsdp_layer_units: int  # FSDP units whose module is a transformer layer (or its checkpoint wrapper)
     ac_layers: int
     frozen_unused_params: int
 
@@ -68,6 +73,26 @@ def count_fsdp_units(model: nn.Module) -> int:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     return sum(isinstance(m, FSDP) for m in model.modules())
+
+
+def count_layers(model: nn.Module, layer_cls: type[nn.Module]) -> int:
+    return sum(isinstance(m, layer_cls) for m in model.modules())
+
+
+def count_fsdp_layer_units(model: nn.Module, layer_cls: type[nn.Module]) -> int:
+    """FSDP units that wrap exactly one transformer layer, bare or checkpointed."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    n = 0
+    for m in model.modules():
+        if not isinstance(m, FSDP):
+            continue
+        inner = m.module
+        if isinstance(inner, CheckpointWrapper):
+            inner = inner._checkpoint_wrapped_module
+        n += isinstance(inner, layer_cls)
+    return n
 
 
 def _unit_classes(model: TrainModule, ac: bool) -> set[type[nn.Module]]:
@@ -183,18 +208,27 @@ def apply_strategy(
     """AC, then DDP or FSDP. The process group must be initialised."""
     world = dist.get_world_size()
     strategy.check_world(world)
+    layers = count_layers(model, model.layer_cls)
+    if layers == 0 and (strategy.ac or strategy.is_fsdp):
+        raise SpecError(f"{model.flavor.name} has no {_qualname(model.layer_cls)} to checkpoint or wrap: wrong layer class")
     frozen = freeze_unused(model)
     ac_layers = _checkpoint(model) if strategy.ac else 0
-    if strategy.ac and ac_layers == 0:
-        raise SpecError(f"activation checkpointing wrapped no {model.layer_cls.__name__} in {model.flavor.name}")
+    if ac_layers != (layers if strategy.ac else 0):
+        raise SpecError(f"activation checkpointing wrapped {ac_layers} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
     if strategy.wrapper == "single":
-        return model.to(device), LadderReport(0, ac_layers, frozen)
+        return model.to(device), LadderReport(0, 0, ac_layers, frozen)
     if strategy.wrapper == "ddp":
         model = model.to(device)
         ids = [device.index] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids), LadderReport(0, ac_layers, frozen)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids), LadderReport(0, 0, ac_layers, frozen)
     wrapped = wrap_fsdp(model, strategy, knobs, prec, device, param_init_fn)
-    units = count_fsdp_units(wrapped)
-    if units <= 1:
-        raise SpecError(f"the FSDP wrap policy wrapped no {model.layer_cls.__name__} in {model.flavor.name}")
-    return wrapped, LadderReport(units, ac_layers, frozen)
+    layer_units = count_fsdp_layer_units(wrapped, model.layer_cls)
+    if layer_units != layers:
+        raise SpecError(f"the FSDP wrap policy gave {layer_units} of the {layers} {_qualname(model.layer_cls)} "
+                        f"in {model.flavor.name} a unit of their own")
+    return wrapped, LadderReport(count_fsdp_units(wrapped), layer_units, ac_layers, frozen)
+
+
+def _qualname(cls: type) -> str:
+    # Two torchmultimodal classes are both called TransformerEncoderLayer: name the module.
+    return f"{cls.__module__}.{cls.__qualname__}"

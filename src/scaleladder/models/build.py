@@ -18,6 +18,7 @@ Traps handled here (see ``shared/anchors.md``):
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -118,6 +119,15 @@ class FLAVAPretrainer(TrainModule):
 
 def load_codebook(codebook: nn.Module, path: Path) -> None:
     """Load DALL-E encoder weights from a local file (a state dict, or the pickled encoder)."""
+    codebook.encoder.load_state_dict(read_codebook_state(codebook, path))  # type: ignore[union-attr]
+
+
+CODEBOOK_ENCODER = "flava.image_codebook.encoder."  # where the DALL-E encoder sits in a FLAVAPretrainer
+
+
+def read_codebook_state(codebook: nn.Module, path: Path) -> dict[str, Tensor]:
+    """The encoder's state dict from a local file, checked against the encoder's names and
+    shapes (works on a meta-device codebook too: shapes are all it needs)."""
     if not path.is_file():
         raise SpecError(f"codebook weights file {str(path)!r} does not exist")
     try:
@@ -125,10 +135,15 @@ def load_codebook(codebook: nn.Module, path: Path) -> None:
     except Exception as e:  # corrupt file: name it
         raise SpecError(f"codebook weights file {str(path)!r} could not be read: {e}") from None
     state = obj.state_dict() if isinstance(obj, nn.Module) else obj
-    try:
-        codebook.encoder.load_state_dict(state)  # type: ignore[union-attr]
-    except RuntimeError as e:
-        raise SpecError(f"codebook weights file {str(path)!r} does not fit the DALL-E encoder: {str(e).splitlines()[0]}") from None
+    want = codebook.encoder.state_dict()  # type: ignore[union-attr]
+    if not isinstance(state, dict) or set(state) != set(want):
+        got = sorted(set(state) ^ set(want)) if isinstance(state, dict) else [type(state).__name__]
+        raise SpecError(f"codebook weights file {str(path)!r} does not fit the DALL-E encoder: keys differ ({', '.join(got[:3])}...)")
+    for k, v in want.items():
+        if not isinstance(state[k], Tensor) or state[k].shape != v.shape:
+            raise SpecError(f"codebook weights file {str(path)!r} does not fit the DALL-E encoder: {k} has shape "
+                            f"{tuple(getattr(state[k], 'shape', ()))}, expected {tuple(v.shape)}")
+    return state
 
 
 def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_weights: str | Path | None = None) -> TrainModule:
@@ -143,3 +158,9 @@ def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_wei
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+@lru_cache(maxsize=None)
+def meta_parameter_count(flavor: Flavor) -> int:
+    """Parameters of ``flavor``, counted on the meta device: no memory, about a second."""
+    return count_parameters(build_model(flavor, "meta"))

@@ -13,24 +13,35 @@ Traps handled:
   DALL-E convolutions, ``logit_scale``) get an explicit rule below.
 * Every rank visits modules in the same order with the same seeded RNG, so all
   ranks hold identical weights without a broadcast.
+* Weights loaded from a file (FLAVA's DALL-E codebook, ``--codebook-weights``) cannot be
+  loaded into a meta model — they would land nowhere — and must not be overwritten by
+  the random init. They are passed as ``loaded`` (root-qualified names) and copied into
+  each parameter right after it is allocated, inside the same per-unit call, so the
+  codebook is real before FSDP flattens and shards its unit.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 
-def make_param_init_fn(root: nn.Module, device: torch.device) -> Callable[[nn.Module], None]:
+def make_param_init_fn(
+    root: nn.Module, device: torch.device, loaded: Mapping[str, Tensor] | None = None
+) -> Callable[[nn.Module], None]:
+    """``loaded`` maps names in ``root.state_dict()`` to tensors that replace the random init."""
     owners: dict[int, list[tuple[nn.Module, str]]] = defaultdict(list)
     for module in root.modules():
         for name, p in module._parameters.items():
             if p is not None:
                 owners[id(p)].append((module, name))
+    # Module objects, not names: activation checkpointing renames modules before FSDP calls us.
+    prefixes = {id(m): f"{name}." if name else "" for name, m in root.named_modules()}
+    loaded = dict(loaded or {})
 
     def init(module: nn.Module) -> None:
         fresh = False
@@ -46,14 +57,26 @@ def make_param_init_fn(root: nn.Module, device: torch.device) -> Callable[[nn.Mo
                 module._buffers[name] = torch.zeros_like(b, device=device)
         if fresh:
             _reset(module)
+        if loaded:
+            _load(module, prefixes.get(id(module)), loaded)
 
     return init
 
 
 @torch.no_grad()
+def _load(module: nn.Module, prefix: str | None, loaded: Mapping[str, Tensor]) -> None:
+    if prefix is None:
+        return
+    for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+        if prefix + name in loaded:
+            t.copy_(loaded[prefix + name])
+
+
+@torch.no_grad()
 def _reset(module: nn.Module) -> None:
-    if hasattr(module, "reset_parameters"):
-        module.reset_parameters()
+    reset = getattr(module, "reset_parameters", None)
+    if callable(reset):
+        reset()
         return
     for name, p in module.named_parameters(recurse=False):
         if name == "logit_scale":
@@ -66,9 +89,9 @@ def _reset(module: nn.Module) -> None:
             p.normal_(std=1 / math.sqrt(p[0].numel()))  # fan-in scaling (the DALL-E convolutions)
 
 
-def materialize(root: nn.Module, device: torch.device) -> nn.Module:
+def materialize(root: nn.Module, device: torch.device, loaded: Mapping[str, Tensor] | None = None) -> nn.Module:
     """Materialise every meta parameter of ``root`` on ``device`` (non-FSDP path)."""
-    init = make_param_init_fn(root, device)
+    init = make_param_init_fn(root, device, loaded)
     for module in list(root.modules()):
         init(module)
     return root

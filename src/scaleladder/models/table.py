@@ -10,7 +10,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from scaleladder.models.build import build_model, count_parameters
+from scaleladder.models.build import meta_parameter_count
 from scaleladder.models.flavors import FLAVORS, Flavor
 
 GIB = 2**30
@@ -27,7 +27,7 @@ class Row:
 
 
 def row(flavor: Flavor) -> Row:
-    n = count_parameters(build_model(flavor, "meta"))
+    n = meta_parameter_count(flavor)
     gib = n * 4 / GIB
     if flavor.seed_size_gib is not None:  # FLAVA: the size column is the precise one
         return Row(flavor.name, flavor.family, n, gib, f"{flavor.seed_size_gib} GB", 100 * (gib / flavor.seed_size_gib - 1))
