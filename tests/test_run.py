@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
+from scaleladder.cli import build_parser
 from scaleladder.launch import detect, first_slurm_host
+from scaleladder.models.build import build_model, count_parameters
+from scaleladder.models.flavors import get_flavor
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scaleladder"]
 
@@ -31,7 +36,8 @@ def test_record_schema(tmp_path: Path) -> None:
         a = f.attrs
         assert a["status"] == "ok" and a["spec"] == "flava-debug/single/fp32/pre-lag/n1/b10"
         for key in ["model", "strategy", "precision", "knobs", "nodes", "batch", "steps", "warmup", "world_size", "params",
-                    "fsdp_units", "ac_layers", "device_name", "torch_version", "cuda_version", "hip_version", "hosts",
+                    "ranks_per_node", "gpus_per_node", "fsdp_units", "fsdp_layer_units", "ac_layers", "device_name",
+                    "torch_version", "cuda_version", "hip_version", "hosts",
                     "git_commit", "slurm_job_id", "container_image", "items_per_s", "samples_per_s", "mfu", "hfu",
                     "peak_active_gib", "peak_reserved_gib", "alloc_retries", "ooms", "flops_per_sample"]:
             assert key in a, key
@@ -42,6 +48,7 @@ def test_record_schema(tmp_path: Path) -> None:
         assert a["items_per_s"] == pytest.approx(2 * a["samples_per_s"])
         assert a["samples_per_s"] == pytest.approx(10 * 3 / a["window_s"])
         assert np.isnan(a["mfu"])  # no peak FLOP/s for a CPU: never a made-up number
+        assert a["ranks_per_node"] == 1 and a["gpus_per_node"] == 0  # a CPU rank owns no GPU
     assert list(tmp_path.iterdir()) == [out]
 
 
@@ -57,6 +64,15 @@ def test_record_schema(tmp_path: Path) -> None:
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--data", "nowhere/manifest.json"], "nowhere"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/bmax"], "maxbatch"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--model", "vit-debug"], "either"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--seed", "abc"], "seed"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--seed", "-1"], "seed"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--workers", "x"], "workers"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--data", "."], "no manifest.json"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--codebook-weights", "nowhere.pt"], "nowhere.pt"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--peak-tflops", "0"], "peak-tflops"),
+        (["--spec", "vit-debug/fsdp-hybrid02/fp32/pre-lag/n1/b4"], "'fsdp-hybrid2'"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n01/b4"], "'n1'"),
+        (["--model", "vit-debug", "--strategy", "fsdp-hybrid01", "--batch", "4"], "not canonical"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_and_no_file(tmp_path: Path, args: list[str], culprit: str) -> None:
@@ -74,14 +90,22 @@ def test_unknown_command_and_out_suffix(tmp_path: Path) -> None:
     assert p.returncode == 2 and ".h5" in p.stderr
 
 
-def test_oom_in_one_process_is_a_result(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["", ":cublas"])
+def test_oom_in_one_process_is_a_result(tmp_path: Path, kind: str) -> None:
+    # ":cublas": the RuntimeError cuBLAS raises when it cannot allocate, not a torch.OutOfMemoryError
     out = tmp_path / "o.h5"
     p = sl("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1", "--out", str(out),
-           env={"SCALELADDER_INJECT_OOM": "0:2"})
+           env={"SCALELADDER_INJECT_OOM": f"0:2{kind}"})
     assert p.returncode == 0, p.stderr
     with h5py.File(out) as f:
-        assert f.attrs["status"] == "oom" and f.attrs["oom_step"] == 2 and "injected" in f.attrs["error"]
-        assert "items_per_s" not in f.attrs
+        a = f.attrs
+        assert a["status"] == "oom" and a["oom_step"] == 2 and "injected" in a["error"]
+        assert "items_per_s" not in a
+        # an OOM is a result: the same provenance as an ok record
+        assert a["params"] == count_parameters(build_model(get_flavor("vit-debug"), "meta"))
+        assert a["device_name"].startswith("cpu") and json.loads(a["hosts"]) == [socket.gethostname()]
+        assert a["ranks_per_node"] == 1 and a["gpus_per_node"] == 0 and a["world_size"] == 1 and a["launcher"] == "single"
+    assert list(tmp_path.iterdir()) == [out]
 
 
 @pytest.mark.slow
@@ -94,6 +118,9 @@ def test_oom_on_one_rank_of_two_is_recorded_by_the_supervisor(tmp_path: Path) ->
     with h5py.File(out) as f:
         assert f.attrs["status"] == "oom" and f.attrs["oom_step"] == 2 and f.attrs["world_size"] == 2
         assert f.attrs["oom_ranks"] == "[1]" and "injected" in f.attrs["error"]
+        assert f.attrs["ranks_per_node"] == 2 and f.attrs["gpus_per_node"] == 0 and f.attrs["launcher"] == "torchrun"
+        assert json.loads(f.attrs["hosts"]) == [socket.gethostname()] and f.attrs["device_name"].startswith("cpu")
+        assert f.attrs["params"] > 0
     assert sorted(x.name for x in tmp_path.iterdir()) == ["o.h5"]  # markers cleaned up
 
 
@@ -127,10 +154,101 @@ def test_rank_variables_from_torchrun_slurm_or_nothing() -> None:
     assert (t.rank, t.world, t.local_rank, t.nodes, t.master_addr, t.master_port, t.source) == (3, 8, 1, 2, "n1", 29500, "torchrun")
     s = detect({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_NUM_NODES": "2",
                 "SLURM_NTASKS_PER_NODE": "8(x2)", "SLURM_JOB_NODELIST": "frontier[00012-00013]", "MASTER_ADDR": "frontier00012"})
-    assert (s.rank, s.world, s.local_rank, s.local_world, s.nodes, s.master_port, s.source) == (9, 16, 1, 8, 2, 3442, "slurm")
+    assert (s.rank, s.world, s.local_rank, s.local_world, s.nodes, s.master_port, s.source) == (9, 16, 1, 8, 2, 29500, "slurm")
     assert detect({}).source == "single" and detect({}).world == 1
 
 
 def test_first_slurm_host_without_scontrol() -> None:
     assert first_slurm_host("frontier[00012-00015,00020]") in ("frontier00012",)
     assert first_slurm_host("nodeA,nodeB") == "nodeA"
+
+
+@pytest.mark.parametrize(
+    "args,culprit",
+    [
+        # known before any rank starts: one line, exit 2, instead of a traceback per rank
+        (["--spec", "vit-debug/fsdp-hybrid3/fp32/pre-lag/n1/b2", "--ranks-per-node", "2"], "hybrid group 3 does not divide the world size 2"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b2", "--ranks-per-node", "2"], "one process"),
+        (["--spec", "vit-debug/ddp/fp32/pre-lag/n1/b2", "--ranks-per-node", "0"], "ranks-per-node"),
+        # the planner must not silently assume one rank per node
+        (["--spec", "vit-debug/ddp/fp32/pre-lag/n1/b2", "--plan-device", "a100-40gb"], "needs --ranks-per-node"),
+    ],
+)
+def test_launch_checks_the_world_before_starting_ranks(tmp_path: Path, args: list[str], culprit: str) -> None:
+    out = tmp_path / "x.h5"
+    p = sl("launch", "--launcher", "false", *args, "--out", str(out))  # `false`: any launch would fail differently
+    assert p.returncode == 2, p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and culprit in lines[0], p.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_world_fault_under_torchrun_is_one_line_from_rank_0(tmp_path: Path) -> None:
+    p = subprocess.run([*TORCHRUN, "run", "--spec", "vit-debug/fsdp-hybrid3/fp32/pre-lag/n1/b2", "--out", str(tmp_path / "x.h5")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    ours = [l for l in p.stderr.splitlines() if l.startswith("scaleladder run:")]
+    assert ours == ["scaleladder run: error: hybrid group 3 does not divide the world size 2"], p.stderr
+    assert "exitcode  : 2" in p.stderr  # what the ranks returned: bad input, not a crash
+    assert not list(tmp_path.iterdir())
+
+
+def _args(command: str, *argv: str) -> object:
+    parser, _ = build_parser([command])
+    return parser.parse_args([command, *argv])
+
+
+def test_finalize_turns_markers_into_an_oom_record(tmp_path: Path) -> None:
+    from scaleladder.runner import oom_marker
+    from scaleladder.supervise import finalize_main
+
+    out = tmp_path / "r.h5"
+    where = {"device_name": "NVIDIA H100 80GB HBM3", "hosts": ["n1", "n2"], "ranks_per_node": 2, "gpus_per_node": 2, "launcher": "slurm"}
+    for rank, step in ((3, 5), (1, 4)):
+        oom_marker(out, rank).write_text(json.dumps({"rank": rank, "world": 4, "step": step, "error": f"CUDA out of memory on {rank}",
+                                                     "host": "n2" if rank > 1 else "n1", **where}))
+    out.write_bytes(b"rank 0 finished before rank 1 ran out")  # the OOM wins over a result written first
+    args = _args("finalize", "--spec", "vit-debug/fsdp-full/bf16-mixed/pre-lag/n2/b8", "--rc", "3", "--out", str(out))
+    assert finalize_main(args) == 0
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.h5"]  # markers removed
+    with h5py.File(out) as f:
+        a = f.attrs
+        assert a["status"] == "oom" and a["world_size"] == 4 and a["oom_step"] == 4 and a["error"] == "CUDA out of memory on 1"
+        assert json.loads(a["oom_ranks"]) == [1, 3]
+        assert a["device_name"] == "NVIDIA H100 80GB HBM3" and json.loads(a["hosts"]) == ["n1", "n2"]
+        assert a["ranks_per_node"] == 2 and a["gpus_per_node"] == 2 and a["launcher"] == "slurm"
+        assert a["params"] == count_parameters(build_model(get_flavor("vit-debug"), "meta"))
+        assert a["spec"] == "vit-debug/fsdp-full/bf16-mixed/pre-lag/n2/b8"
+
+
+def test_finalize_without_markers_keeps_or_refuses(tmp_path: Path) -> None:
+    from scaleladder.supervise import finalize_main
+
+    out = tmp_path / "r.h5"
+    spec = ["--spec", "vit-debug/ddp/fp32/pre-lag/n1/b8", "--out", str(out)]
+    assert finalize_main(_args("finalize", *spec, "--rc", "0")) == 1  # exit 0 but no file: not a result
+    out.write_bytes(b"partial")
+    assert finalize_main(_args("finalize", *spec, "--rc", "7")) == 7 and not out.exists()
+
+
+def test_data_may_be_the_shard_directory(tmp_path: Path) -> None:
+    from scaleladder.runner import config_from_args
+
+    (tmp_path / "manifest.json").write_text("{}")  # the loader reads it; the CLI only finds it
+    cfg = config_from_args(_args("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--data", str(tmp_path), "--out", "x.h5"))
+    assert cfg.data == str(tmp_path) and cfg.seed == 0 and cfg.workers == 4
+
+
+@pytest.mark.slow
+def test_meta_init_with_codebook_weights_runs(tmp_path: Path) -> None:
+    import torch
+
+    weights = tmp_path / "dalle.pt"
+    torch.save(build_model(get_flavor("flava-debug")).flava.image_codebook.encoder.state_dict(), weights)
+    out = tmp_path / "r.h5"
+    p = sl("run", "--spec", "flava-debug/fsdp-full/fp32/pre-lag/n1/b10", "--steps", "3", "--warmup", "1", "--init", "meta",
+           "--codebook-weights", str(weights), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out) as f:
+        assert f.attrs["init"] == "meta" and f.attrs["fsdp_layer_units"] == 5 and f.attrs["fsdp_units"] == 7

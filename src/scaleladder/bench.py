@@ -30,6 +30,7 @@ Definitions (also in docs/metrics.md; the tests check them):
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -63,22 +64,57 @@ class OOMDuringStep(RuntimeError):
         self.step = step
 
 
-def _injected_oom_step() -> int:
+# TRAP: running out of GPU memory does not always raise torch.OutOfMemoryError. Only the
+# caching allocator raises that. Allocations outside it fail as a plain RuntimeError:
+# cuBLAS/hipBLAS creating its handle or workspace ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED
+# when calling `cublasCreate(handle)`", typical of the first matmul of a rung that
+# filled the GPU) and raw cudaMalloc/hipMalloc calls by NCCL or cuDNN ("CUDA error: out of
+# memory"). A rung that did not fit must become an `oom` result, whichever of these it
+# hit, not a failed job with no record.
+_OOM_MESSAGE = re.compile(r"\b(CUDA|HIP)\b[^\n]*out of memory|(CU|HIP)BLAS_STATUS_ALLOC_FAILED")
+
+
+def is_oom(e: BaseException) -> bool:
+    """Is this exception the device running out of memory?"""
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and _OOM_MESSAGE.search(str(e)) is not None)
+
+
+def first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _injected_oom() -> tuple[int, str]:
     """Fault injection for the OOM path, which no CPU can reach for real:
-    ``SCALELADDER_INJECT_OOM=RANK:STEP`` makes that rank raise a genuine
-    ``torch.OutOfMemoryError`` at that step. Used by the tests; never set in profiles."""
+    ``SCALELADDER_INJECT_OOM=RANK:STEP[:cublas]`` makes that rank raise, at that step, a
+    genuine ``torch.OutOfMemoryError`` or (``:cublas``) the RuntimeError cuBLAS gives
+    when it cannot allocate. Used by the tests; never set in profiles."""
     spec = os.environ.get("SCALELADDER_INJECT_OOM", "")
     if not spec:
-        return -1
-    rank, step = (int(x) for x in spec.split(":"))
-    return step if rank == dist.get_rank() else -1
+        return -1, ""
+    rank, step, *kind = spec.split(":")
+    return (int(step) if int(rank) == dist.get_rank() else -1), (kind[0] if kind else "")
+
+
+def _raise_injected(step: int, kind: str) -> None:
+    if kind == "cublas":
+        raise RuntimeError(f"CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)` (injected by SCALELADDER_INJECT_OOM at step {step})")
+    raise torch.OutOfMemoryError(f"injected by SCALELADDER_INJECT_OOM at step {step}")
 
 
 def _mem_counters(device: torch.device) -> tuple[int, int]:
+    """(num_alloc_retries, num_ooms) since the process started: cumulative counters."""
     if device.type != "cuda":
         return 0, 0
     s = torch.cuda.memory_stats(device)
     return int(s.get("num_alloc_retries", 0)), int(s.get("num_ooms", 0))
+
+
+def _mem_peaks(device: torch.device) -> tuple[int, int]:
+    """(active, reserved) peak bytes since the last reset of the peak statistics."""
+    if device.type != "cuda":
+        return 0, 0
+    s = torch.cuda.memory_stats(device)
+    return int(s.get("active_bytes.all.peak", 0)), int(s.get("reserved_bytes.all.peak", 0))
 
 
 def _gather_ints(values: list[int], device: torch.device) -> np.ndarray:
@@ -110,14 +146,16 @@ def train_loop(
     t_window = 0.0
     model.train()
     it = iter(batches)
-    inject = _injected_oom_step()
+    inject, inject_kind = _injected_oom()
     for step in range(steps):
         if step == warmup:
             # The measured window starts here: every rank, device idle, peaks reset.
             if cuda:
                 torch.cuda.synchronize(device)
-                warm_peak = int(torch.cuda.memory_stats(device).get("active_bytes.all.peak", 0))
+                warm_peak = _mem_peaks(device)[0]
                 torch.cuda.reset_peak_memory_stats(device)
+            # reset_peak_memory_stats leaves these two counting from process start:
+            # the window's counts are differences from here.
             retries0, ooms0 = _mem_counters(device)
             dist.barrier()
             t_window = time.perf_counter()
@@ -129,7 +167,7 @@ def train_loop(
         host_times[step] = time.perf_counter()
         try:
             if step == inject:
-                raise torch.OutOfMemoryError(f"injected by SCALELADDER_INJECT_OOM at step {step}")
+                _raise_injected(step, inject_kind)
             with prec.autocast(device):
                 loss = model(batch)
             if scaler is not None:
@@ -140,8 +178,10 @@ def train_loop(
                 loss.backward()
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        except torch.OutOfMemoryError as e:
-            raise OOMDuringStep(step, str(e).splitlines()[0]) from None
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            raise OOMDuringStep(step, first_line(e)) from None
         losses[step] = loss.detach().float()
     if cuda:
         events[steps].record()
@@ -160,11 +200,7 @@ def train_loop(
 
     m = Measurement(step_times, losses.cpu().numpy(), float(window_t.item()), steps - warmup)
     retries, ooms = _mem_counters(device)
-    if cuda:
-        s = torch.cuda.memory_stats(device)
-        per_rank = [int(s.get("active_bytes.all.peak", 0)), int(s.get("reserved_bytes.all.peak", 0)), retries - retries0, ooms - ooms0, warm_peak]
-    else:
-        per_rank = [0, 0, 0, 0, 0]
+    per_rank = [*_mem_peaks(device), retries - retries0, ooms - ooms0, warm_peak]
     g = _gather_ints(per_rank, device)
     m.peak_active_bytes, m.peak_reserved_bytes, m.alloc_retries, m.ooms, m.warmup_peak_active_bytes = (g[:, i] for i in range(5))
     return m

@@ -18,7 +18,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-DEFAULT_MASTER_PORT = 3442  # OLCF's example port; override with MASTER_PORT
+# torch.distributed's usual default. A site whose port differs (OLCF's examples use
+# 3442) sets MASTER_PORT in its profile; nothing site-specific belongs here.
+DEFAULT_MASTER_PORT = 29500
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ the result file; no rank writes anything else except an OOM marker.
 Exit codes: 0 (ok, or an OOM recorded as a result in a one-rank run), 2 (bad
 input: one line naming the culprit, no file), 3 (this rank ran out of memory in a
 multi-rank run: marker written, the supervisor records it), 1 (anything else).
+Under a launcher every rank finds the same bad input; only rank 0 prints it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from scaleladder.spec import RunSpec, SpecError, parse_batch, parse_knobs, parse_positive, parse_precision, parse_steps_warmup, parse_strategy
+from scaleladder.spec import (
+    RunSpec,
+    SpecError,
+    parse_batch,
+    parse_knobs,
+    parse_nonnegative,
+    parse_positive,
+    parse_precision,
+    parse_steps_warmup,
+    parse_strategy,
+)
 
 EXIT_OOM = 3
 
@@ -36,7 +47,7 @@ class RunConfig:
     spec: RunSpec
     steps: int
     warmup: int
-    data: str  # "synthetic" or a manifest path
+    data: str  # "synthetic", a manifest path, or the shard directory holding manifest.json
     workers: int
     seed: int
     lr: float
@@ -74,9 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", default=None, help="local (per-rank) batch")
     p.add_argument("--steps", default="1000", help="steps in all, warm-up included (default 1000, the FLAVA seed's)")
     p.add_argument("--warmup", default="100", help="first steps excluded from every figure (default 100)")
-    p.add_argument("--data", default="synthetic", help="'synthetic' (batches made on the device) or a shard manifest.json")
+    p.add_argument("--data", default="synthetic", help="'synthetic' (batches made on the device), a shard manifest.json, or its directory")
     p.add_argument("--workers", default="4", help="data-loader workers per rank")
-    p.add_argument("--seed", default="0")
+    p.add_argument("--seed", default="0", help="integer >= 0: weights, synthetic batches, data order")
     p.add_argument("--lr", default="1e-4", help="AdamW learning rate")
     p.add_argument("--out", required=True, help="result .h5 (written atomically by rank 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -87,6 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     """The one place where `run`-style arguments become a RunSpec."""
+    from scaleladder.models.flavors import get_flavor
+
     parts = (a.model, a.strategy, a.precision, a.knobs, a.nodes, a.batch)
     if a.spec:
         if any(x is not None for x in parts):
@@ -98,19 +111,27 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         spec = RunSpec(a.model, parse_strategy(a.strategy), parse_precision(a.precision or "fp32"), parse_knobs(a.knobs or "pre-lag"),
                        parse_positive("nodes", a.nodes or 1), parse_batch(a.batch))
     steps, warmup = parse_steps_warmup(a.steps, a.warmup)
-    if a.data != "synthetic" and not Path(a.data).is_file():
-        raise SpecError(f"--data {a.data!r}: no such manifest file (or use 'synthetic')")
+    if a.data != "synthetic":
+        from scaleladder.data.manifest import MANIFEST_FILE, resolve  # the loader's own rule: file, or the directory holding it
+
+        if not resolve(a.data).is_file():
+            why = f"a directory with no {MANIFEST_FILE}" if Path(a.data).is_dir() else "no such manifest file or shard directory (or use 'synthetic')"
+            raise SpecError(f"--data {a.data!r}: {why}")
     if a.codebook_weights and not Path(a.codebook_weights).is_file():
         raise SpecError(f"--codebook-weights {a.codebook_weights!r}: no such file")
+    if a.codebook_weights and get_flavor(spec.model).family != "flava":
+        raise SpecError(f"--codebook-weights applies to FLAVA flavors only, not {spec.model}")
     try:
         lr = float(a.lr)
     except ValueError:
         raise SpecError(f"lr must be a number, got {a.lr!r}") from None
+    if a.peak_tflops is not None and not a.peak_tflops > 0:
+        raise SpecError(f"--peak-tflops must be > 0, got {a.peak_tflops}")
     out = Path(a.out)
     if out.suffix != ".h5":
         raise SpecError(f"--out {a.out!r} must end in .h5")
-    return RunConfig(spec, steps, warmup, a.data, parse_positive("workers", a.workers) if a.workers != "0" else 0,
-                     int(a.seed), lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init)
+    return RunConfig(spec, steps, warmup, a.data, parse_nonnegative("workers", a.workers), parse_nonnegative("seed", a.seed),
+                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init)
 
 
 def oom_marker(out: Path, rank: int) -> Path:
@@ -124,13 +145,34 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)  # SpecError -> exit 2 in cli.py, before any process group
-    if cfg.spec.batch == "max":
-        raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `run`")
-    signal.signal(signal.SIGTERM, _terminate)
     from scaleladder import launch
 
-    env = launch.detect()
+    env = launch.detect()  # no process group yet: bad input must fail before one exists
+    try:
+        return _main(args, env)
+    except SpecError:
+        if env.rank != 0:
+            # Every rank reads the same arguments and finds the same fault: rank 0's one
+            # line is the message, N copies (and the launcher's per-rank report) are noise.
+            raise SystemExit(2) from None
+        raise  # cli.py prints it: one line, exit 2
+
+
+def check_world(cfg: RunConfig, world: int, nodes: int) -> None:
+    """What the launcher started must be what the spec says."""
+    cfg.spec.strategy.check_world(world)
+    if nodes != cfg.spec.nodes:
+        raise SpecError(f"the spec says n{cfg.spec.nodes} but the launcher started ranks on {nodes} node(s)")
+
+
+def _main(args: argparse.Namespace, env: Any) -> int:
+    from scaleladder import launch
+
+    cfg = config_from_args(args)
+    if cfg.spec.batch == "max":
+        raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `run`")
+    check_world(cfg, env.world, env.nodes)
+    signal.signal(signal.SIGTERM, _terminate)
     device = launch.pick_device(env, cfg.device)
     launch.init(env, device)
     try:
@@ -140,26 +182,41 @@ def main(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
 
 
-def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
-    from scaleladder.bench import OOMDuringStep
+def placement(env: Any, device: torch.device, hosts: list[str]) -> dict[str, Any]:
+    """Where the rung ran, as record attributes: the same keys in ok and oom records."""
+    from scaleladder.devices import device_name
 
+    return {
+        "device_name": device_name(device),
+        "hosts": hosts,
+        "ranks_per_node": env.local_world,
+        "gpus_per_node": env.local_world if device.type == "cuda" else 0,  # one rank per GPU (GCD)
+        "launcher": env.source,
+    }
+
+
+def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
+    from scaleladder import provenance
+    from scaleladder.bench import OOMDuringStep, first_line, is_oom
+
+    # Gathered before anything can run out of memory, so an OOM record names the hosts too.
+    where = placement(env, device, provenance.hosts())
     try:
-        cfg.spec.strategy.check_world(env.world)
-        if env.nodes != cfg.spec.nodes:
-            raise SpecError(f"the spec says n{cfg.spec.nodes} but the launcher started ranks on {env.nodes} node(s)")
-        return _train_and_record(cfg, env, device)
-    except (OOMDuringStep, torch.OutOfMemoryError) as e:
+        return _train_and_record(cfg, env, device, where)
+    except Exception as e:
+        if not (isinstance(e, OOMDuringStep) or is_oom(e)):
+            raise
         step = getattr(e, "step", -1)
-        msg = str(e).splitlines()[0] if str(e) else "out of memory"
+        event = {"rank": env.rank, "world": env.world, "step": step, "error": first_line(e), "host": os.uname().nodename, **where}
         if env.world == 1:
             from scaleladder.supervise import write_oom_record
 
-            write_oom_record(cfg, [{"rank": 0, "step": step, "error": msg}], world=1)
+            write_oom_record(cfg, [event], world=1)
             print(f"scaleladder run: {cfg.spec.path}: out of memory at step {step}; recorded as status 'oom' in {cfg.out}", file=sys.stderr)
             return 0
         marker = oom_marker(cfg.out, env.rank)
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"rank": env.rank, "world": env.world, "step": step, "error": msg, "host": os.uname().nodename}))
+        marker.write_text(json.dumps(event))
         print(f"scaleladder run: rank {env.rank}: out of memory at step {step}", file=sys.stderr)
         sys.stderr.flush()
         # Other ranks are blocked in a collective this rank will never join; exiting
@@ -167,14 +224,47 @@ def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
         os._exit(EXIT_OOM)
 
 
-def _train_and_record(cfg: RunConfig, env: Any, device: torch.device) -> int:
-    from scaleladder import provenance
-    from scaleladder.bench import train_loop
-    from scaleladder.devices import device_name, peak_flops
+def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Any) -> tuple[torch.nn.Module, Any, int]:
+    """The model of ``cfg`` on ``device``, through the ladder: (wrapped, ladder report, params)."""
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.models.flavors import get_flavor
     from scaleladder.models.init import make_param_init_fn, materialize
     from scaleladder.parallel import apply_strategy
+
+    spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
+    torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
+    param_init_fn = None
+    if init == "meta":
+        model = build_model(flavor, "meta")
+        loaded = _codebook_state(model, cfg.codebook_weights)  # copied in as each module is allocated
+        if spec.strategy.is_fsdp:
+            param_init_fn = make_param_init_fn(model, device, loaded)
+        else:
+            materialize(model, device, loaded)
+    else:
+        model = build_model(flavor, device, cfg.codebook_weights)
+    params = count_parameters(model)
+    if prec.storage_dtype != torch.float32:
+        model = model.to(dtype=prec.storage_dtype)
+    wrapped, report = apply_strategy(model, spec.strategy, spec.knobs, prec, device, param_init_fn)
+    return wrapped, report, params
+
+
+def _codebook_state(model: Any, weights: str | None) -> dict[str, torch.Tensor] | None:
+    """The local codebook weights under their names in ``model`` (None without a file)."""
+    if not weights:
+        return None
+    from scaleladder.models.build import CODEBOOK_ENCODER, read_codebook_state
+
+    state = read_codebook_state(model.flava.image_codebook, Path(weights))
+    return {CODEBOOK_ENCODER + k: v for k, v in state.items()}
+
+
+def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dict[str, Any]) -> int:
+    from scaleladder import provenance
+    from scaleladder.bench import train_loop
+    from scaleladder.devices import peak_flops
+    from scaleladder.models.flavors import get_flavor
     from scaleladder.precision import policy
     from scaleladder.store import write_record
 
@@ -184,28 +274,14 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device) -> int:
     batch = int(spec.batch)
     batches = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
 
-    torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
     init = _init_mode(cfg, flavor, device)
-    model = build_model(flavor, "meta" if init == "meta" else device, cfg.codebook_weights)
-    params = count_parameters(model)
-    param_init_fn = None
-    if init == "meta":
-        if spec.strategy.is_fsdp:
-            param_init_fn = make_param_init_fn(model, device)
-        else:
-            materialize(model, device)
-        if cfg.codebook_weights:  # materialisation re-initialised the codebook: load it again
-            raise SpecError("--codebook-weights with --init meta is not supported; use --init device")
-    if prec.storage_dtype != torch.float32:
-        model = model.to(dtype=prec.storage_dtype)
-    wrapped, report = apply_strategy(model, spec.strategy, spec.knobs, prec, device, param_init_fn)
+    wrapped, report, params = build_wrapped(cfg, init, device, prec)
     optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=cfg.lr)
     scaler = _scaler(prec, spec.strategy.is_fsdp, device)
 
     first, batches = _peek(batches)
     flops = _flops(flavor, spec, batch * env.world, first)
     m = train_loop(wrapped, optimizer, batches, cfg.steps, cfg.warmup, prec, device, scaler)
-    hosts = provenance.hosts()
     if env.rank != 0:
         return 0
 
@@ -218,15 +294,14 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device) -> int:
         "status": "ok",
         **cfg.attrs(),
         "world_size": env.world,
-        "ranks_per_node": env.local_world,
-        "launcher": env.source,
         "params": params,
         "frozen_unused_params": report.frozen_unused_params,
         "fsdp_units": report.fsdp_units,
+        "fsdp_layer_units": report.fsdp_layer_units,
         "ac_layers": report.ac_layers,
         "init": init,
-        **provenance.collect(device_name(device)),
-        "hosts": hosts,
+        **provenance.collect(where["device_name"]),
+        **where,
         "flops_per_sample": flops.model,
         "hardware_flops_per_sample": flops.hardware,
         "samples_per_s": samples_per_s,
@@ -269,10 +344,10 @@ def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
         return cfg.init
     if device.type != "cuda" or not cfg.spec.strategy.is_fsdp:
         return "device"
-    from scaleladder.models.build import build_model, count_parameters
+    from scaleladder.models.build import meta_parameter_count
 
     # Build on meta when the unsharded fp32 model would take over a quarter of the GPU.
-    fp32_bytes = 4 * count_parameters(build_model(flavor, "meta"))
+    fp32_bytes = 4 * meta_parameter_count(flavor)
     return "meta" if fp32_bytes > 0.25 * torch.cuda.get_device_properties(device).total_memory else "device"
 
 

@@ -26,6 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.runner import EXIT_OOM, RunConfig, add_arguments, config_from_args, oom_marker
+from scaleladder.spec import SpecError, parse_positive
+
+# Where a rung ran (runner.placement): a rank that ran out of memory writes these into its
+# marker, so the oom record carries the same provenance as an ok one.
+PLACEMENT = ("device_name", "hosts", "ranks_per_node", "gpus_per_node", "launcher")
 
 
 def oom_markers(out: Path) -> list[Path]:
@@ -33,19 +38,31 @@ def oom_markers(out: Path) -> list[Path]:
 
 
 def write_oom_record(cfg: RunConfig, events: list[dict[str, Any]], world: int, status: str = "oom", extra: dict[str, Any] | None = None) -> None:
-    """A result for a rung that did not fit: the spec, what failed where, no metrics."""
+    """A result for a rung that did not fit: the spec, what failed where, no metrics.
+
+    Provenance is an ok record's wherever it is known: the parameter count (from the
+    meta device), and the placement the ranks wrote into ``events``. A rung that never
+    ran (``predicted-oom``) knows no device or hosts; those attributes are then absent,
+    never guessed. ``extra`` overrides anything.
+    """
     from scaleladder import provenance
+    from scaleladder.models.build import meta_parameter_count
+    from scaleladder.models.flavors import get_flavor
     from scaleladder.store import write_record
 
     first = min(events, key=lambda e: (e.get("step", -1), e.get("rank", 0))) if events else {}
+    placed = {k: e[k] for e in reversed(events) for k in PLACEMENT if k in e}  # the first event's win
     attrs = {
         "status": status,
         **cfg.attrs(),
         "world_size": world,
+        "ranks_per_node": world // cfg.spec.nodes,  # the launcher put the same number on every node
+        "params": meta_parameter_count(get_flavor(cfg.spec.model)),
         "error": first.get("error", ""),
         "oom_step": first.get("step", -1),
         "oom_ranks": [e.get("rank") for e in events],
         **{k: v for k, v in provenance.collect("").items() if k != "device_name"},
+        **placed,
         **(extra or {}),
     }
     write_record(cfg.out, attrs)
@@ -93,8 +110,10 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
     p.add_argument("--launcher", default="", help="command prefix that starts the ranks and ends with the program, e.g. "
                    "'torchrun --standalone --nproc-per-node 2 -m scaleladder' (empty: one local process)")
-    p.add_argument("--plan-device", default="", help="planner device key; when set, a rung predicted not to fit is recorded as 'predicted-oom' without running")
-    p.add_argument("--ranks-per-node", default=None, type=int, help="ranks per node, for the planner (default: from the launcher, else 1)")
+    p.add_argument("--plan-device", default="", help="planner device key; when set, a rung predicted not to fit is recorded as "
+                   "'predicted-oom' without running (needs --ranks-per-node)")
+    p.add_argument("--ranks-per-node", default=None, help="ranks the launcher starts per node: lets launch check the world "
+                   "(e.g. a hybrid group that does not divide it) before starting any rank; required with --plan-device")
     p.add_argument("--run-predicted-oom", action="store_true", help="run rungs the planner predicts will not fit anyway")
 
 
@@ -121,10 +140,21 @@ def launch(cfg: RunConfig, launcher: str) -> int:
 
 def launch_main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if args.plan_device and not args.run_predicted_oom:
-        verdict = predicted_oom(cfg, args.plan_device, args.ranks_per_node or 1)
+    if cfg.spec.batch == "max":
+        raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `launch`")
+    if args.plan_device and args.ranks_per_node is None:
+        # The planner's verdict depends on it (hybrid groups, per-node memory): never assume 1.
+        raise SpecError(f"--plan-device {args.plan_device} needs --ranks-per-node")
+    rpn = None if args.ranks_per_node is None else parse_positive("ranks-per-node", args.ranks_per_node)
+    if rpn is not None:
+        # Under a launcher a world-size fault would surface once per rank, as a launcher
+        # traceback; known here, it is one line and exit 2 before any rank starts.
+        cfg.spec.strategy.check_world(cfg.spec.nodes * rpn)
+    if rpn is not None and args.plan_device and not args.run_predicted_oom:
+        verdict = predicted_oom(cfg, args.plan_device, rpn)
         if verdict is not None:
-            write_oom_record(cfg, [], cfg.spec.nodes * (args.ranks_per_node or 1), status="predicted-oom", extra=verdict)
+            # Every planner device is a GPU, one rank each.
+            write_oom_record(cfg, [], cfg.spec.nodes * rpn, status="predicted-oom", extra={**verdict, "gpus_per_node": rpn})
             print(f"scaleladder launch: {cfg.spec.path}: predicted not to fit on {args.plan_device} "
                   f"({verdict['predicted_peak_gib']:.1f} GiB); recorded as 'predicted-oom'", file=sys.stderr)
             return 0
