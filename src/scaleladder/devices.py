@@ -11,6 +11,7 @@ than guessed (``--peak-tflops`` supplies one by hand).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -34,25 +35,50 @@ class Peak:
         return self.tf32 if precision == "tf32" else self.fp32
 
 
-# Dense peaks in FLOP/s. Sources: NVIDIA A100/H100/H200 datasheets (SXM), AMD MI250X
-# datasheet divided by its 2 GCDs; torchtitan tools/utils.py uses the same bf16 values.
+# Dense peaks in FLOP/s (a datasheet's "with sparsity" figures halved). Sources:
+# - NVIDIA A100 datasheet: 19.5 fp32, 156 tf32, 312 bf16/fp16 — SXM and PCIe alike.
+# - NVIDIA H100 datasheet, per form factor: SXM 67 / 494.5 / 989; PCIe 51 / 378 / 756;
+#   NVL 60 / 417.5 / 835.5 (fp32 / tf32 / bf16 = fp16). Same chip name, three clocks
+#   and power limits: a PCIe or NVL card given SXM peaks would report an MFU 1.3x or
+#   1.2x too low.
+# - NVIDIA H200 datasheet: SXM as H100 SXM; H200 NVL 60 / 417.5 / 835.5.
+# - AMD MI250X datasheet (one OAM = 2 GCDs): 95.7 fp32 matrix, 383 bf16/fp16 -> halved
+#   per GCD; torchtitan tools/utils.py uses the same 191.5e12 (its #920/#928).
+# - AMD MI250 datasheet (fewer CUs: 208 against 220): 90.5 fp32 matrix, 362.1 bf16/fp16
+#   per OAM -> 45.25 / 181.05 per GCD.
 PEAKS: dict[str, Peak] = {
     "a100": Peak("NVIDIA A100", 19.5 * TERA, 156 * TERA, 312 * TERA, 312 * TERA),
     "h100": Peak("NVIDIA H100 SXM", 67 * TERA, 494.5 * TERA, 989 * TERA, 989 * TERA),
+    "h100-pcie": Peak("NVIDIA H100 PCIe", 51 * TERA, 378 * TERA, 756 * TERA, 756 * TERA),
+    "h100-nvl": Peak("NVIDIA H100 NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA, 835.5 * TERA),
     "h200": Peak("NVIDIA H200", 67 * TERA, 494.5 * TERA, 989 * TERA, 989 * TERA),
+    "h200-nvl": Peak("NVIDIA H200 NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA, 835.5 * TERA),
     "mi250x-gcd": Peak("AMD MI250X (one GCD)", 47.85 * TERA, 47.85 * TERA, 191.5 * TERA, 191.5 * TERA),
+    "mi250-gcd": Peak("AMD MI250 (one GCD)", 45.25 * TERA, 45.25 * TERA, 181.05 * TERA, 181.05 * TERA),
 }
 
 
 def device_key(name: str) -> str | None:
-    """Map ``torch.cuda.get_device_name()`` to a PEAKS key (None when unknown)."""
-    n = name.upper()
-    if "MI250" in n or "GFX90A" in n:  # ROCm may report "AMD Instinct MI250X" or the gfx id
-        return "mi250x-gcd"
-    for key in ("h200", "h100", "a100"):
-        if key.upper() in n:
-            return key
-    return None
+    """Map ``torch.cuda.get_device_name()`` to a PEAKS key (None when unknown or ambiguous).
+
+    TRAP: ROCm's marketing names come from the PCI id, and id 0x740c is named
+    "AMD Instinct MI250X / MI250" — either card; a bare "gfx90a" is MI210, MI250 or
+    MI250X. Both are ambiguous between peaks 5% apart, so they get no peak: MFU is NaN
+    unless ``--peak-tflops`` says which. (Frontier's MI250X, id 0x7408, reports
+    "AMD Instinct MI250X".)
+    """
+    n = " ".join(name.upper().split())
+    if "MI250" in n:
+        x, plain = "MI250X" in n, re.search(r"MI250(?!X)", n) is not None
+        return None if x and plain else "mi250x-gcd" if x else "mi250-gcd"
+    for chip in ("H200", "H100"):
+        if chip in n:  # GH200 (Grace Hopper) carries an H100 SXM-class GPU: the SXM peaks hold
+            if "NVL" in n:
+                return f"{chip.lower()}-nvl"
+            if "PCIE" in n:
+                return "h100-pcie" if chip == "H100" else None
+            return chip.lower()
+    return "a100" if "A100" in n else None
 
 
 def device_name(device: torch.device) -> str:
