@@ -66,7 +66,7 @@ def test_apptainer_definition_parses(flavor: str) -> None:
     docker_from = re.search(r"^FROM (\S+)", (C / f"Dockerfile.{flavor}").read_text(), re.M).group(1)  # type: ignore[union-attr]
     assert recipe.fromHeader == header["From"] == docker_from
     sections = set(re.findall(r"^%(\w+)", text, re.M))
-    assert sections == {"labels", "files", "post", "environment", "runscript", "test"}
+    assert sections == {"labels", "files", "post", "arguments", "environment", "runscript", "test"}
     files = {line.split()[0] for line in recipe.files}
     for src in files - {"README.md"}:  # README.md is the project's; the rest must exist here
         assert (REPO / src).exists(), src
@@ -114,3 +114,47 @@ def test_image_runs_the_local_profile_into_a_mounted_results(flavor: str) -> Non
         if src not in ("README.md",) and not src.startswith("--"):
             assert (REPO / src).exists(), src
     assert "exec snakemake --profile profiles/local" in (C / f"scaleladder-{flavor}.def").read_text()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_images_bake_in_the_provenance_a_record_needs(flavor: str) -> None:
+    # Without these, a docker run records git_commit and container_image as "".
+    text = (C / f"Dockerfile.{flavor}").read_text()
+    args = dockerfile_args(flavor)
+    assert "GIT_COMMIT" in args and "IMAGE_TAG" in args
+    env = re.search(r"^ENV SCALELADDER_GIT_COMMIT=\$\{GIT_COMMIT\} \\\n\s+SCALELADDER_IMAGE=\$\{IMAGE_TAG\}$", text, re.M)
+    assert env, "ENV SCALELADDER_GIT_COMMIT/SCALELADDER_IMAGE from the build args"
+    assert '--build-arg GIT_COMMIT="$(git rev-parse HEAD)"' in text
+    definition = (C / f"scaleladder-{flavor}.def").read_text()
+    assert re.search(r"^%arguments\n\s+GIT_COMMIT=\n\s+IMAGE_TAG=\n", definition, re.M)  # defaults: apptainer fails on an undefined {{ }}
+    assert 'export SCALELADDER_GIT_COMMIT="{{ GIT_COMMIT }}"' in definition and 'export SCALELADDER_IMAGE="{{ IMAGE_TAG }}"' in definition
+    assert '--build-arg GIT_COMMIT="$(git rev-parse HEAD)"' in definition
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_docker_run_works_as_any_host_user(flavor: str) -> None:
+    text = (C / f"Dockerfile.{flavor}").read_text()
+    # the documented line: results/ made by the user first, then written as that user
+    run = next(line for line in text.splitlines() if "docker run" in line)
+    assert run.startswith("#   mkdir -p results && docker run ") and '--user "$(id -u):$(id -g)"' in run
+    assert '-v "$PWD/results:/opt/scaleladder/results"' in run and run.endswith(f"scaleladder:{flavor}")
+    # a uid the image does not know has HOME=/: every cache must live somewhere writable
+    env = text[text.index("ENV PIP_DISABLE_PIP_VERSION_CHECK"):text.index("WORKDIR")]
+    assert "HOME=/tmp" in env and "XDG_CACHE_HOME=/tmp/" in env and "MPLCONFIGDIR=/tmp/" in env
+    assert "chmod -R a+rX /opt/scaleladder" in text and "chmod 0777 results .snakemake" in text
+    assert re.search(r"^USER 1000:1000$", text, re.M)  # non-root by default
+
+
+def test_provenance_reads_the_commit_baked_into_an_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scaleladder import provenance
+
+    def no_git(*a: object, **k: object) -> None:
+        raise FileNotFoundError("git")  # an image has no git and no .git
+
+    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    monkeypatch.setenv("SCALELADDER_GIT_COMMIT", "0123abc")
+    monkeypatch.setenv("SCALELADDER_IMAGE", "scaleladder:cuda")
+    for var in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"):
+        monkeypatch.delenv(var, raising=False)
+    got = provenance.collect("dev")
+    assert got["git_commit"] == "0123abc" and got["container_image"] == "scaleladder:cuda"
