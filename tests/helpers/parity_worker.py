@@ -24,6 +24,15 @@ from scaleladder.precision import policy
 from scaleladder.spec import Knobs, parse_strategy
 
 
+GROUPS: dict[str, list[int]] = {}  # hybrid strategy -> [replicas, ranks per shard group], as FSDP built them
+
+
+def _groups(wrapped: torch.nn.Module) -> list[int]:
+    # FSDP1 HYBRID_SHARD keeps the shard group as process_group and the replicate group as
+    # _inter_node_pg (its name from the one-node-per-replica case).
+    return [dist.get_world_size(wrapped._inter_node_pg), dist.get_world_size(wrapped.process_group)]  # type: ignore[arg-type]
+
+
 def losses(flavor_name: str, strategy_name: str, local_batch: int, steps: int) -> list[float]:
     flavor = get_flavor(flavor_name)
     prec = policy("fp32")
@@ -41,7 +50,10 @@ def losses(flavor_name: str, strategy_name: str, local_batch: int, steps: int) -
         wrapped = FSDP(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_mesh=mesh, device_id=device,
                        auto_wrap_policy=ModuleWrapPolicy({model.layer_cls}), use_orig_params=True)
     else:
-        wrapped, _ = apply_strategy(model, parse_strategy(strategy_name), Knobs(), prec, device)
+        strategy = parse_strategy(strategy_name)
+        wrapped, _ = apply_strategy(model, strategy, Knobs(), prec, device)
+        if strategy.sharding == "hybrid" and strategy.group != 1:
+            GROUPS[strategy_name] = _groups(wrapped)
     opt = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-3)
     rank = dist.get_rank()
     m = train_loop(wrapped, opt, SyntheticBatches(flavor, local_batch, rank, steps, 0, device), steps, 0, prec, device)
@@ -55,6 +67,7 @@ def main() -> None:
     out = {s: losses(flavor, s, global_batch // env.world, steps) for s in strategies}
     if env.rank == 0:
         print("PARITY " + json.dumps(out))
+        print("GROUPS " + json.dumps(GROUPS))
     dist.destroy_process_group()
 
 
