@@ -28,6 +28,14 @@ def sl(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> sub
                           env={**os.environ, **(env or {})})
 
 
+def assert_bad_input(p: subprocess.CompletedProcess[str], culprit: str, folder: Path) -> None:
+    """Exit 2, one line naming the culprit, and nothing written."""
+    assert p.returncode == 2, p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and culprit in lines[0], p.stderr
+    assert not list(folder.iterdir())
+
+
 def test_record_schema(tmp_path: Path) -> None:
     out = tmp_path / "r.h5"
     p = sl("run", "--spec", "flava-debug/single/fp32/pre-lag/n1/b10", "--steps", "5", "--warmup", "2", "--out", str(out))
@@ -78,10 +86,7 @@ def test_record_schema(tmp_path: Path) -> None:
 def test_bad_arguments_exit_2_with_one_line_and_no_file(tmp_path: Path, args: list[str], culprit: str) -> None:
     out = tmp_path / "x.h5"
     p = sl("run", *args, "--out", str(out), "--steps", "3", "--warmup", "1") if "--steps" not in args else sl("run", *args, "--out", str(out))
-    assert p.returncode == 2, p.stderr
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and culprit in lines[0], p.stderr
-    assert not list(tmp_path.iterdir())
+    assert_bad_input(p, culprit, tmp_path)
 
 
 def test_unknown_command_and_out_suffix(tmp_path: Path) -> None:
@@ -177,10 +182,7 @@ def test_first_slurm_host_without_scontrol() -> None:
 def test_launch_checks_the_world_before_starting_ranks(tmp_path: Path, args: list[str], culprit: str) -> None:
     out = tmp_path / "x.h5"
     p = sl("launch", "--launcher", "false", *args, "--out", str(out))  # `false`: any launch would fail differently
-    assert p.returncode == 2, p.stderr
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and culprit in lines[0], p.stderr
-    assert not list(tmp_path.iterdir())
+    assert_bad_input(p, culprit, tmp_path)
 
 
 @pytest.mark.slow

@@ -141,22 +141,20 @@ def parse_batch(value: str | int) -> int | Literal["max"]:
 
 
 def parse_positive(what: str, value: str | int) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise SpecError(f"{what} must be a positive integer, got {value!r}") from None
-    if n <= 0:
-        raise SpecError(f"{what} must be a positive integer, got {value!r}")
-    return n
+    return _parse_at_least(what, value, 1, "a positive integer")
 
 
 def parse_nonnegative(what: str, value: str | int) -> int:
+    return _parse_at_least(what, value, 0, "an integer >= 0")
+
+
+def _parse_at_least(what: str, value: str | int, low: int, kind: str) -> int:
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise SpecError(f"{what} must be an integer >= 0, got {value!r}") from None
-    if n < 0:
-        raise SpecError(f"{what} must be an integer >= 0, got {value!r}")
+        n = low - 1
+    if n < low:
+        raise SpecError(f"{what} must be {kind}, got {value!r}")
     return n
 
 
