@@ -177,11 +177,13 @@ def test_first_slurm_host_without_scontrol() -> None:
         (["--spec", "vit-debug/ddp/fp32/pre-lag/n1/b2", "--ranks-per-node", "0"], "ranks-per-node"),
         # the planner must not silently assume one rank per node
         (["--spec", "vit-debug/ddp/fp32/pre-lag/n1/b2", "--plan-device", "a100-40gb"], "needs --ranks-per-node"),
+        (["--spec", "vit-debug/fsdp-hybrid2/fp32/pre-lag/n1/b2", "--launcher", ""], "hybrid group 2 does not divide the world size 1"),
     ],
 )
 def test_launch_checks_the_world_before_starting_ranks(tmp_path: Path, args: list[str], culprit: str) -> None:
     out = tmp_path / "x.h5"
-    p = sl("launch", "--launcher", "false", *args, "--out", str(out))  # `false`: any launch would fail differently
+    launcher = [] if "--launcher" in args else ["--launcher", "false"]  # `false`: any launch would fail differently
+    p = sl("launch", *launcher, *args, "--out", str(out))
     assert_bad_input(p, culprit, tmp_path)
 
 

@@ -146,6 +146,8 @@ def launch_main(args: argparse.Namespace) -> int:
         # The planner's verdict depends on it (hybrid groups, per-node memory): never assume 1.
         raise SpecError(f"--plan-device {args.plan_device} needs --ranks-per-node")
     rpn = None if args.ranks_per_node is None else parse_positive("ranks-per-node", args.ranks_per_node)
+    if rpn is None and not args.launcher.strip():
+        rpn = 1  # no launcher: one local process
     if rpn is not None:
         # Under a launcher a world-size fault would surface once per rank, as a launcher
         # traceback; known here, it is one line and exit 2 before any rank starts.
