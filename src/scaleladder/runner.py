@@ -147,13 +147,16 @@ def _terminate(signum: int, _frame: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from scaleladder import launch
 
+    from scaleladder.data.errors import DataError
+
     env = launch.detect()  # no process group yet: bad input must fail before one exists
     try:
         return _main(args, env)
-    except SpecError:
-        if env.rank != 0:
+    except SpecError as e:
+        if env.rank != 0 and not isinstance(e, DataError):
             # Every rank reads the same arguments and finds the same fault: rank 0's one
             # line is the message, N copies (and the launcher's per-rank report) are noise.
+            # Not so for data: each rank reads its own shards, and only it can name a bad one.
             raise SystemExit(2) from None
         raise  # cli.py prints it: one line, exit 2
 
