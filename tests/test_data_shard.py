@@ -20,7 +20,7 @@ from scaleladder.data import synthetic
 from scaleladder.data.cli import main as shard
 from scaleladder.data.errors import DataError
 from scaleladder.data.manifest import read_manifest, sha256_file
-from scaleladder.data.shard import ShardOptions, write_shard_set
+from scaleladder.data.shard import MAX_BYTES_AFTER_EOI, ShardOptions, prepare_image, write_shard_set
 from scaleladder.data.sources import iter_synthetic
 
 PY = sys.executable
@@ -89,11 +89,14 @@ def test_tar_headers_are_fixed_and_keys_have_no_dots(tmp_path: Path) -> None:
     assert shard(["--out", str(tmp_path / "s"), "--samples", "5", "--per-shard", "5", "--image-size", "24", "--quiet"]) == 0
     with tarfile.open(tmp_path / "s" / "synthetic-000000.tar") as tar:
         members = tar.getmembers()
-    assert len(members) == 5 * 4  # jpg, txt, cls, json per sample
+    members_by_key: dict[str, set[str]] = {}
     for m in members:
         assert (m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) == (0, 0, 0, "", "", 0o444)
-        key, _ext = m.name.split(".", 1)
-        assert key.isdigit() and "." not in key
+        # WebDataset's key is the name up to its FIRST dot: exactly one dot keeps KEY.ext whole.
+        assert m.name.count(".") == 1, m.name
+        key, ext = m.name.split(".")
+        members_by_key.setdefault(key, set()).add(ext)
+    assert members_by_key == {f"{i:09d}": {"jpg", "txt", "cls", "json"} for i in range(5)}
 
 
 # -- round trip -------------------------------------------------------------------------
@@ -197,6 +200,40 @@ def test_corrupt_and_truncated_jpeg(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert rows[3][0] in m.info["skipped"]["examples"][0]
 
 
+def test_zero_padded_jpeg_is_caught(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A partly downloaded file: preallocated at full size, only its first half written.
+    photos = tmp_path / "photos"
+    rows = _photo_folder(photos, 4)
+    path = photos / rows[0][0]
+    good = path.read_bytes()
+    cut = len(good) // 2
+    padded = good[:cut] + bytes(len(good) - cut)
+    with Image.open(io.BytesIO(padded)) as img:
+        img.load()  # the trap: PIL decodes it without complaint, the zeros read as image data
+    path.write_bytes(padded)
+    out = tmp_path / "s"
+    _fails(capsys, ["--images", str(photos), "--out", str(out)], rows[0][0], "end-of-image marker")
+    assert not out.exists() and _no_leftovers(tmp_path) == []
+    assert shard(["--images", str(photos), "--out", str(out), "--skip-bad", "--quiet"]) == 0
+    m = read_manifest(out)
+    assert m.samples == 3 and m.info["skipped"]["by_reason"] == {"corrupt_image": 1}
+
+
+def test_jpeg_end_marker_rules() -> None:
+    good = synthetic.make_sample(0, 1, 32).jpeg
+    assert prepare_image(good, None)[0] == good
+    prepare_image(good + bytes(100), None)  # a little padding after FF D9 (some encoders): fine
+    with pytest.raises(ValueError, match=f"{MAX_BYTES_AFTER_EOI + 1} bytes after the JPEG end-of-image marker"):
+        prepare_image(good + bytes(MAX_BYTES_AFTER_EOI + 1), None)
+    # An embedded thumbnail (in an APPn segment, before the scans) has its own FF D9,
+    # which must not pass for the end of a main image that was cut short.
+    thumb = synthetic.make_sample(0, 2, 8).jpeg
+    with_thumb = good[:2] + b"\xff\xef" + (len(thumb) + 2).to_bytes(2, "big") + thumb + good[2:]
+    assert prepare_image(with_thumb, None)[1:] == (32, 32)
+    with pytest.raises(ValueError, match="no JPEG end-of-image marker FF D9 after the last scan"):
+        prepare_image(with_thumb[:-20] + bytes(20), None)
+
+
 def test_tar_member_without_caption(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "in.tar"
     with wds.TarWriter(str(src)) as w:
@@ -293,6 +330,55 @@ def test_existing_output_needs_overwrite(tmp_path: Path, capsys: pytest.CaptureF
     assert _files(tmp_path / "s") != before and _no_leftovers(tmp_path) == []
     (tmp_path / "empty").mkdir()  # an empty directory (workflow engines make them) is taken over
     assert shard(["--out", str(tmp_path / "empty"), *base, "--quiet"]) == 0
+
+
+def _swap_fails(monkeypatch: pytest.MonkeyPatch, out: Path, also_restore: bool = False) -> None:
+    """Make the rename of the finished staging directory onto ``out`` fail (and, optionally, the restore)."""
+    real = os.rename
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst) == out and (".partial-" in str(src) or (also_restore and ".old-" in str(src))):
+            raise OSError(f"simulated failure renaming {src}")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def test_failed_overwrite_restores_the_old_set(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    out, base = tmp_path / "s", ["--samples", "4", "--image-size", "16", "--quiet"]
+    assert shard(["--out", str(out), *base]) == 0
+    before = _files(out)
+    _swap_fails(monkeypatch, out)
+    assert shard(["--out", str(out), *base, "--seed", "9", "--overwrite"]) == 1
+    assert "simulated failure" in capsys.readouterr().err
+    assert _files(out) == before and _no_leftovers(tmp_path) == []
+    # Should the restore fail too, the error says where the old set is, and it is kept there.
+    _swap_fails(monkeypatch, out, also_restore=True)
+    assert shard(["--out", str(out), *base, "--seed", "9", "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert "restoring the old set" in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.undo()
+    (kept,) = tmp_path.glob(".s.old-*/s")
+    assert str(kept) in err and _files(kept) == before and not out.exists()
+
+
+def test_progress_has_total_and_eta(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = ShardOptions(per_shard=5, progress_every=0.0, samples=12, expected=20)
+    write_shard_set(iter_synthetic(20, 0, 16), tmp_path / "s", opts, {})
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("shard: 1/12 samples (8%), 0 shards") and "ETA" in lines[0], lines
+    assert lines[-1].startswith("shard: 12/12 samples (100%), 3 shards") and "ETA" not in lines[-1], lines
+    write_shard_set(iter_synthetic(3, 0, 16), tmp_path / "t", ShardOptions(progress_every=0.0), {})
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("shard: 1 samples, 0 shards") and "ETA" not in lines[0], lines  # no total known
+
+
+def test_quiet_is_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--samples", "3", "--image-size", "16"]
+    assert shard(["--out", str(tmp_path / "a"), *base]) == 0
+    assert capsys.readouterr().out.startswith("wrote 3 samples in 1 shards")
+    assert shard(["--out", str(tmp_path / "b"), *base, "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
 
 
 def test_failure_midway_leaves_nothing(tmp_path: Path) -> None:

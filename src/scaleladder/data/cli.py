@@ -18,7 +18,6 @@ import re
 import shlex
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,7 +40,7 @@ def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--out", type=Path, default=None, metavar="DIR", help="shard directory to create (default: data/NAME)")
     out.add_argument("--name", default=None, help="shard file prefix: NAME-000000.tar (default: synthetic, or data)")
     out.add_argument("--per-shard", type=int, default=64, metavar="N", help="samples per shard (default 64)")
-    out.add_argument("--samples", type=int, default=None, metavar="N", help=f"number of samples (synthetic default {SYNTHETIC_SAMPLES}; sources: all)")
+    out.add_argument("--samples", type=int, default=None, metavar="N", help=f"number of samples (synthetic default {SYNTHETIC_SAMPLES}; sources: at most N good ones, default all)")
     out.add_argument("--image-size", type=int, default=None, metavar="PX", help=f"synthetic: image side (default {SYNTHETIC_IMAGE_SIZE}); sources: shrink so the shorter side is PX (default: keep)")
     out.add_argument("--seed", type=int, default=0, help="synthetic data / source shuffling seed (default 0)")
     out.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
@@ -50,7 +49,7 @@ def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
     tg.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N", help=f"train a WordPiece vocabulary of at most N tokens on the captions (default {DEFAULT_VOCAB_SIZE}, fits flava-debug)")
     tg.add_argument("--vocab", type=Path, default=None, metavar="VOCAB_TXT", help="use this BERT vocab.txt instead (e.g. bert-base-uncased for the real FLAVA flavors)")
     parser.add_argument("--skip-bad", action="store_true", help="skip bad samples (counted in the manifest) instead of failing")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors (no progress lines, no summary)")
 
 
 def _canonical_command(args: argparse.Namespace, options: dict[str, Any]) -> str:
@@ -69,19 +68,15 @@ def _canonical_command(args: argparse.Namespace, options: dict[str, Any]) -> str
     return shlex.join(words)
 
 
-def _items(args: argparse.Namespace, samples: int | None, image_size: int | None) -> tuple[Iterator[sources.Item], dict[str, Any]]:
+def _source(args: argparse.Namespace, samples: int | None, image_size: int | None) -> sources.Source:
     if args.wds:
-        shards = sources.expand_shards(list(args.wds))
-        return sources.iter_wds(shards, samples), {"kind": "webdataset", "shards": [str(s) for s in shards]}
+        return sources.wds_source(list(args.wds))
     if args.captions is not None:
-        return (
-            sources.iter_table(args.captions, args.images, args.seed, samples),
-            {"kind": "table", "table": str(args.captions), "images": str(args.images) if args.images else None},
-        )
+        return sources.table_source(args.captions, args.images, args.seed)
     if args.images is not None:
-        return sources.iter_folder(args.images, args.seed, samples), {"kind": "folder", "images": str(args.images)}
+        return sources.folder_source(args.images, args.seed)
     assert samples is not None and image_size is not None
-    return sources.iter_synthetic(samples, args.seed, image_size), {"kind": "synthetic", "seed": args.seed}
+    return sources.synthetic_source(samples, args.seed, image_size)
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -129,7 +124,7 @@ def shard_main(args: argparse.Namespace) -> int:
             "vocab": str(args.vocab) if args.vocab else None,
             "skip_bad": args.skip_bad,
         }
-        items, source = _items(args, samples, image_size)
+        source = _source(args, samples, image_size)
         opts = ShardOptions(
             name=name,
             per_shard=args.per_shard,
@@ -139,9 +134,12 @@ def shard_main(args: argparse.Namespace) -> int:
             vocab_file=args.vocab,
             progress=not args.quiet,
             overwrite=args.overwrite,
+            samples=samples,
+            expected=source.candidates,
+            classes=source.classes,
         )
-        provenance = {"command": _canonical_command(args, options), "options": options, "source": source}
-        manifest = write_shard_set(items, out, opts, provenance)
+        provenance = {"command": _canonical_command(args, options), "options": options, "source": source.describe}
+        manifest = write_shard_set(source.items, out, opts, provenance)
     except DataError as e:
         print(f"scaleladder shard: error: {e}", file=sys.stderr)
         return 2
@@ -154,13 +152,21 @@ def shard_main(args: argparse.Namespace) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    if not args.quiet:
+        _summary(manifest)
+    return 0
+
+
+def _summary(manifest: Path) -> None:
     from scaleladder.data.manifest import read_manifest
 
     m = read_manifest(manifest)
     skipped = m.info["skipped"]["total"]
+    classes = m.info.get("classes")
     print(f"wrote {m.samples} samples in {len(m.shards)} shards to {manifest.parent}"
-          + (f" ({skipped} bad samples skipped)" if skipped else "") + f"; manifest {manifest}")
-    return 0
+          + (f" ({skipped} bad samples skipped)" if skipped else "")
+          + (f"; labels are class names: {len(classes)} classes, ids in the manifest's 'classes'" if classes else "")
+          + f"; manifest {manifest}")
 
 
 def _main_thread() -> bool:

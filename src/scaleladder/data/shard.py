@@ -43,6 +43,13 @@ from scaleladder.data.sources import BadSample, Item, RawSample
 
 JPEG_QUALITY = 90
 MAX_SKIP_EXAMPLES = 20
+PROGRESS_EVERY_S = 2.0
+# Bytes allowed after a JPEG's last end-of-image marker: some encoders and cameras
+# leave a little padding there. A partly downloaded file cut short and padded with
+# zeros (PIL decodes those zeros as image data without complaint) has no marker
+# after its last scan at all.
+MAX_BYTES_AFTER_EOI = 1024
+_SOI, _SOS, _EOI = b"\xff\xd8", b"\xff\xda", b"\xff\xd9"
 
 
 @dataclass
@@ -55,6 +62,10 @@ class ShardOptions:
     vocab_file: Path | None = None
     progress: bool = True
     overwrite: bool = False
+    samples: int | None = None  # stop after this many GOOD samples (None: all)
+    expected: int | None = None  # how many items the source holds, when known (progress total / ETA)
+    classes: list[str] | None = None  # class names when the source's labels are names (id = index)
+    progress_every: float = PROGRESS_EVERY_S
 
 
 class _HashingWriter:
@@ -77,15 +88,38 @@ class _HashingWriter:
         self.f.flush()
 
 
-def prepare_image(data: bytes, image_size: int | None) -> tuple[bytes, int, int]:
-    """Validate (decode) and, if needed, re-encode an image as JPEG. Returns (jpeg, width, height).
+def check_jpeg_end(data: bytes) -> None:
+    """Raise ValueError unless the JPEG ends with an end-of-image marker after its last scan.
 
-    Only a decode is a reliable test: ``Image.verify()`` misses truncated JPEGs,
-    which PIL notices when it runs out of data for the last scanlines. JPEGs are
-    decoded in "draft" mode (DCT-scaled, 1/8 or just above the target size): every
-    byte of entropy-coded data is still read, so truncation is still caught, at
-    about half the cost of a full decode.
+    The marker must follow the last start-of-scan (an EXIF thumbnail carries its own
+    FF D9 before the main image's scans), and at most ``MAX_BYTES_AFTER_EOI`` bytes may
+    follow the last one. Entropy-coded data cannot hold FF D9 (a coded FF is always
+    followed by 00 or a restart marker), so a marker there is a real end.
     """
+    eoi, sos = data.rfind(_EOI), data.rfind(_SOS)
+    if eoi < 0 or eoi < sos:
+        raise ValueError("corrupt or truncated image (no JPEG end-of-image marker FF D9 after the last scan: "
+                         "cut short, or padded with zeros after a cut)")
+    trailing = len(data) - eoi - len(_EOI)
+    if trailing > MAX_BYTES_AFTER_EOI:
+        raise ValueError(f"corrupt or truncated image ({trailing} bytes after the JPEG end-of-image marker, "
+                         f"at most {MAX_BYTES_AFTER_EOI} allowed)")
+
+
+def prepare_image(data: bytes, image_size: int | None) -> tuple[bytes, int, int]:
+    """Validate and, if needed, re-encode an image as JPEG. Returns (jpeg, width, height).
+
+    Validation is a decode plus, for JPEGs, :func:`check_jpeg_end`. Only a decode is
+    a reliable test: ``Image.verify()`` misses truncated JPEGs, which PIL notices
+    when it runs out of data for the last scanlines. JPEGs are decoded in "draft"
+    mode (DCT-scaled, 1/8 or just above the target size), not fully: every byte of
+    entropy-coded data is still read, so truncation is still caught, at about half
+    the cost of a full decode. Trap: a file cut short and then padded with zeros
+    (a preallocated, partly downloaded file) decodes without error, the zeros read
+    as image data; only the missing end-of-image marker shows it.
+    """
+    if data[:2] == _SOI:
+        check_jpeg_end(data)
     try:
         with Image.open(io.BytesIO(data)) as img:
             fmt, (w, h) = img.format, img.size
@@ -113,10 +147,15 @@ def prepare_image(data: bytes, image_size: int | None) -> tuple[bytes, int, int]
 
 
 class _Progress:
-    """One stderr line at most every ``every`` seconds, so short runs stay quiet."""
+    """One stderr line at most every ``every`` seconds, so short runs stay quiet.
 
-    def __init__(self, enabled: bool, every: float = 2.0) -> None:
-        self.enabled, self.every = enabled, every
+    With a known total (the source's item count, capped by ``--samples``) it adds the
+    percentage and an ETA from the rate so far. Skipped items never count, so with
+    ``--skip-bad`` the total is an upper bound and the ETA a little pessimistic.
+    """
+
+    def __init__(self, enabled: bool, every: float, total: int | None) -> None:
+        self.enabled, self.every, self.total = enabled, every, total
         self.start = self.last = time.monotonic()
 
     def update(self, samples: int, shards: int, nbytes: int, final: bool = False) -> None:
@@ -124,8 +163,20 @@ class _Progress:
         if not self.enabled or (not final and now - self.last < self.every):
             return
         self.last = now
-        rate = nbytes / 1e6 / max(now - self.start, 1e-9)
-        print(f"shard: {samples} samples, {shards} shards, {nbytes / 1e6:.1f} MB, {rate:.1f} MB/s", file=sys.stderr, flush=True)
+        elapsed = max(now - self.start, 1e-9)
+        done = f"{samples}/{self.total} samples ({100 * samples / self.total:.0f}%)" if self.total else f"{samples} samples"
+        line = (f"shard: {done}, {shards} shards, {nbytes / 1e6:.1f} MB, "
+                f"{nbytes / 1e6 / elapsed:.1f} MB/s, {samples / elapsed:.0f} samples/s")
+        if self.total and samples and not final:
+            line += f", ETA {_duration(max(self.total - samples, 0) * elapsed / samples)}"
+        print(line, file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
@@ -150,8 +201,19 @@ def _place(staging: Path, out: Path, overwrite: bool) -> None:
         if not overwrite:
             raise DataError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
         trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.rename(out, trash / out.name)
-        os.rename(staging, out)
+        old = trash / out.name
+        os.rename(out, old)
+        try:
+            os.rename(staging, out)
+        except BaseException:
+            # Put the old set back: a failed (or interrupted) --overwrite must leave
+            # what was there, not a hidden .NAME.old-* directory and no ``out``.
+            try:
+                os.rename(old, out)
+            except OSError as e:
+                raise OSError(f"{out}: replacing it failed, and so did restoring the old set, which is in {old} ({e})") from None
+            shutil.rmtree(trash, ignore_errors=True)
+            raise
         shutil.rmtree(trash, ignore_errors=True)
         return
     if out.exists():
@@ -197,7 +259,8 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
     shards: list[dict[str, Any]] = []
     captions: list[str] = []
     stats = _Stats()
-    progress = _Progress(opts.progress)
+    known = [x for x in (opts.samples, opts.expected) if x is not None]
+    progress = _Progress(opts.progress, opts.progress_every, min(known) if known else None)
     total_bytes = 0
     sink: _HashingWriter | None = None
     raw: BinaryIO | None = None
@@ -262,8 +325,13 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
             if in_shard == opts.per_shard:
                 close_shard()
             progress.update(n, len(shards), total_bytes + (sink.size if sink else 0))
+            if n == opts.samples:
+                break  # counted after validation, so --samples N --skip-bad still writes N good ones
         close_shard()
     finally:
+        close_items = getattr(items, "close", None)
+        if close_items is not None:
+            close_items()  # a source generator stopped early holds an open tar or table
         # Failed mid-shard: release the half-written tar before the staging cleanup
         # (closing the tar stream first, or its __del__ later writes to a closed file).
         if writer is not None:
@@ -273,7 +341,8 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
     progress.update(n, len(shards), total_bytes, final=n > 0 and time.monotonic() - progress.start > progress.every)
 
     if n == 0:
-        raise DataError(f"no samples to write ({sum(stats.skipped.values())} skipped as bad)")
+        first = f"; first: {stats.examples[0]}" if stats.examples else ""
+        raise DataError(f"no samples to write ({sum(stats.skipped.values())} skipped as bad{first})")
 
     tok = tokmod.from_vocab_file(opts.vocab_file) if opts.vocab_file else tokmod.train_wordpiece(captions, opts.vocab_size)
     tok_path = tokmod.save(tok, staging)
@@ -283,6 +352,7 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
     info: dict[str, Any] = {
         **provenance,
         "members": {"image": "jpg", "caption": "txt", "label": "cls", "meta": "json"},
+        "classes": opts.classes,
         "tokenizer": {
             "path": tok_path.name,
             "vocab_size": tok.get_vocab_size(),
@@ -298,7 +368,8 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
             "caption_words": _summary(stats.words),
             "caption_tokens": _summary(lengths),
             "labelled": labelled,
-            "num_classes": (max(stats.labels) + 1) if labelled else None,
+            # Named classes count even when all of a class's samples were skipped: ids are fixed by the names.
+            "num_classes": max(max(stats.labels, default=-1) + 1, len(opts.classes or [])) if labelled else None,
             "label_counts": {str(k): v for k, v in sorted(stats.labels.items())},
         },
         "skipped": {

@@ -7,6 +7,11 @@ file and key). The writer decides: raise on the first bad one, or with
 empty folder, a table without a caption column) raise :class:`DataError` at once:
 there is nothing to skip to.
 
+A source is a :class:`Source`: its items, plus what is known before reading them
+(how many candidates there are, for progress; the class names, when labels are
+names: see :mod:`labels`). Sources do not apply ``--samples``: the writer stops
+after N *good* samples, so that ``--samples N --skip-bad`` still writes N.
+
 Sources:
 
 * ``synthetic`` (the default): :mod:`scaleladder.data.synthetic`;
@@ -25,10 +30,11 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from scaleladder.data import synthetic
 from scaleladder.data.errors import DataError
+from scaleladder.data.labels import Labels
 
 IMAGE_SUFFIXES: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 IMAGE_MEMBERS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
@@ -50,20 +56,20 @@ class RawSample:
 @dataclass(frozen=True)
 class BadSample:
     origin: str
-    reason: str  # a short kind: corrupt_image | no_caption | missing_file | no_image | bad_label | bad_row | corrupt_tar
+    reason: str  # corrupt_image | no_caption | missing_file | no_image | bad_label | bad_row | corrupt_tar | empty_tar
     message: str  # one line naming the file and key
 
 
 Item = RawSample | BadSample
+INTEGER_LABELS = Labels(())  # sidecar .cls files: integers only
 
 
-def _parse_label(text: str | int | None) -> int | None:
-    if text is None or text == "":
-        return None
-    label = int(str(text).strip())
-    if label < 0:
-        raise ValueError(f"negative label {label}")
-    return label
+@dataclass
+class Source:
+    items: Iterator[Item]
+    describe: dict[str, Any]  # the manifest's "source"
+    candidates: int | None = None  # items to expect, when known up front (progress total and ETA)
+    classes: list[str] | None = None  # when labels are class names: label id = index
 
 
 # -- synthetic --------------------------------------------------------------------------
@@ -73,6 +79,10 @@ def iter_synthetic(samples: int, seed: int, image_size: int) -> Iterator[Item]:
     for i in range(samples):
         s = synthetic.make_sample(seed, i, image_size)
         yield RawSample(f"synthetic sample {i}", s.jpeg, s.caption, s.label, {"index": i})
+
+
+def synthetic_source(samples: int, seed: int, image_size: int) -> Source:
+    return Source(iter_synthetic(samples, seed, image_size), {"kind": "synthetic", "seed": seed}, samples)
 
 
 # -- a folder of images with sidecar captions ------------------------------------------
@@ -87,16 +97,21 @@ def list_images(folder: Path) -> list[Path]:
     return images
 
 
-def _shuffled(items: list[Any], seed: int, limit: int | None) -> list[Any]:
+def _shuffled(items: list[Any], seed: int) -> list[Any]:
     # Folders are often sorted by class; shuffle once here (seeded, so still
     # reproducible) so that shards mix classes and a shard-level resample is fair.
     items = list(items)
     random.Random(seed).shuffle(items)
-    return items[:limit] if limit is not None else items
+    return items
 
 
-def iter_folder(folder: Path, seed: int, limit: int | None) -> Iterator[Item]:
-    for path in _shuffled(list_images(folder), seed, limit):
+def folder_source(folder: Path, seed: int) -> Source:
+    images = _shuffled(list_images(folder), seed)
+    return Source(_iter_folder(folder, images), {"kind": "folder", "images": str(folder)}, len(images))
+
+
+def _iter_folder(folder: Path, images: list[Path]) -> Iterator[Item]:
+    for path in images:
         rel = path.relative_to(folder).as_posix()
         txt = path.with_suffix(".txt")
         if not txt.is_file():
@@ -108,7 +123,7 @@ def iter_folder(folder: Path, seed: int, limit: int | None) -> Iterator[Item]:
             continue
         cls = path.with_suffix(".cls")
         try:
-            label = _parse_label(cls.read_text().strip()) if cls.is_file() else None
+            label = INTEGER_LABELS(cls.read_text()) if cls.is_file() else None
         except ValueError:
             yield BadSample(rel, "bad_label", f"{cls}: label is not a non-negative integer")
             continue
@@ -155,7 +170,7 @@ def _read_table(table: Path) -> tuple[list[tuple[int, dict[str, Any] | None, str
     return rows, columns
 
 
-def iter_table(table: Path, images: Path | None, seed: int, limit: int | None) -> Iterator[Item]:
+def table_source(table: Path, images: Path | None, seed: int) -> Source:
     """Rows of ``table``; relative paths are relative to ``images`` (default: the table's folder)."""
     rows, columns = _read_table(table)
     base = images if images is not None else table.parent
@@ -166,7 +181,15 @@ def iter_table(table: Path, images: Path | None, seed: int, limit: int | None) -
         raise DataError(f"{table}: no path column (expected one of {', '.join(PATH_COLUMNS)})")
     if cap_col is None:
         raise DataError(f"{table}: no caption column (expected one of {', '.join(CAPTION_COLUMNS)})")
-    for n, row, err in _shuffled(rows, seed, limit):
+    labels = Labels(row.get(label_col) for _n, row, _e in rows if row is not None) if label_col else INTEGER_LABELS
+    describe = {"kind": "table", "table": str(table), "images": str(images) if images else None}
+    items = _iter_table(table, base, _shuffled(rows, seed), path_col, cap_col, label_col, labels)
+    return Source(items, describe, len(rows), labels.classes)
+
+
+def _iter_table(table: Path, base: Path, rows: list[tuple[int, dict[str, Any] | None, str]], path_col: str, cap_col: str,
+                label_col: str | None, labels: Labels) -> Iterator[Item]:
+    for n, row, err in rows:
         where = f"{table.name}:{n}"
         if row is None:
             yield BadSample(where, "bad_row", f"{table}:{n}: {err}")
@@ -180,10 +203,11 @@ def iter_table(table: Path, images: Path | None, seed: int, limit: int | None) -
         if not caption:
             yield BadSample(where, "no_caption", f"{table}:{n} ({path_col}={rel!r}): empty {cap_col!r}")
             continue
+        raw = row.get(label_col) if label_col else None
         try:
-            label = _parse_label(row.get(label_col)) if label_col else None
-        except ValueError:
-            yield BadSample(where, "bad_label", f"{table}:{n} ({label_col}={row.get(label_col)!r}): not a non-negative integer")
+            label = labels(raw)
+        except ValueError as e:
+            yield BadSample(where, "bad_label", f"{table}:{n} ({label_col}={raw!r}): bad label ({e})")
             continue
         yield RawSample(f"{table}:{n} ({path_col}={rel!r})", path.read_bytes(), caption, label, {"source": rel})
 
@@ -216,10 +240,15 @@ def expand_shards(specs: list[str]) -> list[Path]:
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's rule: key = up to the first dot of the basename
 
 
-def _tar_groups(shard: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+def _tar_groups(shard: Path, mode: Literal["r|*", "r:*"] = "r|*", only: frozenset[str] | None = None) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """(key, {ext: data}) per run of members with one key, in tar order (as WebDataset groups them).
+
+    ``only``: read the data of these extensions only (others map to b""); with a
+    seekable ``mode`` ("r:*") the rest is skipped without being read.
+    """
     current: str | None = None
     group: dict[str, bytes] = {}
-    with tarfile.open(shard, mode="r|*") as tar:
+    with tarfile.open(shard, mode=mode) as tar:
         for member in tar:
             if not member.isreg():
                 continue
@@ -227,8 +256,10 @@ def _tar_groups(shard: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
             if not m:
                 continue
             key, ext = m.group(1), m.group(2).lower()
-            f = tar.extractfile(member)
-            data = f.read() if f is not None else b""
+            data = b""
+            if only is None or ext in only:
+                f = tar.extractfile(member)
+                data = f.read() if f is not None else b""
             if key != current:
                 if current is not None:
                     yield current, group
@@ -238,18 +269,16 @@ def _tar_groups(shard: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         yield current, group
 
 
-def _caption_label(group: dict[str, bytes]) -> tuple[str, str | None, dict[str, Any]]:
-    meta: dict[str, Any] = {}
-    if "json" in group:
-        try:
-            meta = json.loads(group["json"])
-            if not isinstance(meta, dict):
-                meta = {}
-        except ValueError:
-            meta = {}
-    caption = group["txt"].decode("utf-8", "replace").strip() if "txt" in group else str(meta.get("caption") or "").strip()
-    label = group["cls"].decode().strip() if "cls" in group else meta.get("label")
-    return caption, (None if label is None else str(label)), meta
+def _meta(group: dict[str, bytes]) -> dict[str, Any]:
+    try:
+        meta = json.loads(group["json"]) if "json" in group else {}
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _raw_label(group: dict[str, bytes], meta: dict[str, Any]) -> object:
+    return group["cls"].decode("utf-8", "replace") if "cls" in group else meta.get("label")
 
 
 def _has_end_marker(shard: Path) -> bool:
@@ -263,34 +292,61 @@ def _has_end_marker(shard: Path) -> bool:
         return f.read(1024) == bytes(1024)
 
 
-def iter_wds(shards: list[Path], limit: int | None) -> Iterator[Item]:
-    n = 0
+def _scan_wds(shards: list[Path]) -> tuple[int, Labels]:
+    """(samples, labels) of the input shards, reading only tar headers and the small cls/json members.
+
+    Costs a second pass over the headers (the image data is skipped, not read): the
+    label ids must be fixed before the first sample is written.
+    """
+    samples, raw = 0, []
+    for shard in shards:
+        try:
+            for _key, group in _tar_groups(shard, "r:*", frozenset({"cls", "json"})):
+                samples += 1
+                raw.append(_raw_label(group, _meta(group)))
+        except (tarfile.TarError, EOFError, OSError):
+            pass  # the reading pass reports the damage, naming the shard
+    return samples, Labels(raw)
+
+
+def wds_source(specs: list[str]) -> Source:
+    shards = expand_shards(specs)
+    samples, labels = _scan_wds(shards)
+    describe = {"kind": "webdataset", "shards": [str(s) for s in shards]}
+    return Source(_iter_wds(shards, labels), describe, samples, labels.classes)
+
+
+def _iter_wds(shards: list[Path], labels: Labels) -> Iterator[Item]:
     for shard in shards:
         if not _has_end_marker(shard):
             # Reported first (so it is the error without --skip-bad); with --skip-bad the
             # intact samples before the cut are still read.
             yield BadSample(shard.name, "corrupt_tar", f"{shard}: truncated tar (no end-of-archive blocks)")
+        groups = 0
         try:
             for key, group in _tar_groups(shard):
-                if limit is not None and n >= limit:
-                    return
+                groups += 1
                 where = f"{shard}: key {key}"
                 image_ext = next((e for e in IMAGE_MEMBERS if e in group), None)
                 if image_ext is None:
                     yield BadSample(where, "no_image", f"{shard}: key {key} has no image member ({'/'.join(IMAGE_MEMBERS)})")
                     continue
-                caption, label_text, meta = _caption_label(group)
+                meta = _meta(group)
+                caption = group["txt"].decode("utf-8", "replace").strip() if "txt" in group else str(meta.get("caption") or "").strip()
                 if not caption:
                     yield BadSample(where, "no_caption", f"{shard}: key {key} has no caption (no txt member, no 'caption' in json)")
                     continue
+                raw = _raw_label(group, meta)
                 try:
-                    label = _parse_label(label_text)
-                except ValueError:
-                    yield BadSample(where, "bad_label", f"{shard}: key {key} label {label_text!r} is not a non-negative integer")
+                    label = labels(raw)
+                except ValueError as e:
+                    yield BadSample(where, "bad_label", f"{shard}: key {key} label {raw!r}: bad label ({e})")
                     continue
                 keep: dict[str, Any] = {k: meta[k] for k in ("url", "key", "width", "height") if k in meta}
-                n += 1
                 yield RawSample(where, group[image_ext], caption, label, {"source": f"{shard.name}:{key}", **keep})
         except (tarfile.TarError, EOFError, OSError) as e:
             # A truncated or corrupt tar: what was read before the damage is kept.
             yield BadSample(shard.name, "corrupt_tar", f"{shard}: truncated or corrupt tar ({e})")
+            continue
+        if groups == 0:
+            yield BadSample(shard.name, "empty_tar", f"{shard}: tar holds no samples")
