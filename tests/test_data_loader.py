@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 import socket
@@ -11,17 +12,21 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import webdataset as wds
+from PIL import Image
 from tokenizers import Tokenizer
 
+from scaleladder.data import synthetic
 from scaleladder.data.cli import main as shard
 from scaleladder.data.errors import DataError
 from scaleladder.data.loader import assign_shards, make_loader
-from scaleladder.data.manifest import read_manifest
+from scaleladder.data.manifest import read_manifest, sha256_file
 from scaleladder.data.readers import Reader
 from scaleladder.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from scaleladder.data.transforms import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD
 from scaleladder.models.flavors import get_flavor
 from scaleladder.spec import SpecError
 
@@ -56,12 +61,52 @@ def test_exact_step_count_beyond_one_pass(small: Path, workers: int) -> None:
     assert list(_load(small, local_batch=8, steps=12, workers=workers)) != []  # iterable again
 
 
-def test_vit_batches_and_round_trip_labels(small: Path) -> None:
-    (batch,) = list(_load(small, flavor=VIT, local_batch=16, steps=1))
-    assert set(batch) == {"image", "label"}
-    assert batch["image"].shape == (16, 3, VIT.image_size, VIT.image_size)
-    counts = read_manifest(small).info["stats"]["label_counts"]
-    assert set(map(str, batch["label"].tolist())) <= set(counts)
+def _written(d: Path) -> dict[str, dict]:
+    """What the shards hold, by key."""
+    return {x["__key__"]: x for s in read_manifest(d).shards for x in wds.WebDataset(str(s.path), shardshuffle=False)}
+
+
+def _pixels(image: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """A normalised CHW tensor back to HWC in [0, 1]."""
+    return image.numpy().transpose(1, 2, 0) * np.asarray(std) + np.asarray(mean)
+
+
+def _source_pixels(key: str, size: int) -> np.ndarray:
+    """The image `_make` generated for ``key`` (seed 0, 32 px), at ``size``, HWC in [0, 1]."""
+    img = Image.open(io.BytesIO(synthetic.make_sample(0, int(key), 32).jpeg)).convert("RGB")
+    return np.asarray(img.resize((size, size), Image.Resampling.BICUBIC), np.float32) / 255
+
+
+def test_vit_round_trip_by_key(small: Path) -> None:
+    written = _written(small)
+    S = VIT.image_size
+    seen = set()
+    for batch in _load(small, flavor=VIT, local_batch=8, steps=4, augment=False, keys=True):
+        assert set(batch) == {"image", "label", "__key__"} and batch["image"].shape == (8, 3, S, S)
+        for key, label, image in zip(batch["__key__"], batch["label"], batch["image"]):
+            assert int(label) == int(written[key]["cls"]) == synthetic.make_sample(0, int(key), 32).label
+            got = _pixels(image, IMAGENET_MEAN, IMAGENET_STD)
+            assert np.abs(got - _source_pixels(key, S)).mean() < 0.01, key  # the same picture, unflipped, uncropped
+            other = f"{(int(key) + 1) % len(written):09d}"
+            assert np.abs(got - _source_pixels(other, S)).mean() > 0.05  # (which another sample's is not)
+            seen.add(key)
+    assert len(seen) >= 16
+
+
+def test_flava_round_trip_by_key(small: Path) -> None:
+    written = _written(small)
+    tok = load_tokenizer(small)
+    S = FLAVA.image_size
+    for batch in _load(small, local_batch=8, steps=2, augment=False, keys=True):
+        assert batch["itm_labels"].tolist() == [1] * 8  # no negatives swapped in
+        assert batch["image_for_codebook"].shape == (8, 3, S // 2, S // 2)
+        for key, text, image in zip(batch["__key__"], batch["text"], batch["image"]):
+            caption = written[key]["txt"].decode()
+            assert caption == synthetic.make_sample(0, int(key), 32).caption
+            full = tok.encode(caption).ids  # [CLS] ... [SEP]; truncation keeps the [SEP]
+            expected = full if len(full) <= FLAVA.text_len else full[:FLAVA.text_len - 1] + full[-1:]
+            assert [int(i) for i in text if i != 0] == expected, key
+            assert np.abs(_pixels(image, CLIP_MEAN, CLIP_STD) - _source_pixels(key, S)).mean() < 0.01, key
 
 
 def test_flava_text_round_trip(small: Path) -> None:
@@ -110,20 +155,29 @@ def test_fewer_shards_than_readers(tmp_path: Path) -> None:
         _load(one, rank=1, world=2, workers=2, resample=False)
 
 
-def test_checksum_mismatch_names_the_shard(tmp_path: Path) -> None:
-    d = _make(tmp_path / "s", 8, 4)
-    target = read_manifest(d).shards[1].path
-    data = bytearray(target.read_bytes())
-    data[700] ^= 0xFF  # same size, different bytes
-    target.write_bytes(bytes(data))
-    for workers in (0, 1):
+def _corrupt(path: Path, at: int = 700) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF  # same size, different bytes: only the sha256 can tell
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_shard_fails_before_the_first_batch(tmp_path: Path) -> None:
+    d = _make(tmp_path / "s", 8, 2)
+    entry = read_manifest(d).shards[3]
+    _corrupt(entry.path)
+    actual = sha256_file(entry.path)
+    # make_loader itself raises: no batch is drawn, no worker started. Without a process
+    # group to share verdicts over, a rank hashes every shard, so rank 0 finds shard 3 too.
+    for kw in ({}, {"workers": 2}, {"world": 2, "rank": 0}, {"world": 2, "rank": 1}):
         with pytest.raises(DataError) as e:
-            list(_load(d, steps=4, local_batch=4, workers=workers))
+            _load(d, **kw)
         msg = str(e.value)
-        assert target.name in msg and "sha256" in msg and "\n" not in msg, msg
-    target.write_bytes(bytes(data[:-512]))
-    with pytest.raises(DataError, match=f"{target.name}: shard is .* bytes"):
-        _load(d)  # size is checked up front, before any worker starts
+        assert msg.startswith(f"{entry.path}: sha256 is {actual}, but manifest.json expects {entry.sha256}"), msg
+        assert "\n" not in msg
+    assert len(list(_load(d, verify=False, steps=1))) == 1  # verify=False: sizes only
+    entry.path.write_bytes(entry.path.read_bytes()[:-512])
+    with pytest.raises(DataError, match=f"{entry.path.name}: shard is .* bytes"):
+        _load(d, verify=False)  # the size is checked even then
 
 
 def test_missing_manifest_and_shard(tmp_path: Path) -> None:
@@ -135,7 +189,7 @@ def test_missing_manifest_and_shard(tmp_path: Path) -> None:
         _load(d)
 
 
-def test_vocabulary_must_fit_the_model(tmp_path: Path) -> None:
+def test_vocabulary_must_fit_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     vocab = tmp_path / "vocab.txt"
     words = list(SPECIAL_TOKENS) + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [f"##{chr(c)}" for c in range(ord("a"), ord("z") + 1)]
     words += [f"word{i}" for i in range(2000 - len(words))]
@@ -146,6 +200,26 @@ def test_vocabulary_must_fit_the_model(tmp_path: Path) -> None:
         _load(d)
     (batch,) = list(_load(d, flavor=get_flavor("flava-350m"), steps=1, local_batch=1))  # 30522 >= 2000
     assert batch["text"].shape == (1, 77)
+    vocab.write_text("\n".join(words[:FLAVA.vocab_size]) + "\n")
+    _make(tmp_path / "exact", 4, 4, "--vocab", str(vocab))
+    capsys.readouterr()
+    assert _load(tmp_path / "exact").record_attrs() == {"tokenizer_vocab_size": FLAVA.vocab_size}
+    assert capsys.readouterr().err == ""  # equal sizes: nothing to say
+
+
+def test_smaller_tokenizer_is_allowed_and_said(small: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    size = read_manifest(small).tokenizer_vocab_size
+    assert size is not None and size < FLAVA.vocab_size
+    loader = _load(small, steps=1)
+    err = capsys.readouterr().err
+    assert err == (f"scaleladder: note: tokenizer {small / 'tokenizer.json'} has {size} tokens, model flava-debug keeps "
+                   f"its published vocabulary of 1024 (so FLOPs and memory match the seeds): {1024 - size} embedding rows "
+                   "go unused\n"), err
+    assert loader.record_attrs() == {"tokenizer_vocab_size": size}
+    _load(small, steps=1, world=2, rank=1)
+    assert capsys.readouterr().err == ""  # said once, by rank 0
+    assert _load(small, flavor=VIT, steps=1).record_attrs() == {}  # ViT reads no text
+    assert capsys.readouterr().err == ""
 
 
 def test_vocab_txt_needs_pad_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,22 +264,24 @@ RANK_SCRIPT = textwrap.dedent(
     import torch, torch.distributed as dist
     from scaleladder.data.loader import make_loader
     from scaleladder.models.flavors import get_flavor
-    rank, world, port, manifest, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    manifest, out, steps = sys.argv[4], sys.argv[5].format(rank=rank), int(sys.argv[6])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
-    steps = 0
-    labels = []
+    done = 0
+    labels, keys = [], []
     for batch in make_loader(manifest, get_flavor("vit-debug"), local_batch=4, rank=rank, world=world,
-                             steps=7, workers=2, seed=0, pin_memory=True):
+                             steps=steps, workers=2, seed=0, pin_memory=True, keys=True):
         t = torch.ones(1)
         dist.all_reduce(t)  # a DDP step: would hang (then time out) if the other rank had stopped
         assert t.item() == world
-        steps += 1
+        done += 1
         labels += batch["label"].tolist()
-    counts = torch.tensor([steps])
+        keys.append(batch["__key__"])
+    counts = torch.tensor([done])
     gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(gathered, counts)
-    json.dump({"steps": steps, "all": [int(g) for g in gathered], "labels": labels}, open(out, "w"))
+    json.dump({"steps": done, "all": [int(g) for g in gathered], "labels": labels, "keys": keys}, open(out, "w"))
     dist.destroy_process_group()
     """
 )
@@ -217,23 +293,102 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run_ranks(script: str, tmp_path: Path, *args: str, world: int = 2, timeout: float = 90) -> list[tuple[int, str]]:
+    """Run ``script`` as ranks 0..world-1 (argv: rank world port *args); (return code, output) per rank."""
+    path = tmp_path / "rank.py"
+    path.write_text(script)
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen([sys.executable, str(path), str(r), str(world), port, *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
+    ]
+    try:
+        return [(p.wait(timeout=timeout), p.communicate()[0]) for p in procs]
+    finally:
+        for p in procs:  # a hung rank fails the test instead of outliving it
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+GLOO_STEPS, GLOO_BATCH, GLOO_WORKERS = 12, 4, 2  # as RANK_SCRIPT loads
+
+
 @pytest.mark.slow
 def test_two_gloo_ranks_take_the_same_number_of_steps(small: Path, tmp_path: Path) -> None:
-    # 5 unequal shards over 2 ranks x 2 workers: rank 0 owns 3 shards (36 samples),
-    # rank 1 owns 2 (32); 7 steps x 4 = 28 samples each, with every worker's stream
-    # wrapping around. Both ranks must do exactly 7 collective steps.
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    port = _free_port()
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), "2", str(port), str(small), str(tmp_path / f"r{r}.json")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=90)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out
+    # 5 unequal shards (16, 16, 16, 16, 4) over 2 ranks x 2 workers: rank 0 owns 36 samples,
+    # rank 1 owns 32; the readers 20, 16 | 16, 16. The loader takes batches from its workers
+    # in turn, so each worker makes 12 / 2 = 6 batches of 4 = 24 samples: more than one pass
+    # over any reader's shards, so every stream must go on past its end. Check that
+    # arithmetic, so that a change to the fixture cannot quietly make the test toothless.
+    #
+    # What a stream that ends would do: webdataset's with_epoch RESTARTS an exhausted
+    # loader, so the step counts would still match (no hang), but the restart spawns new
+    # workers mid-run and, every generator seeded afresh, replays the same batches: rank 1
+    # would repeat its first 4 batches as steps 9-12. Hence the no-replay check below.
+    shards = read_manifest(small).shards
+    for rank in range(2):
+        for worker in range(GLOO_WORKERS):
+            own = assign_shards(shards, Reader(rank, 2, worker, GLOO_WORKERS), resample=True)
+            assert GLOO_STEPS // GLOO_WORKERS > sum(s.nsamples for s in own) // GLOO_BATCH, (rank, worker)
+    outs = _run_ranks(RANK_SCRIPT, tmp_path, str(small), str(tmp_path / "r{rank}.json"), str(GLOO_STEPS))
+    for rc, out in outs:
+        assert rc == 0, out
     results = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
-    assert [r["steps"] for r in results] == [7, 7]
-    assert results[0]["all"] == results[1]["all"] == [7, 7]
-    assert all(len(r["labels"]) == 28 for r in results)
+    assert [r["steps"] for r in results] == [GLOO_STEPS, GLOO_STEPS]
+    assert results[0]["all"] == results[1]["all"] == [GLOO_STEPS, GLOO_STEPS]
+    assert all(len(r["labels"]) == GLOO_STEPS * GLOO_BATCH for r in results)
+    for r in results:
+        batches = [tuple(k) for k in r["keys"]]
+        assert len(set(batches)) == len(batches), f"a batch was replayed: the loader restarted ({batches})"
+
+
+PREFLIGHT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, datetime
+    import torch.distributed as dist
+    from scaleladder.data import manifest as mf
+    from scaleladder.data.loader import make_loader
+    from scaleladder.models.flavors import get_flavor
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    manifest, out = sys.argv[4], sys.argv[5].format(rank=rank)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=20))
+    hashed, real = [], mf.sha256_file
+    def spy(path, *args):
+        hashed.append(path.name)
+        return real(path, *args)
+    mf.sha256_file = spy  # what verify_shard calls
+    try:
+        make_loader(manifest, get_flavor("vit-debug"), local_batch=2, rank=rank, world=world, steps=1, workers=0,
+                    seed=0, pin_memory=False)
+        error = None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    json.dump({"hashed": hashed, "error": error}, open(out, "w"))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_gloo_ranks_split_the_checksums_and_share_the_verdict(tmp_path: Path) -> None:
+    d = _make(tmp_path / "s", 10, 2)
+    names = [s.path.name for s in read_manifest(d).shards]
+
+    def ranks() -> list[dict]:
+        for rc, out in _run_ranks(PREFLIGHT_SCRIPT, tmp_path, str(d), str(tmp_path / "p{rank}.json"), timeout=60):
+            assert rc == 0, out
+        return [json.loads((tmp_path / f"p{r}.json").read_text()) for r in range(2)]
+
+    ok = ranks()
+    assert [r["hashed"] for r in ok] == [names[0::2], names[1::2]]  # every shard once, half each
+    assert [r["error"] for r in ok] == [None, None]
+    # A corrupt shard in rank 1's half: both ranks fail before the first batch, rank 0 with
+    # rank 1's finding (without sharing it, rank 0 would train on and wait for rank 1 forever).
+    target = read_manifest(d).shards[3].path
+    _corrupt(target)
+    bad = ranks()
+    assert bad[1]["error"].startswith(f"DataError: {target}: sha256 is {sha256_file(target)}"), bad
+    assert bad[0]["error"] == bad[1]["error"] + " (found by rank 1)", bad

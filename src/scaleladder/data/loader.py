@@ -3,7 +3,7 @@
 The pipeline, per reader (one rank x one DataLoader worker)::
 
     ShardStream           which shards this reader reads, forever (explicit node + worker split,
-                          resampled), each verified against its sha256 before its first use
+                          resampled); every shard was checked before the first batch (``verify``)
     tarfile_to_samples    webdataset: tar members grouped into samples by key
     shuffle               a sample buffer, seeded per reader
     map(transform)        decode + FLAVA/ViT transforms, in the worker
@@ -26,11 +26,18 @@ Traps this design avoids (webdataset issues #188, #225):
   (the decision depends only on the manifest, world and workers) so no rank is
   left waiting for another.
 * ``with_epoch(0)`` means "no limit" in webdataset: ``steps`` must be >= 1.
+* ``with_epoch`` on the loader also RESTARTS an exhausted loader (webdataset sets
+  ``repetitions`` to maxsize), so even finite streams would give ``steps`` batches;
+  but each restart starts new worker processes mid-run (a stall inside the timed
+  window) and, every generator being seeded afresh, replays the same batches. The
+  endless streams mean a run never restarts its loader.
 """
 
 from __future__ import annotations
 
+import functools
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,9 +46,9 @@ import torch
 import webdataset as wds  # type: ignore[import-untyped]
 from torch.utils.data import IterableDataset
 
-from scaleladder.data import readers
+from scaleladder.data import preflight, readers
 from scaleladder.data.errors import DataError, one_line
-from scaleladder.data.manifest import Manifest, ShardEntry, check_sizes, read_manifest, sha256_file, verify_shard
+from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha256_file
 from scaleladder.data.tokenizer import check_vocab
 from scaleladder.data.transforms import FlavaTransform, VitTransform, collate
 from scaleladder.models.flavors import Flavor
@@ -71,27 +78,19 @@ def _too_few(n: int, world: int, workers: int) -> str:
 class ShardStream(IterableDataset[dict[str, str]]):
     """An endless stream of ``{"url": path}`` for the calling reader."""
 
-    def __init__(self, manifest: Manifest, rank: int, world: int, seed: int, resample: bool, verify: bool) -> None:
+    def __init__(self, manifest: Manifest, rank: int, world: int, seed: int, resample: bool) -> None:
         super().__init__()
-        self.manifest, self.rank, self.world, self.seed = manifest, rank, world, seed
-        self.resample, self.verify = resample, verify
+        self.manifest, self.rank, self.world, self.seed, self.resample = manifest, rank, world, seed, resample
 
     def __iter__(self) -> Iterator[dict[str, str]]:
         reader = readers.current_reader(self.rank, self.world)
         own = assign_shards(self.manifest.shards, reader, self.resample)
         rng = reader.rng(self.seed, readers.SHARD_ORDER)
-        verified: set[Path] = set()
         while True:
             # resampled: draw with replacement; otherwise: each own shard once per pass, shuffled.
             order = rng.integers(0, len(own), len(own)) if self.resample else rng.permutation(len(own))
             for i in order:
-                entry = own[int(i)]
-                if self.verify and entry.path not in verified:
-                    # Lazily, once per shard per reader: with enough shards each one is
-                    # hashed by exactly one reader, in parallel, overlapped with training.
-                    verify_shard(entry, self.manifest.path)
-                    verified.add(entry.path)
-                yield {"url": str(entry.path)}
+                yield {"url": str(own[int(i)].path)}
 
 
 class _SeededShuffle:
@@ -131,11 +130,21 @@ class ShardLoader:
     exception comes back with the worker's whole traceback in its message).
     """
 
-    def __init__(self, loader: wds.WebLoader, steps: int, manifest: Manifest) -> None:
-        self.loader, self.steps, self.manifest = loader, steps, manifest
+    def __init__(self, loader: wds.WebLoader, steps: int, manifest: Manifest, flavor: Flavor) -> None:
+        self.loader, self.steps, self.manifest, self.flavor = loader, steps, manifest, flavor
 
     def __len__(self) -> int:
         return self.steps
+
+    def record_attrs(self) -> dict[str, int]:
+        """What a rung record should keep about its data beyond the manifest path.
+
+        ``tokenizer_vocab_size`` (FLAVA only): the model keeps its published vocabulary
+        (so FLOPs and memory match the seeds), and a smaller tokenizer leaves rows of
+        the embedding unused; recording it shows that a run trained on fewer ids.
+        """
+        size = self.manifest.tokenizer_vocab_size
+        return {"tokenizer_vocab_size": size} if self.flavor.family == "flava" and size is not None else {}
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         n = 0
@@ -149,7 +158,8 @@ class ShardLoader:
             raise DataError(f"{self.manifest.path}: loader gave {n} batches instead of {self.steps}")
 
 
-def _check_model_fit(manifest: Manifest, flavor: Flavor) -> None:
+def _check_model_fit(manifest: Manifest, flavor: Flavor) -> str | None:
+    """Raise unless the data can feed ``flavor``; return a notice worth printing, if any."""
     if flavor.family == "flava":
         tok = manifest.info.get("tokenizer", {})
         path = manifest.tokenizer_path
@@ -157,13 +167,25 @@ def _check_model_fit(manifest: Manifest, flavor: Flavor) -> None:
             raise DataError(f"{path}: tokenizer named by {manifest.path} does not exist")
         if tok.get("sha256") and sha256_file(path) != tok["sha256"]:
             raise DataError(f"{path}: sha256 does not match {manifest.path.name}; re-run `scaleladder shard`")
-        check_vocab(int(tok["vocab_size"]), flavor, where=f"tokenizer {path}")
+        return check_vocab(int(tok["vocab_size"]), flavor, where=f"tokenizer {path}")
     else:
         if not manifest.labelled:
             raise DataError(f"{manifest.path}: not every sample has a label, and {flavor.name} is a classifier")
         classes = manifest.num_classes or 0
         if classes > flavor.num_classes:
             raise SpecError(f"{manifest.path} has labels up to {classes - 1} but {flavor.name} has {flavor.num_classes} classes")
+    return None
+
+
+def _prepare(manifest: str | Path, flavor: Flavor, rank: int, world: int, workers: int, resample: bool,
+             hash_shards: bool) -> tuple[Manifest, str | None]:
+    """Everything checked before the first batch (its verdict is shared by every rank)."""
+    m = read_manifest(manifest)
+    notice = _check_model_fit(m, flavor)
+    if not resample and len(m.shards) < world * max(workers, 1):
+        raise DataError(f"{m.path}: " + _too_few(len(m.shards), world, max(workers, 1)))
+    preflight.check_shards(m, rank, world, hash_shards)
+    return m, notice
 
 
 def make_loader(
@@ -181,34 +203,39 @@ def make_loader(
     verify: bool = True,
     shuffle_buffer: int = SHUFFLE_BUFFER,
     prefetch_factor: int = 2,
+    augment: bool = True,
+    keys: bool = False,
 ) -> ShardLoader:
     """A loader that yields exactly ``steps`` batches of ``local_batch`` samples on this rank.
 
     Batches are ``dict[str, Tensor]`` as in docs/design.md ("Batches"). ``manifest`` is
     the manifest file or its shard directory. Raises DataError/SpecError (one line)
-    before any worker starts when the data cannot feed ``flavor`` on this world.
+    before any worker starts when the data cannot feed ``flavor`` on this world; with
+    a process group of this world, on every rank alike (see :mod:`preflight`).
+
+    ``verify``: sha256-check the shards first (sizes are always checked). ``augment=False``:
+    the whole image, no flip, no ITM negatives (deterministic content, for checks).
+    ``keys=True``: each batch also holds ``"__key__"``, the samples' keys (a list of str).
     """
     for what, value, low in (("local batch", local_batch, 1), ("steps", steps, 1), ("world", world, 1), ("workers", workers, 0)):
         if value < low:
             raise SpecError(f"{what} must be >= {low}, got {value}")
     if not 0 <= rank < world:
         raise SpecError(f"rank {rank} is outside world {world}")
-    m = read_manifest(manifest)
-    check_sizes(m)  # every rank: cheap, and fails before any collective is entered
-    _check_model_fit(m, flavor)
-    if not resample and len(m.shards) < world * max(workers, 1):
-        raise DataError(f"{m.path}: " + _too_few(len(m.shards), world, max(workers, 1)))
+    m, notice = preflight.agreed(lambda: _prepare(manifest, flavor, rank, world, workers, resample, verify), rank, world)
+    if notice and rank == 0:
+        print(f"scaleladder: note: {notice}", file=sys.stderr, flush=True)
 
     if flavor.family == "flava":
-        transform: Any = FlavaTransform(flavor, m.tokenizer_path, seed, rank, world)
+        transform: Any = FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment)
     else:
-        transform = VitTransform(flavor, seed, rank, world)
+        transform = VitTransform(flavor, seed, rank, world, augment=augment)
     dataset = wds.DataPipeline(
-        ShardStream(m, rank, world, seed, resample, verify),
+        ShardStream(m, rank, world, seed, resample),
         wds.tarfile_to_samples(handler=_shard_read_error),
         _SeededShuffle(seed, rank, world, shuffle_buffer),
         wds.map(transform),
-        wds.batched(local_batch, collation_fn=collate, partial=False),
+        wds.batched(local_batch, collation_fn=functools.partial(collate, keys=keys), partial=False),
     )
     pin = pin_memory and torch.cuda.is_available()  # pinning without a GPU only warns and costs time
     loader = wds.WebLoader(
@@ -221,4 +248,4 @@ def make_loader(
     )
     # with_epoch on the LOADER (not the dataset): with several workers a per-dataset
     # epoch is per worker, and the total would be steps x workers.
-    return ShardLoader(loader.with_epoch(steps), steps, m)
+    return ShardLoader(loader.with_epoch(steps), steps, m, flavor)

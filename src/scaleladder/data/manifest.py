@@ -68,6 +68,12 @@ class Manifest:
         return None if classes is None else int(classes)
 
     @property
+    def tokenizer_vocab_size(self) -> int | None:
+        """The stored tokenizer's vocabulary size (what a FLAVA run should record next to the model's)."""
+        size = self.info.get("tokenizer", {}).get("vocab_size")
+        return None if size is None else int(size)
+
+    @property
     def labelled(self) -> bool:
         stats = self.info.get("stats", {})
         return bool(stats.get("labelled", 0) == stats.get("samples", -1) and stats.get("samples", 0) > 0)
@@ -104,7 +110,7 @@ def read_manifest(manifest: str | Path) -> Manifest:
 
 
 def check_sizes(manifest: Manifest) -> None:
-    """Cheap check of every shard (exists, right size): run once per rank before training starts."""
+    """Cheap check of every shard (exists, right size), before any is hashed."""
     for s in manifest.shards:
         try:
             size = s.path.stat().st_size
@@ -115,11 +121,11 @@ def check_sizes(manifest: Manifest) -> None:
 
 
 def verify_shard(entry: ShardEntry, manifest_path: Path) -> None:
-    """Full sha256 check of one shard (the loader does this once per shard per reader, lazily)."""
+    """Full sha256 check of one shard (see :mod:`scaleladder.data.preflight` for who checks which)."""
     actual = sha256_file(entry.path)
     if actual != entry.sha256:
         raise DataError(
-            f"{entry.path}: sha256 {actual[:12]}... does not match {manifest_path.name} ({entry.sha256[:12]}...); "
+            f"{entry.path}: sha256 is {actual}, but {manifest_path.name} expects {entry.sha256}; "
             "the shard is corrupt or was rewritten: re-run `scaleladder shard`"
         )
 

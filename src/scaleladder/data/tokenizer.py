@@ -12,7 +12,7 @@ directory and the manifest points to it. Token ids follow BERT: ``[PAD]`` is 0
 (the model and ``mlm_labels`` rely on it), and ``[UNK] [CLS] [SEP] [MASK]`` exist.
 Text is lower-cased (uncased BERT, as FLAVA uses).
 
-The model's vocabulary must cover the tokenizer's: :func:`check_vocab`.
+The model's vocabulary must cover the tokenizer's; a smaller tokenizer is allowed, and said: :func:`check_vocab`.
 """
 
 from __future__ import annotations
@@ -118,17 +118,30 @@ def load_tokenizer(manifest: str | Path) -> Tokenizer:
     return _finish(tok, str(path))
 
 
-def check_vocab(tokenizer_vocab_size: int, flavor: Flavor, where: str = "the tokenizer") -> None:
-    """Raise SpecError unless every token id the tokenizer can emit has an embedding in ``flavor``.
+def check_vocab(tokenizer_vocab_size: int, flavor: Flavor, where: str = "the tokenizer") -> str | None:
+    """Check that ``flavor``'s embedding covers every id the tokenizer can emit; return a notice, if any.
 
-    The rule is ``tokenizer vocab <= model vocab``: a smaller tokenizer only leaves
-    some embedding rows unused, a larger one would index past the embedding table
-    (a device-side assert on GPU, an IndexError on CPU, deep inside the forward).
+    The rule is ``tokenizer vocab <= model vocab``:
+
+    * larger: a SpecError. Ids past the embedding table fail deep inside the forward
+      (a device-side assert on GPU, an IndexError on CPU).
+    * smaller: allowed, with a one-line notice (returned, for the caller to print).
+      The model keeps its published vocabulary, so that its FLOPs and memory match
+      the seeds; the rows past the tokenizer's ids are simply never used. A run
+      records the tokenizer's size (``ShardLoader.record_attrs``) to make it visible.
+    * equal: silent.
     """
     if flavor.family != "flava":
-        return  # ViT reads no text
+        return None  # ViT reads no text
     if tokenizer_vocab_size > flavor.vocab_size:
         raise SpecError(
             f"{where} has {tokenizer_vocab_size} tokens but model {flavor.name} has a vocabulary of "
             f"{flavor.vocab_size}; re-shard with --vocab-size <= {flavor.vocab_size} or pick a larger flavor"
         )
+    if tokenizer_vocab_size < flavor.vocab_size:
+        return (
+            f"{where} has {tokenizer_vocab_size} tokens, model {flavor.name} keeps its published vocabulary of "
+            f"{flavor.vocab_size} (so FLOPs and memory match the seeds): {flavor.vocab_size - tokenizer_vocab_size} "
+            "embedding rows go unused"
+        )
+    return None
