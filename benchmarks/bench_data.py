@@ -5,9 +5,11 @@ Prints, on this machine:
 * loader samples/s (total and per worker) at 224 px, for FLAVA pretraining samples
   (flava-350m: image + codebook image + patch mask + MLM text + ITM) and for ViT
   samples (vit-base: image + label), from 256 px JPEG shards;
-* shard-writing MB/s of `scaleladder shard --images` (full JPEG decode to validate,
-  tar, sha256, tokenizer training), next to a plain `tar cf` of the same files as
-  the ceiling.
+* shard-writing MB/s of `scaleladder shard --images` (validation: a draft-mode,
+  DCT-scaled decode of every JPEG plus its end-of-image check; tar, sha256,
+  tokenizer training), next to a plain `tar cf` of the same files as the ceiling;
+* the sha256 check every run makes of its shards before the first batch (MB/s,
+  one process hashing the whole set, as a one-rank run does).
 
 Not a test: run it by hand and record the numbers in docs/data.md::
 
@@ -20,6 +22,8 @@ a shared machine the best is the less disturbed estimate of what the code can do
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import platform
 import shutil
@@ -32,9 +36,10 @@ from pathlib import Path
 
 import torch
 
-from scaleladder.data import synthetic
+from scaleladder.data import preflight, synthetic
 from scaleladder.data.cli import main as shard
 from scaleladder.data.loader import make_loader
+from scaleladder.data.manifest import read_manifest
 from scaleladder.models.flavors import get_flavor
 
 
@@ -85,12 +90,25 @@ def bench_shard_writing(work: Path, n: int, size: int, repeats: int) -> Path:
     return work / "shards0"
 
 
+def bench_checksums(shards: Path, repeats: int) -> None:
+    m = read_manifest(shards)
+    mb = sum(s.filesize for s in m.shards) / 1e6
+    times = []
+    for _ in range(repeats):  # the files are in the page cache: this is the hashing, not the disk
+        t = time.perf_counter()
+        preflight.check_shards(m, rank=0, world=1)
+        times.append(time.perf_counter() - t)
+    print(f"checksums before the first batch: {len(m.shards)} shards, {mb:.1f} MB, one process (page cache)")
+    print(f"  sha256 of every shard      : MB/s {_rates(times, mb)}")
+
+
 def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, workers: int, repeats: int, warmup: int = 3) -> None:
     flavor = get_flavor(flavor_name)
-    loader = make_loader(manifest, flavor, local_batch=batch, rank=0, world=1, steps=warmup + repeats * batches,
-                         workers=workers, seed=0, pin_memory=False)
+    with contextlib.redirect_stderr(io.StringIO()):  # the small-tokenizer note, once per configuration
+        loader = make_loader(manifest, flavor, local_batch=batch, rank=0, world=1, steps=warmup + repeats * batches,
+                             workers=workers, seed=0, pin_memory=False)
     it = iter(loader)
-    for _ in range(warmup):  # worker start-up, shard checksums, tokenizer load
+    for _ in range(warmup):  # worker start-up, tokenizer load (checksums ran in make_loader)
         next(it)
     times = []
     for _ in range(repeats):  # consecutive windows of one run
@@ -120,6 +138,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_data-"))
     try:
         manifest = bench_shard_writing(work, args.samples, args.source_size, args.repeats)
+        bench_checksums(manifest, args.repeats)
         print(f"loader: batch {args.batch}, {args.repeats} x {args.batches} timed batches after 3 warm-up, "
               f"{args.source_size} px JPEG shards")
         for flavor in ("flava-350m", "vit-base"):
