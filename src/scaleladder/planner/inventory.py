@@ -21,13 +21,25 @@ Freezing follows ``parallel.freeze_unused``: FLAVA pretraining never touches the
 unimodal MLM/MIM heads or the encoders' poolers, so the ladder freezes them (no
 gradient, no AdamW state) — but under FSDP they still sit in the root's flat
 parameter and its flat gradient.
+
+**Without torch.** The workflow asks the planner which rungs fit while it builds the
+DAG, on a login node that may have no torch. So the layouts of the registered flavors
+are stored in ``layouts.json`` beside this file (written by
+``python -m scaleladder.planner.inventory``, from exactly the meta build above) and
+used when the flavor still matches the one they were built from; anything else (a
+flavor changed since, or a custom one in a test) is built with torch.
+``tests/test_plan_torchfree.py`` checks that the stored layouts equal a fresh build.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 from scaleladder.models.flavors import Flavor, get_flavor
 
@@ -119,12 +131,24 @@ def _unit_of(name: str, layer_prefixes: list[str], codebook_prefix: str | None) 
 
 
 def inventory(model: str | Flavor) -> Inventory:
-    """The parameter layout of ``model`` (a flavor or its name), from a reduced meta build."""
+    """The parameter layout of ``model`` (a flavor or its name): stored, else a reduced meta build."""
     return _inventory(get_flavor(model) if isinstance(model, str) else model)
 
 
 @lru_cache(maxsize=None)
 def _inventory(flavor: Flavor) -> Inventory:
+    stored = stored_inventory(flavor)
+    if stored is not None:
+        return stored
+    try:
+        return build_inventory(flavor)
+    except ImportError as e:
+        raise ImportError(f"{flavor.name}: no stored layout matches this flavor and building one needs torch ({e}); "
+                          "regenerate the table with `python -m scaleladder.planner.inventory` where torch is installed") from e
+
+
+def build_inventory(flavor: Flavor) -> Inventory:
+    """The layout from a reduced copy of the model built on the meta device (needs torch)."""
     from torch import nn
 
     from scaleladder.models.build import build_model
@@ -168,3 +192,76 @@ def _inventory(flavor: Flavor) -> Inventory:
     codebook = UnitLayout("codebook", tuple(units["codebook"][0])) if codebook_prefix else None
     buffer_bytes = sum(b.numel() * b.element_size() for b in m.buffers())
     return Inventory(flavor, UnitLayout("root", tuple(units["root"][0])), layer, codebook, n_layers(flavor), buffer_bytes)
+
+
+# -- the stored table (torch-free planning) ------------------------------------------------
+
+TABLE = Path(__file__).with_name("layouts.json")
+
+
+def _fingerprint(flavor: Flavor) -> str:
+    # Every field of the flavor: any change to it may change the layout, so the entry is
+    # then ignored (and rebuilt with torch) until the table is regenerated.
+    return repr(flavor)
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict[str, Any]:
+    if not TABLE.is_file():
+        return {}
+    return json.loads(TABLE.read_text())  # type: ignore[no-any-return]
+
+
+def _unit_from(kind: str, rows: list[list[Any]]) -> UnitLayout:
+    return UnitLayout(kind, tuple(ParamInfo(str(n), int(k), bool(t), bool(c)) for n, k, t, c in rows))
+
+
+def stored_inventory(flavor: Flavor) -> Inventory | None:
+    """The stored layout of ``flavor``, or None when there is none for exactly this flavor."""
+    table = _table()
+    entry = table.get("flavors", {}).get(flavor.name)
+    if entry is None or entry["fingerprint"] != _fingerprint(flavor):
+        return None
+    units = table["units"]
+    codebook = _unit_from("codebook", units[entry["codebook"]]) if entry["codebook"] else None
+    return Inventory(flavor, _unit_from("root", units[entry["root"]]), _unit_from("layer", units[entry["layer"]]),
+                     codebook, int(entry["n_layers"]), int(entry["buffer_bytes"]))
+
+
+def table_of(flavors: list[Flavor]) -> dict[str, Any]:
+    """The JSON table for ``flavors``: identical unit layouts (FLAVA's codebook) stored once."""
+    units: dict[str, list[list[Any]]] = {}
+    ids: dict[str, str] = {}
+
+    def ref(unit: UnitLayout | None, flavor: Flavor) -> str:
+        if unit is None:
+            return ""
+        rows = [[p.name, p.numel, p.trainable, p.cast] for p in unit.params]
+        key = json.dumps(rows)
+        if key not in ids:
+            ids[key] = f"{flavor.name}/{unit.kind}"
+            units[ids[key]] = rows
+        return ids[key]
+
+    out: dict[str, Any] = {}
+    for f in flavors:
+        inv = build_inventory(f)
+        out[f.name] = {"fingerprint": _fingerprint(f), "n_layers": inv.n_layers, "buffer_bytes": inv.buffer_bytes,
+                       "root": ref(inv.root, f), "layer": ref(inv.layer, f), "codebook": ref(inv.codebook, f)}
+    return {"generated_by": "python -m scaleladder.planner.inventory", "flavors": out, "units": units}
+
+
+def write_table(path: Path = TABLE) -> None:
+    from scaleladder.models.flavors import FLAVORS
+
+    t = table_of(list(FLAVORS.values()))
+    # One flavor, one parameter per line: diffs of the table stay readable.
+    flavors = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in t["flavors"].items())
+    units = ",\n".join(f"  {json.dumps(k)}: [\n" + ",\n".join(f"    {json.dumps(r)}" for r in rows) + "\n  ]"
+                        for k, rows in t["units"].items())
+    path.write_text(f'{{"generated_by": {json.dumps(t["generated_by"])},\n"flavors": {{\n{flavors}\n}},\n"units": {{\n{units}\n}}}}\n')
+
+
+if __name__ == "__main__":
+    write_table(Path(sys.argv[1]) if len(sys.argv) > 1 else TABLE)
+    print(f"wrote {sys.argv[1] if len(sys.argv) > 1 else TABLE}")
