@@ -7,11 +7,14 @@ device, and reports the peak, a breakdown, whether it fits and the largest batch
 does. The pieces live in ``scaleladder.planner`` (see its docstring and docs/planner.md).
 
 Uses: ``scaleladder launch --plan-device`` records rungs predicted not to fit as
-``predicted-oom`` (supervise.py); ``scaleladder maxbatch`` starts its search at the
-predicted max batch; ``--fits-table`` / ``--fits-chart`` show what fits where.
+``predicted-oom`` (supervise.py); the workflow does the same while it builds its DAG,
+calling :func:`predict` on a login node — so this module and everything it imports
+must work WITHOUT torch (tests/test_plan_torchfree.py); ``scaleladder maxbatch`` starts
+its search at the predicted max batch; ``--fits-table`` / ``--fits-chart`` show what
+fits where; ``--vs-measured`` draws predicted against measured peaks.
 
-Public API: :func:`predict`, :class:`Prediction`, :data:`DEVICES`,
-:func:`static_bytes_per_rank`, :func:`fits_table`.
+Public API: :func:`predict`, :class:`Prediction`, :data:`DEVICES`, :class:`Device`,
+:func:`custom_device`, :func:`static_bytes_per_rank`, :func:`fits_table`.
 """
 
 from __future__ import annotations
@@ -29,8 +32,12 @@ from scaleladder.planner.memory import (
     DEVICES,
     FRAGMENTATION,
     GIB,
+    Device,
     Prediction,
+    custom_device,
+    input_batches,
     predict,
+    resolve_device,
 )
 from scaleladder.planner.static import static_bytes_per_rank
 from scaleladder.spec import (
@@ -44,8 +51,10 @@ from scaleladder.spec import (
     parse_strategy,
 )
 
-__all__ = ["DEVICES", "Prediction", "predict", "static_bytes_per_rank", "fits_table", "FitsCell",
-           "CONTEXT_BYTES", "COMM_LIB_BYTES", "FRAGMENTATION", "TABLE_STRATEGIES"]
+__all__ = ["DEVICES", "Device", "Prediction", "predict", "custom_device", "static_bytes_per_rank", "fits_table",
+           "FitsCell", "CONTEXT_BYTES", "COMM_LIB_BYTES", "FRAGMENTATION", "TABLE_STRATEGIES"]
+
+CHART_FORMATS = (".png", ".pdf", ".svg")  # what matplotlib writes from the file name's suffix
 
 # The ladder a fits table shows, cheapest-memory last.
 TABLE_STRATEGIES = ("single", "ddp", "fsdp-no-shard", "fsdp-hybrid2", "fsdp-grad-op", "fsdp-full", "fsdp-full-ac")
@@ -61,8 +70,9 @@ class FitsCell:
     reason: str = ""
 
 
-def fits_table(device: str, nodes: int, gpus_per_node: int, precision: str = "bf16-mixed", batch: int | None = None,
-               models: list[str] | None = None, strategies: tuple[str, ...] = TABLE_STRATEGIES) -> list[FitsCell]:
+def fits_table(device: str | Device, nodes: int, gpus_per_node: int, precision: str = "bf16-mixed", batch: int | None = None,
+               models: list[str] | None = None, strategies: tuple[str, ...] = TABLE_STRATEGIES,
+               data: str = "synthetic") -> list[FitsCell]:
     """What fits where: every model × strategy on ``nodes`` × ``gpus_per_node`` ranks of ``device``.
 
     With ``batch``, a cell fits when that local batch fits; without, when batch 1 does,
@@ -80,7 +90,7 @@ def fits_table(device: str, nodes: int, gpus_per_node: int, precision: str = "bf
                 cells.append(FitsCell(m, s, None, None, None, str(e)))
                 continue
             spec = RunSpec(m, strat, precision, parse_knobs(DEFAULT_KNOBS), nodes, batch if batch is not None else "max")
-            p = predict(spec, world, gpus_per_node, device)
+            p = predict(spec, world, gpus_per_node, device, data=data)
             fits = p.fits if batch is not None else p.max_batch is not None
             cells.append(FitsCell(m, s, fits, p.max_batch, p.peak_bytes))
     return cells
@@ -91,16 +101,40 @@ def fits_table(device: str, nodes: int, gpus_per_node: int, precision: str = "bf
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", help="model/strategy/precision/knobs/n<nodes>/b<batch> (b'max': predict the max batch)")
-    p.add_argument("--device", required=True, help=f"device key: {', '.join(DEVICES)}")
+    p.add_argument("--device", default=None, help=f"device key: {', '.join(DEVICES)}; with --device-gib, any name")
+    p.add_argument("--device-gib", default=None, metavar="G",
+                   help="plan for a device with G GiB (the total capacity torch reports for it), named by --device")
     p.add_argument("--gpus-per-node", default="8", help="ranks per node (default 8)")
+    p.add_argument("--data", default="synthetic",
+                   help="the runner's --data: 'synthetic' (its pool of batches on the device) or a shard manifest / "
+                        "'loader' (one batch on the device, two for a moment between steps)")
     p.add_argument("--fits-table", action="store_true", help="print what fits where: model × strategy")
     p.add_argument("--fits-chart", metavar="OUT.png", help="draw the what-fits-where chart")
     p.add_argument("--nodes", default="1", help="nodes, for --fits-table/--fits-chart (default 1)")
     p.add_argument("--precision", default="bf16-mixed", help="precision for --fits-table/--fits-chart (default bf16-mixed)")
     p.add_argument("--batch", default=None, help="local batch for --fits-table/--fits-chart (default: report the max batch)")
-    p.add_argument("--vs-measured", metavar="OUT.png", help="draw predicted against measured peak memory of --rungs")
+    p.add_argument("--vs-measured", metavar="OUT.png", help="draw predicted against measured peak memory of --ladder or --rungs (.png, .pdf or .svg)")
+    p.add_argument("--ladder", default=None, help="an aggregated ladder file (results/ladder.h5) for --vs-measured")
     p.add_argument("--rungs", nargs="*", default=[], help="rung HDF5 files for --vs-measured")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def device_from_args(name: str | None, gib: str | None) -> Device:
+    """``--device KEY``, or ``--device-gib G`` (named by ``--device``, which may then be anything)."""
+    if gib is None:
+        if not name:
+            raise SpecError(f"give --device (one of {', '.join(DEVICES)}) or --device-gib G")
+        return resolve_device(name)
+    if name in DEVICES:
+        raise SpecError(f"--device {name!r} is a known device with its own capacity; name a custom --device-gib device otherwise")
+    return custom_device(name or f"custom-{gib}gib", gib)
+
+
+def _chart_path(path: str, what: str) -> Path:
+    out = Path(path)
+    if out.suffix.lower() not in CHART_FORMATS:
+        raise SpecError(f"{what} {path!r}: the file name must end in {', '.join(CHART_FORMATS)}")
+    return out
 
 
 def _gib(n: int | float | None) -> str:
@@ -108,7 +142,9 @@ def _gib(n: int | float | None) -> str:
 
 
 def _print_prediction(p: Prediction) -> None:
-    print(f"{p.spec} on {p.world} × {p.device} ({p.ranks_per_node} per node), local batch {p.batch}")
+    inputs = input_batches(p.data)
+    print(f"{p.spec} on {p.world} × {p.device} ({p.ranks_per_node} per node), local batch {p.batch}, "
+          f"data {p.data} ({inputs.resident} batch(es) on the device)")
     for k in ("params", "grads", "optimizer", "activations", "buffers", "inputs"):
         print(f"  {k:12s} {_gib(p.breakdown.get(k, 0)):>12s}")
     print(f"  {'= peak':12s} {_gib(p.peak_bytes):>12s}   (torch active_bytes.all.peak; at {p.phase})")
@@ -135,21 +171,28 @@ def _print_table(cells: list[FitsCell], title: str) -> None:
     print("cells: 'max N' = fits, largest local batch N; '-' = predicted OOM; n/a = strategy impossible on this world")
 
 
+def _vs_measured(args: argparse.Namespace, device: Device) -> int:
+    from scaleladder.plan_plots import points_from_ladder, points_from_rungs, predicted_vs_measured
+
+    out = _chart_path(args.vs_measured, "--vs-measured")
+    if bool(args.ladder) == bool(args.rungs):
+        raise SpecError("--vs-measured needs either --ladder results/ladder.h5 or --rungs FILES")
+    sources = [args.ladder] if args.ladder else args.rungs
+    missing = [r for r in sources if not Path(r).is_file()]
+    if missing:
+        raise SpecError(f"--vs-measured: no such file: {missing[0]}")
+    points = points_from_ladder(args.ladder, device) if args.ladder else points_from_rungs(args.rungs, device)
+    predicted_vs_measured(points, out, f"planner vs measurement ({device.name}, {len(points)} rungs)")
+    if args.json:
+        print(json.dumps([pt.__dict__ for pt in points], indent=1))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
-    if args.device not in DEVICES:
-        raise SpecError(f"unknown device {args.device!r}; expected one of {', '.join(DEVICES)}")
+    device = device_from_args(args.device, args.device_gib)
     gpus = parse_positive("gpus-per-node", args.gpus_per_node)
     if args.vs_measured:
-        from scaleladder.plan_plots import points_from_rungs, predicted_vs_measured
-
-        missing = [r for r in args.rungs if not Path(r).is_file()]
-        if not args.rungs or missing:
-            raise SpecError(f"--vs-measured needs existing --rungs files; missing: {missing[0] if missing else '(none given)'}")
-        points = points_from_rungs(args.rungs, args.device)
-        predicted_vs_measured(points, args.vs_measured, f"planner vs measurement ({args.device})")
-        if args.json:
-            print(json.dumps([pt.__dict__ for pt in points], indent=1))
-        return 0
+        return _vs_measured(args, device)
     if args.fits_table or args.fits_chart:
         if args.spec:
             raise SpecError("--spec and --fits-table/--fits-chart are separate modes; give one")
@@ -157,22 +200,22 @@ def main(args: argparse.Namespace) -> int:
         precision = parse_precision(args.precision)
         parsed = None if args.batch is None else parse_batch(args.batch)
         batch = parsed if isinstance(parsed, int) else None  # 'max' = report the max batch
-        cells = fits_table(args.device, nodes, gpus, precision, batch)
-        if args.fits_chart:
+        chart = _chart_path(args.fits_chart, "--fits-chart") if args.fits_chart else None
+        cells = fits_table(device, nodes, gpus, precision, batch, data=args.data)
+        what = f"{device.name}, {nodes}×{gpus} ranks, {precision}" + (f", local batch {batch}" if batch else "")
+        if chart is not None:
             from scaleladder.plan_plots import fits_chart
 
-            fits_chart(cells, args.fits_chart, f"{args.device}, {nodes}×{gpus} ranks, {precision}"
-                       + (f", local batch {batch}" if batch else ""))
+            fits_chart(cells, chart, what)
         if args.json:
             print(json.dumps([c.__dict__ for c in cells], indent=1))
-        elif args.fits_table or not args.fits_chart:
-            _print_table(cells, f"what fits on {nodes} node(s) × {gpus} {args.device}, {precision}"
-                         + (f", local batch {batch}" if batch else ""))
+        elif args.fits_table or chart is None:
+            _print_table(cells, f"what fits on {what}")
         return 0
     if not args.spec:
-        raise SpecError("give --spec (or --fits-table / --fits-chart)")
+        raise SpecError("give --spec (or --fits-table / --fits-chart / --vs-measured)")
     spec = RunSpec.from_path(args.spec)
-    p = predict(spec, spec.nodes * gpus, gpus, args.device)
+    p = predict(spec, spec.nodes * gpus, gpus, device, data=args.data)
     if args.json:
         out: dict[str, Any] = p.as_dict()
         print(json.dumps(out, indent=1))

@@ -2,7 +2,12 @@
 
 Both take plain data (no HDF5 handles), so the workflow's ``plots.py`` can call them
 with whatever it aggregated. matplotlib is imported lazily, with the Agg backend
-(compute nodes have no display).
+(compute nodes have no display). The file name's suffix picks the format (PNG, PDF, SVG).
+
+From the command line (what the workflow calls)::
+
+    scaleladder plan --fits-chart fits.pdf --device mi250x-gcd --nodes 1 --gpus-per-node 8 [--batch 32]
+    scaleladder plan --vs-measured vs.png --device a100-40gb --ladder results/ladder.h5
 """
 
 from __future__ import annotations
@@ -104,21 +109,41 @@ def predicted_vs_measured(points: list[PeakPoint], out: str | Path, title: str =
     return _save(plt, fig, out)
 
 
-def points_from_rungs(paths: list[str | Path], device: str) -> list[PeakPoint]:
-    """Predicted and measured peaks of every ``ok`` rung file (non-GPU rungs, which report 0, are skipped)."""
+def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
+    """One rung's predicted and measured peak, or None for a rung that measured none.
+
+    Only ``ok`` rungs measured a peak, and a non-GPU rung reports 0. The prediction is
+    made for exactly what ran: the batch it settled on (a ``bmax`` rung's ``batch``),
+    its world, ranks per node and ``--data``."""
     from scaleladder.plan import predict
     from scaleladder.spec import RunSpec
+
+    measured = float(a.get("peak_active_gib", 0.0) or 0.0)
+    if a.get("status") != "ok" or not measured or math.isnan(measured):
+        return None
+    spec = RunSpec.from_path(spec_path)
+    world = int(a.get("world_size", 1))
+    p = predict(spec, world, int(a.get("ranks_per_node", world)), device, batch=int(a["batch"]),
+                data=str(a.get("data", "synthetic")))
+    return PeakPoint(spec.path, p.peak_bytes / GIB, measured)
+
+
+def points_from_rungs(paths: list[str | Path], device: Any) -> list[PeakPoint]:
+    """Predicted and measured peaks of every ``ok`` rung file."""
     from scaleladder.store import read_attrs
 
     points = []
     for path in paths:
         a = read_attrs(path)
-        measured = float(a.get("peak_active_gib", 0.0) or 0.0)
-        if a.get("status") != "ok" or not measured or math.isnan(measured):
-            continue
-        spec = RunSpec.from_path(str(a["spec"]))
-        batch = int(a["batch"])
-        world = int(a.get("world_size", 1))
-        p = predict(spec, world, int(a.get("ranks_per_node", world)), device, batch=batch)
-        points.append(PeakPoint(spec.path, p.peak_bytes / GIB, measured))
+        pt = _point(a, str(a.get("spec", "")), device)
+        if pt is not None:
+            points.append(pt)
     return points
+
+
+def points_from_ladder(path: str | Path, device: Any) -> list[PeakPoint]:
+    """The same from an aggregated ladder file (``scaleladder aggregate``: one group per rung)."""
+    from scaleladder.aggregate import read_ladder
+
+    rungs, _root = read_ladder(str(path))
+    return [pt for r in rungs if (pt := _point(r, r["spec"], device)) is not None]

@@ -2,8 +2,9 @@
 
 The step is the runner's (bench.train_loop): forward under autocast, backward,
 ``AdamW.step()`` (foreach on GPUs), ``zero_grad(set_to_none=True)``. Between steps a
-rank holds its parameters, AdamW states, DDP's gradient buckets and the pool of
-synthetic batches. On top of that the timeline adds, moment by moment:
+rank holds its parameters, AdamW states, DDP's gradient buckets and its input batches
+(the synthetic pool, or the loader's current batch). On top of that the timeline adds,
+moment by moment:
 
 forward   activations saved / held by each call; FSDP's all-gathered (unsharded)
           units — the root for the whole step, a layer unit while it runs (at most
@@ -16,6 +17,8 @@ backward  calls in autograd's order, freeing their saved tensors; a unit's gradi
           encoder layer twice, so every image/text unit stays gathered from the masked
           pass's backward to the unmasked pass's — the dominant FSDP term for FLAVA.
 optimizer foreach AdamW allocates one temporary the size of one state (``sqrt(v)``).
+step start a loader's next batch is copied to the device while the previous one is
+          still referenced (never the peak in practice, but counted).
 
 The peak is the largest of these moments. It is what ``torch.cuda`` reports as
 ``active_bytes.all.peak``. Whether it FITS adds what the allocator does not count
@@ -51,6 +54,14 @@ from scaleladder.spec import Knobs, RunSpec, SpecError, Strategy
 
 GIB = 2**30
 
+
+@dataclass(frozen=True)
+class Device:
+    """A device to plan for: a name and the memory PyTorch reports for it (None: unlimited)."""
+
+    name: str
+    capacity_bytes: int | None
+
 # Usable device memory: the total capacity PyTorch reports for one rank's device
 # (torch.cuda.get_device_properties().total_memory), as printed in its OOM messages:
 # "39.59 GiB total capacity" (A100 40GB), "79.15 GiB" (A100 80GB), 79.1–79.3 GiB for
@@ -71,7 +82,53 @@ CONTEXT_BYTES = int(0.5 * GIB)  # CUDA/HIP context + kernels: outside the cachin
 COMM_LIB_BYTES = int(0.5 * GIB)  # NCCL/RCCL channel buffers when world > 1: also outside it
 FRAGMENTATION = 0.05  # reserved/active − 1 in steady state: the allocator's rounding and splitting
 
-INPUT_POOL = 8  # batches.SyntheticBatches keeps min(8, steps) batches on the device
+
+@dataclass(frozen=True)
+class Overheads:
+    """What must fit beyond the allocator's peak: a fraction of it, and fixed bytes.
+
+    The calibrated values are the constants above; the seed comparison scales them
+    (``scaled``) to show which verdicts hang on them (docs/planner.md, "Sensitivity").
+    """
+
+    fragmentation: float = FRAGMENTATION
+    context_bytes: float = CONTEXT_BYTES
+    comm_lib_bytes: float = COMM_LIB_BYTES
+
+    def scaled(self, k: float) -> "Overheads":
+        return Overheads(self.fragmentation * k, self.context_bytes * k, self.comm_lib_bytes * k)
+
+    def fixed(self, world: int) -> float:
+        return self.context_bytes + (self.comm_lib_bytes if world > 1 else 0)
+
+
+CALIBRATED = Overheads()
+
+# batches.SYNTHETIC_POOL: the synthetic batches a rank keeps on the device all run long.
+# Restated, not imported, because batches imports torch and the planner must not;
+# tests/test_plan_torchfree.py pins the two together.
+SYNTHETIC_POOL = 2
+
+
+@dataclass(frozen=True)
+class InputBatches:
+    """Input batches on the device: all step long, and one more for a moment between steps."""
+
+    resident: int
+    at_step_start: int = 0
+
+
+def input_batches(data: str) -> InputBatches:
+    """How the runner holds its inputs for ``--data`` (``synthetic``, else a shard loader).
+
+    Synthetic: the pool, made on the device up front and cycled. A loader: bench.train_loop
+    copies each host batch to the device (``non_blocking``) at the top of a step, while the
+    variable still holds the previous step's batch — two for a moment, then one for the
+    whole forward, backward and optimizer step (nothing prefetches onto the device).
+    """
+    return InputBatches(SYNTHETIC_POOL) if data == "synthetic" else InputBatches(1, 1)
+
+
 MAX_BATCH_LIMIT = 1 << 16
 
 
@@ -84,6 +141,7 @@ class Prediction:
     world: int
     ranks_per_node: int
     batch: int | None  # local batch the peak is for (None when the spec says 'max' and nothing fits)
+    data: str  # 'synthetic' or a loader: how many input batches sit on the device
     peak_bytes: int  # predicted torch.cuda active_bytes.all.peak on the busiest rank
     required_bytes: int  # peak + fragmentation + context + comm library: what must fit
     capacity_bytes: int | None  # the device's memory (None: unlimited)
@@ -140,6 +198,14 @@ class Variant:
     gathered_param_bytes: int | None = None
     # Text length of the FLAVA batches (the seed's text-only MLM batches were 512 tokens).
     text_len: int | None = None
+    # DDP's gradient_as_bucket_view. Ours is DDP's default, False: the buckets are a second
+    # copy of the gradients, resident all run. The FLAVA seed's train.py set it True: the
+    # gradients ARE views into the buckets, one copy.
+    bucket_view: bool = False
+    # foreach AdamW (ours: torch's default on GPUs) allocates sqrt(exp_avg_sq) for every
+    # state at once: 4 more bytes per trainable parameter in the step. The fused AdamW
+    # (which the ORNL ViT code can select) updates in place: False models it.
+    foreach_temp: bool = True
 
 
 RUNNER = Variant()
@@ -160,6 +226,7 @@ class _Setup:
     unit_full: dict[str, int]  # unsharded flat numel per unit kind ("root", "layer", "codebook")
     unit_chunk: dict[str, int]  # local chunk numel per unit kind
     variant: Variant = RUNNER
+    inputs: InputBatches = InputBatches(SYNTHETIC_POOL)
 
 
 def _lowp_params(fsdp: bool, precision: str, variant: Variant) -> bool:
@@ -168,7 +235,7 @@ def _lowp_params(fsdp: bool, precision: str, variant: Variant) -> bool:
 
 
 def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs, world: int,
-           variant: Variant = RUNNER) -> _Setup:
+           variant: Variant = RUNNER, inputs: InputBatches = InputBatches(SYNTHETIC_POOL)) -> _Setup:
     f = get_flavor(model) if isinstance(model, str) else model
     inv = inventory(f)
     if variant.text_len is not None:
@@ -186,10 +253,10 @@ def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs
         else:
             full[u.kind] = chunk[u.kind] = u.numel
     return _Setup(inv, strategy, precision, knobs, world, passes, backward_order(f, passes),
-                  static_bytes_for(inv, strategy, precision, world), full, chunk, variant)
+                  static_bytes_for(inv, strategy, precision, world), full, chunk, variant, inputs)
 
 
-def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
+def _simulate(st: _Setup, batch: int) -> _Timeline:
     inv, f = st.inv, st.inv.flavor
     shard = sharding(st.strategy, st.world)
     d = dtypes(st.precision, _lowp_params(shard.fsdp, st.precision, st.variant))
@@ -198,11 +265,16 @@ def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
     mixed = d.mode == "mixed"
     B = batch
 
+    one_batch = B * input_bytes(f, d)
     tl = _Timeline({"params": float(st.static["params"]), "optimizer": float(st.static["optimizer"]),
                     "grads": 0.0, "activations": 0.0, "buffers": float(inv.buffer_bytes),
-                    "inputs": float(pool * B * input_bytes(f, d))})
+                    "inputs": float(st.inputs.resident * one_batch)})
+    # DDP's gradient buckets, allocated when DDP is built. With bucket views they are the
+    # gradients themselves (counted as such); without, a second copy next to them.
+    ddp_views = st.strategy.wrapper == "ddp" and st.variant.bucket_view
     if st.strategy.wrapper == "ddp":
-        tl.add("buffers", inv.trainable_numel * s)  # gradient buckets (gradient_as_bucket_view=False)
+        tl.add("grads" if ddp_views else "buffers", inv.trainable_numel * s)
+    tl.point("step-start", inputs=st.inputs.at_step_start * one_batch)
 
     # Which units get all-gathered copies, and when.
     fsdp = shard.fsdp
@@ -261,7 +333,7 @@ def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
                 tl.add("buffers", layer_copy)  # all-gathered again for backward
             if u.requires_grad:
                 tl.add("grads", st.unit_full[kind] * pd)  # the unsharded gradient it accumulates
-        elif unit not in touched:
+        elif unit not in touched and not ddp_views:
             tl.add("grads", u.trainable_numel * s)
         touched.add(unit)
 
@@ -295,68 +367,88 @@ def _simulate(st: _Setup, batch: int, pool: int = INPUT_POOL) -> _Timeline:
         tl.parts["grads"] = float(st.static["grads"])
 
     # -- optimizer ------------------------------------------------------------------------
-    tl.point("optimizer", optimizer=st.static["optimizer"] / 2)  # foreach AdamW: sqrt(exp_avg_sq)
+    # foreach AdamW: sqrt(exp_avg_sq) for every state at once; fused AdamW: nothing extra.
+    tl.point("optimizer", optimizer=st.static["optimizer"] / 2 if st.variant.foreach_temp else 0.0)
     return tl
 
 
 # -- public API -------------------------------------------------------------------------------
 
 
-def _check_device(device: str) -> int | None:
+def resolve_device(device: str | Device) -> Device:
+    """A device key (``DEVICES``) or a :class:`Device` as it is."""
+    if isinstance(device, Device):
+        return device
     if device not in DEVICES:
-        raise SpecError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
-    return DEVICES[device]
+        raise SpecError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)} (or a custom size in GiB)")
+    return Device(device, DEVICES[device])
 
 
-def required_bytes(peak: float, world: int) -> int:
+def custom_device(name: str, gib: str | float) -> Device:
+    """A device with ``gib`` GiB of usable memory (what torch reports as its total capacity)."""
+    try:
+        g = float(gib)
+    except (TypeError, ValueError):
+        raise SpecError(f"device memory must be a number of GiB, got {gib!r}") from None
+    if not (g > 0 and g < float("inf")):
+        raise SpecError(f"device memory must be a positive, finite number of GiB, got {gib!r}")
+    if not name.strip():
+        raise SpecError("a custom device needs a name")
+    return Device(name, int(g * GIB))
+
+
+def required_bytes(peak: float, world: int, overheads: Overheads = CALIBRATED) -> int:
     """What must fit on the device for a predicted allocator peak."""
-    return int(peak * (1 + FRAGMENTATION) + CONTEXT_BYTES + (COMM_LIB_BYTES if world > 1 else 0))
+    return int(peak * (1 + overheads.fragmentation) + overheads.fixed(world))
 
 
-def _fits(st: _Setup, batch: int, capacity: int | None) -> bool:
+def _fits(st: _Setup, batch: int, capacity: int | None, overheads: Overheads = CALIBRATED) -> bool:
     if capacity is None:
         return True
-    return required_bytes(_simulate(st, batch).peak, st.world) <= capacity
+    return required_bytes(_simulate(st, batch).peak, st.world, overheads) <= capacity
 
 
-def max_batch_for(st: _Setup, capacity: int | None) -> int | None:
+def max_batch_for(st: _Setup, capacity: int | None, overheads: Overheads = CALIBRATED) -> int | None:
     """The largest local batch that fits (None: unlimited, or not even batch 1)."""
-    if capacity is None or not _fits(st, 1, capacity):
+    if capacity is None or not _fits(st, 1, capacity, overheads):
         return None
     lo, hi = 1, 2
-    while hi <= MAX_BATCH_LIMIT and _fits(st, hi, capacity):
+    while hi <= MAX_BATCH_LIMIT and _fits(st, hi, capacity, overheads):
         lo, hi = hi, hi * 2
     hi = min(hi, MAX_BATCH_LIMIT + 1)
     while hi - lo > 1:  # peak is non-decreasing in the batch: bisect
         mid = (lo + hi) // 2
-        if _fits(st, mid, capacity):
+        if _fits(st, mid, capacity, overheads):
             lo = mid
         else:
             hi = mid
     return lo
 
 
-def predict(spec: RunSpec, world: int, ranks_per_node: int, device: str, batch: int | None = None) -> Prediction:
+def predict(spec: RunSpec, world: int, ranks_per_node: int, device: str | Device, batch: int | None = None,
+            data: str = "synthetic", variant: Variant = RUNNER, overheads: Overheads = CALIBRATED) -> Prediction:
     """Predict one rung's per-rank memory on ``device`` with ``world`` ranks.
 
     ``batch`` overrides the spec's local batch (needed when the spec says ``max``:
-    then the prediction is made at the predicted max batch).
+    then the prediction is made at the predicted max batch). ``data`` is the runner's
+    ``--data``: ``synthetic`` or a shard manifest (see :func:`input_batches`).
+    ``variant`` and ``overheads`` are for explaining the seeds; the defaults are the runner.
+    Imports no torch: the workflow calls it while building its DAG.
     """
-    capacity = _check_device(device)
+    dev = resolve_device(device)
     if world < 1 or ranks_per_node < 1:
         raise SpecError(f"world ({world}) and ranks per node ({ranks_per_node}) must be >= 1")
-    st = _setup(spec.model, spec.strategy, spec.precision, spec.knobs, world)
-    mb = max_batch_for(st, capacity)
+    st = _setup(spec.model, spec.strategy, spec.precision, spec.knobs, world, variant, input_batches(data))
+    mb = max_batch_for(st, dev.capacity_bytes, overheads)
     b = batch if batch is not None else (None if spec.batch == "max" else int(spec.batch))
     if b is None:
         b = mb if mb is not None else 1
     tl = _simulate(st, b)
-    req = required_bytes(tl.peak, world)
-    overhead = req - int(tl.peak)
+    req = required_bytes(tl.peak, world, overheads)
     breakdown = {k: int(round(v)) for k, v in tl.peak_parts.items()}
-    breakdown["overhead"] = overhead
+    breakdown["overhead"] = req - int(tl.peak)
     return Prediction(
-        spec=spec.path, device=device, world=world, ranks_per_node=ranks_per_node, batch=b,
-        peak_bytes=int(tl.peak), required_bytes=req, capacity_bytes=capacity,
-        fits=capacity is None or req <= capacity, max_batch=mb, phase=tl.phase, breakdown=breakdown,
+        spec=spec.path, device=dev.name, world=world, ranks_per_node=ranks_per_node, batch=b, data=data,
+        peak_bytes=int(tl.peak), required_bytes=req, capacity_bytes=dev.capacity_bytes,
+        fits=dev.capacity_bytes is None or req <= dev.capacity_bytes, max_batch=mb, phase=tl.phase, breakdown=breakdown,
     )

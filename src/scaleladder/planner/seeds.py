@@ -1,0 +1,170 @@
+"""The seeds' claims recomputed: what tests/test_plan.py asserts and docs/planner.md tabulates.
+
+Each claim is a question about one rung (does it fit at this batch? how far does the
+batch go?) asked twice: for scaleladder's runner (``RUNNER``) and for the code the seed
+ran (``SEED_FLAVA``, ``ORNL_VIT``: one :class:`~.memory.Variant` switch per mechanism
+that code did differently). Nothing here tunes a constant. Instead, every verdict comes
+with its **flip factor**: the factor by which the three overhead constants
+(fragmentation, CUDA context, communication library; see ``memory.Overheads``) would
+all have to be scaled for the verdict to change. They are estimates, not
+measurements, so a verdict whose flip factor lies in [0.5, 1.5] hangs on them.
+
+``python -m scaleladder.planner.seeds`` prints the tables in docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaleladder.planner.memory import (
+    CALIBRATED,
+    DEVICES,
+    GIB,
+    Overheads,
+    Variant,
+    _setup,
+    _simulate,
+    max_batch_for,
+    required_bytes,
+)
+from scaleladder.spec import Knobs, parse_strategy
+
+A100 = "a100-40gb"
+GCD = "mi250x-gcd"
+FLAVA = ("flava-350m", "flava-900m", "flava-1.8b", "flava-2.7b", "flava-4.8b", "flava-10b")
+FLAVA_STRATEGIES = ("ddp", "fsdp-full", "fsdp-full-ac")
+
+RUNNER = Variant()
+# The FLAVA seed's examples/flava/native/train.py: REENTRANT checkpointing under FSDP, MixedPrecision
+# without param_dtype (fp32 all-gathers), DDP(gradient_as_bucket_view=True).
+SEED_FLAVA = Variant(gather_across_passes=False, gathered_param_bytes=4, bucket_view=True)
+# Its loader's text-only MLM batches were 512 tokens; pairs of 512 tokens bound them from above.
+SEED_FLAVA_512 = Variant(gather_across_passes=False, gathered_param_bytes=4, bucket_view=True, text_len=512)
+# ORNL's ViT-FSDP: AdamW that holds 16 B/param in its step (its measured peaks say so; see the docs).
+ORNL_VIT = Variant(foreach_temp=False)
+
+BORDERLINE = (0.5, 1.5)  # flip factors in this range: the verdict hangs on the overhead estimates
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Does one rung fit, and by how much."""
+
+    model: str
+    strategy: str
+    world: int
+    device: str
+    batch: int
+    peak: float  # bytes, the allocator's peak
+    required: int  # bytes: peak + overheads (calibrated)
+    capacity: int
+    phase: str  # where the peak is
+
+    @property
+    def fits(self) -> bool:
+        return self.required <= self.capacity
+
+    @property
+    def margin_gib(self) -> float:
+        """Capacity minus what must fit: > 0 fits with room, < 0 misses by that much."""
+        return (self.capacity - self.required) / GIB
+
+    @property
+    def flip_factor(self) -> float:
+        """k with required(overheads × k) == capacity: fits for k below it, not above.
+
+        ``required`` is linear in k (peak·(1 + k·frag) + k·fixed), so k solves exactly.
+        Negative: does not fit even with no overhead at all."""
+        per_k = self.peak * CALIBRATED.fragmentation + CALIBRATED.fixed(self.world)
+        return (self.capacity - self.peak) / per_k
+
+    @property
+    def borderline(self) -> bool:
+        return BORDERLINE[0] <= self.flip_factor <= BORDERLINE[1]
+
+
+def fit(model: str, strategy: str, world: int, device: str, batch: int, variant: Variant = RUNNER,
+        precision: str = "bf16-mixed") -> Fit:
+    st = _setup(model, parse_strategy(strategy), precision, Knobs(), world, variant)
+    tl = _simulate(st, batch)
+    cap = DEVICES[device]
+    assert cap is not None
+    return Fit(model, strategy, world, device, batch, tl.peak, required_bytes(tl.peak, world), cap, tl.phase)
+
+
+def max_batch(model: str, strategy: str, world: int, device: str, variant: Variant = RUNNER,
+              overheads: Overheads = CALIBRATED, precision: str = "bf16-mixed") -> int | None:
+    st = _setup(model, parse_strategy(strategy), precision, Knobs(), world, variant)
+    return max_batch_for(st, DEVICES[device], overheads)
+
+
+def flava_max_batches(variant: Variant, overheads: Overheads = CALIBRATED) -> dict[str, list[int | None]]:
+    """Max local batch on 8 × A100 40GB, per strategy, in FLAVA order."""
+    return {s: [max_batch(m, s, 8, A100, variant, overheads) for m in FLAVA] for s in FLAVA_STRATEGIES}
+
+
+def fitting(strategy: str, variant: Variant = RUNNER, batch: int = 1) -> list[str]:
+    """The FLAVA flavors that fit on 8 × A100 40GB at ``batch``."""
+    return [m for m in FLAVA if fit(m, strategy, 8, A100, batch, variant).fits]
+
+
+def batch_ratios(variant: Variant, overheads: Overheads = CALIBRATED) -> tuple[float, float, int | None]:
+    """(FSDP+AC / DDP max batch at 350M, the same at 900M, FSDP+AC max batch at 10B)."""
+    mb = flava_max_batches(variant, overheads)
+    ac, ddp = mb["fsdp-full-ac"], mb["ddp"]
+    assert ac[0] and ac[1] and ddp[0] and ddp[1]
+    return ac[0] / ddp[0], ac[1] / ddp[1], ac[5]
+
+
+# The ViT seed: local batch 32 on MI250X GCDs, AC on (the ORNL code's default), bf16 assumed.
+VIT_CASES = (("vit-3b", "fsdp-no-shard-ac", 1), ("vit-3b", "ddp-ac", 1), ("vit-5b", "fsdp-no-shard-ac", 1),
+             ("vit-5b", "fsdp-hybrid2-ac", 2), ("vit-15b", "fsdp-hybrid2-ac", 2), ("vit-15b", "fsdp-hybrid4-ac", 4),
+             ("vit-15b", "fsdp-hybrid8-ac", 8))
+
+
+def vit_fit(model: str, strategy: str, gcds: int, variant: Variant = RUNNER) -> Fit:
+    return fit(model, strategy, gcds, GCD, 32, variant)
+
+
+# -- the tables of docs/planner.md ------------------------------------------------------------
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _fit_cell(f: Fit) -> str:
+    verdict = "fits" if f.fits else "no"
+    flag = " **borderline**" if f.borderline else ""
+    return f"{verdict}: {f.required / GIB:.2f} of {f.capacity / GIB:.2f} GiB ({f.margin_gib:+.2f}), k* {f.flip_factor:.2f}{flag}"
+
+
+def tables() -> str:
+    out = ["Max local batch, FLAVA on 8 × A100 40GB (bf16-mixed, synthetic pairs):", ""]
+    for name, v in (("runner", RUNNER), ("seed's mechanisms", SEED_FLAVA), ("seed's mechanisms, 512-token text", SEED_FLAVA_512)):
+        mb = flava_max_batches(v)
+        out += [f"{name}:", _row(["model", *FLAVA_STRATEGIES]), _row(["---"] * 4)]
+        out += [_row([m, *(str(mb[s][i] or "–") for s in FLAVA_STRATEGIES)]) for i, m in enumerate(FLAVA)]
+        out.append("")
+    out += ["Fit at local batch 1 (required of capacity, margin, flip factor k*):", ""]
+    for name, v in (("runner", RUNNER), ("seed's mechanisms", SEED_FLAVA)):
+        out += [f"{name}:", _row(["model", *FLAVA_STRATEGIES]), _row(["---"] * 4)]
+        out += [_row([m, *(_fit_cell(fit(m, s, 8, A100, 1, v)) for s in FLAVA_STRATEGIES)]) for m in FLAVA]
+        out.append("")
+    out += ["Batch ratios (FSDP+AC / DDP at 350M, at 900M; 10B's FSDP+AC max batch) with overheads × k:", "",
+            _row(["variant", "k = 0.5", "k = 1", "k = 1.5"]), _row(["---"] * 4)]
+    for name, v in (("runner", RUNNER), ("seed's mechanisms", SEED_FLAVA), ("seed, 512-token text", SEED_FLAVA_512)):
+        cells = []
+        for k in (0.5, 1.0, 1.5):
+            r350, r900, ten = batch_ratios(v, CALIBRATED.scaled(k))
+            cells.append(f"{r350:.2f}×, {r900:.2f}×, {ten or '–'}")
+        out.append(_row([name, *cells]))
+    out += ["", "ViT on MI250X GCDs, local batch 32 (foreach AdamW = runner; fused = ORNL):", "",
+            _row(["model", "strategy", "GCDs", "foreach AdamW", "fused AdamW"]), _row(["---"] * 5)]
+    for m, s, g in VIT_CASES:
+        out.append(_row([m, s, str(g), _fit_cell(vit_fit(m, s, g)), _fit_cell(vit_fit(m, s, g, ORNL_VIT))]))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(tables())

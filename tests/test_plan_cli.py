@@ -1,0 +1,124 @@
+"""`scaleladder plan` beyond the fixed devices and synthetic data, and the two charts the workflow draws.
+
+* ``--device-gib G``: plan for any device (named by ``--device``); bad sizes exit 2.
+* ``--data``: the input batches the runner keeps on the device depend on it.
+* ``--fits-chart`` and ``--vs-measured`` (from an aggregated ``ladder.h5`` or rung
+  files), in PNG and PDF: the commands the workflow calls.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scaleladder.cli import main as cli
+from scaleladder.plan import DEVICES, custom_device, predict
+from scaleladder.planner.memory import GIB, InputBatches, input_batches
+from scaleladder.spec import RunSpec
+
+SPEC = "vit-huge/ddp/bf16-mixed/pre-lag/n1/b16"
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
+    assert cli(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_a_custom_device_is_planned_with_its_own_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    d = _json(capsys, "--spec", SPEC, "--device", "rtx-4090", "--device-gib", "23.5")
+    assert d["device"] == "rtx-4090" and d["capacity_bytes"] == int(23.5 * GIB)
+    spec = RunSpec.from_path(SPEC)
+    assert d["max_batch"] == predict(spec, 8, 8, custom_device("rtx-4090", 23.5)).max_batch
+    # the same device by its key and by its size give the same max batch
+    same = predict(spec, 8, 8, custom_device("x", DEVICES["a100-80gb"] / GIB)).max_batch  # type: ignore[operator]
+    assert same == predict(spec, 8, 8, "a100-80gb").max_batch
+    # smaller device, smaller batch; an unnamed one gets a name that says its size
+    small = _json(capsys, "--spec", SPEC, "--device-gib", "18")
+    assert small["device"] == "custom-18gib" and 0 < small["max_batch"] < d["max_batch"]
+
+
+@pytest.mark.parametrize("gib", ["0", "-3", "abc", "nan", "inf", ""])
+def test_bad_device_sizes_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], gib: str) -> None:
+    assert cli(["plan", "--spec", SPEC, "--device", "my-gpu", "--device-gib", gib]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "device memory" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,culprit", [
+    (["--spec", SPEC], "give --device"),
+    (["--spec", SPEC, "--device", "a100-40gb", "--device-gib", "24"], "known device"),
+    (["--fits-chart", "fits.jpg", "--device", "a100-40gb"], "must end in .png, .pdf, .svg"),
+    (["--vs-measured", "vs.png", "--device", "a100-40gb"], "either --ladder"),
+    (["--vs-measured", "vs.png", "--device", "a100-40gb", "--ladder", "nope.h5"], "no such file: nope.h5"),
+])
+def test_bad_chart_and_device_arguments_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], culprit: str) -> None:
+    assert cli(["plan", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert culprit in err and len(err.splitlines()) == 1
+
+
+def test_the_data_mode_sets_the_input_batches_on_the_device(capsys: pytest.CaptureFixture[str]) -> None:
+    # The runner: synthetic keeps its pool resident; a loader holds one batch, two for a moment.
+    assert input_batches("synthetic") == InputBatches(2, 0)
+    assert input_batches("shards/manifest.json") == InputBatches(1, 1)
+    spec = "vit-base/ddp/bf16-mixed/pre-lag/n1/b64"
+    syn = _json(capsys, "--spec", spec, "--device", "a100-40gb")
+    ldr = _json(capsys, "--spec", spec, "--device", "a100-40gb", "--data", "shards/manifest.json")
+    one_batch = 64 * (3 * 224 * 224 * 4 + 8)  # fp32 images and int64 labels
+    assert syn["data"] == "synthetic" and ldr["data"] == "shards/manifest.json"
+    assert syn["breakdown"]["inputs"] == 2 * one_batch and ldr["breakdown"]["inputs"] == one_batch
+    assert ldr["peak_bytes"] == syn["peak_bytes"] - one_batch and ldr["max_batch"] > syn["max_batch"]
+
+
+@pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF-")])
+def test_fits_chart_for_a_device_and_node_count(tmp_path: Path, suffix: str, magic: bytes) -> None:
+    chart = tmp_path / f"fits{suffix}"
+    assert cli(["plan", "--fits-chart", str(chart), "--device", "mi250x-gcd", "--nodes", "2", "--gpus-per-node", "8",
+                "--batch", "32"]) == 0
+    assert chart.read_bytes()[:len(magic)] == magic and chart.stat().st_size > 5_000
+
+
+def _ladder(tmp_path: Path) -> Path:
+    """A ladder file as `scaleladder aggregate` writes it: an ok rung, a max-batch rung, an OOM."""
+    from scaleladder.store import write_record
+
+    rungs = tmp_path / "results" / "rungs"
+    recs = {
+        "vit-1b/fsdp-full/bf16-mixed/pre-lag/n1/b32": {"status": "ok", "batch": "32", "world_size": 8, "ranks_per_node": 8,
+                                                      "peak_active_gib": 5.0, "data": "synthetic"},
+        "vit-huge/ddp/bf16-mixed/pre-lag/n2/bmax": {"status": "ok", "batch": "40", "world_size": 16, "ranks_per_node": 8,
+                                                   "peak_active_gib": 30.0, "data": "shards/manifest.json"},
+        "vit-15b/ddp/bf16-mixed/pre-lag/n1/b32": {"status": "oom", "batch": "32", "world_size": 8},
+    }
+    files = []
+    for spec, attrs in recs.items():
+        f = rungs / f"{spec}.h5"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        write_record(f, {"spec": spec, **attrs})
+        files.append(str(f))
+    ladder = tmp_path / "results" / "ladder.h5"
+    assert cli(["aggregate", *files, "--out", str(ladder)]) == 0
+    return ladder
+
+
+@pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF-")])
+def test_predicted_vs_measured_from_an_aggregated_ladder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         suffix: str, magic: bytes) -> None:
+    ladder = _ladder(tmp_path)
+    capsys.readouterr()
+    chart = tmp_path / f"vs{suffix}"
+    assert cli(["plan", "--vs-measured", str(chart), "--device", "a100-80gb", "--ladder", str(ladder), "--json"]) == 0
+    points = {p["label"]: p for p in json.loads(capsys.readouterr().out)}
+    assert chart.read_bytes()[:len(magic)] == magic
+    assert set(points) == {"vit-1b/fsdp-full/bf16-mixed/pre-lag/n1/b32", "vit-huge/ddp/bf16-mixed/pre-lag/n2/bmax"}  # no OOM
+    # each prediction is for what ran: the max-batch rung at the batch it settled on, its world and data
+    huge = predict(RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n2/bmax"), 16, 8, "a100-80gb", batch=40,
+                   data="shards/manifest.json")
+    assert points["vit-huge/ddp/bf16-mixed/pre-lag/n2/bmax"]["predicted_gib"] == huge.peak_bytes / GIB
+    assert points["vit-huge/ddp/bf16-mixed/pre-lag/n2/bmax"]["measured_gib"] == 30.0
+    # the same points from the rung files themselves
+    files = sorted(str(p) for p in (tmp_path / "results" / "rungs").rglob("*.h5"))
+    assert cli(["plan", "--vs-measured", str(tmp_path / "r.png"), "--device", "a100-80gb", "--rungs", *files, "--json"]) == 0
+    assert {p["label"]: p for p in json.loads(capsys.readouterr().out)} == points
