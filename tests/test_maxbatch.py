@@ -108,7 +108,7 @@ def test_nothing_fits_is_an_oom_record_with_its_probes(tmp_path: Path, monkeypat
         return 0
 
     monkeypatch.setattr(sup, "launch", fake_launch)
-    rc = maxbatch.main(_args(tmp_path, "vit-debug/single/fp32/pre-lag/n1/bmax", plan_device="cpu"))
+    rc = maxbatch.main(_args(tmp_path, "vit-debug/single/fp32/pre-lag/n1/bmax", plan_device="cpu", ranks_per_node=1))
     assert rc == 0
     with h5py.File(tmp_path / "r.h5") as f:
         assert f.attrs["status"] == "oom" and f.attrs["max_batch"] == 0
@@ -146,7 +146,9 @@ def test_predicted_oom_spends_no_probe_unless_forced(tmp_path: Path, monkeypatch
     ({"max_retries": "-1"}, "--max-retries"),
     ({"max_batch_cap": "0"}, "max-batch-cap"),
     ({"probe_steps": "2", "probe_warmup": "2"}, "--probe-warmup"),
-    ({"plan_device": "tpu"}, "unknown device"),
+    ({"plan_device": "tpu", "ranks_per_node": "1"}, "unknown device"),
+    ({"plan_device": "a100-40gb"}, "--plan-device needs --ranks-per-node"),
+    ({"plan_device": "a100-40gb", "ranks_per_node": "0"}, "ranks-per-node"),
 ])
 def test_bad_input_is_one_line_naming_the_culprit(tmp_path: Path, argv: dict[str, str], culprit: str) -> None:
     spec = argv.pop("spec", "vit-debug/single/fp32/pre-lag/n1/bmax")

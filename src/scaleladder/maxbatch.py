@@ -4,9 +4,10 @@ The FLAVA seed's Figure 2 is found by hand; Lightning's batch-size finder refuse
 distributed strategies. Here, for one (model, strategy, precision, knobs, nodes):
 
 1. **Start** at the planner's predicted max batch when ``--plan-device`` is given
-   (else at 1), capped by ``--max-batch-cap``. When the planner predicts that not even
-   batch 1 fits, record ``predicted-oom`` and probe nothing (``--run-predicted-oom``
-   searches anyway), as ``launch --plan-device`` does for a fixed batch.
+   (with ``--ranks-per-node``: the planner's world is nodes × ranks per node; else at 1),
+   capped by ``--max-batch-cap``. When the planner predicts that not even batch 1 fits,
+   record ``predicted-oom`` and probe nothing (``--run-predicted-oom`` searches anyway),
+   as ``launch --plan-device`` does for a fixed batch.
 2. **Double** while probes pass, then **bisect** between the last pass and the first
    failure. Batch 1 failing ends the search: the rung is recorded as ``oom``.
 3. A **probe** is a real short run (``--probe-steps``, ``--probe-warmup``) through
@@ -16,13 +17,18 @@ distributed strategies. Here, for one (model, strategy, precision, knobs, nodes)
    autograd graphs). It passes when it finishes with status ``ok`` AND its allocator
    retries after warm-up stay within ``--max-retries`` (default 0): the FLAVA seed
    shows cudaMalloc retries slow training near the limit, so "fits but thrashes" is
-   not a fit. A probe that crashes for another reason aborts the search (exit 1) —
-   never mistaken for an OOM.
+   not a fit. Out of memory is what the runner calls out of memory (``bench.is_oom``:
+   torch's OutOfMemoryError, and the RuntimeErrors cuBLAS/hipBLAS and raw CUDA/HIP
+   allocations raise). A probe that crashes for another reason aborts the search
+   (exit 1) — never mistaken for an OOM.
 4. The **rung** then runs in full at the found batch via ``supervise.launch`` (unless the
    probes already ran the rung's own steps, in which case the passing probe IS the rung), and its
    HDF5 file gains ``max_batch`` and ``maxbatch_*`` attributes and a
    ``maxbatch/probes`` group (batch, status, retries, peaks, why each failed),
-   written atomically (temp file, then ``os.replace``).
+   written atomically (temp file, then ``os.replace``). The full rung's own allocator
+   retries are recorded too (``maxbatch_final_retries``): a rung longer than its probes
+   can cross the threshold they stayed under, and that is said in ``maxbatch_note``,
+   not hidden behind its ``ok``.
 
 On a CPU nothing runs out of memory, so there the search only ends at
 ``--max-batch-cap``: true OOM probing needs a GPU (see docs/planner.md).
@@ -147,14 +153,26 @@ def search(probe: Callable[[int], ProbeResult], start: int | None = None, cap: i
 # -- probes through the real launcher ---------------------------------------------------------
 
 
+def is_oom_message(text: str) -> bool:
+    """Does a recorded error say the device ran out of memory — by the runner's own rule?"""
+    from scaleladder.bench import is_oom
+
+    return is_oom(RuntimeError(text))
+
+
 def read_probe(path: Path, batch: int, seconds: float) -> ProbeResult:
     from scaleladder.store import read_attrs
 
     a = read_attrs(path)
     status = str(a.get("status", ""))
-    return ProbeResult(batch, status if status in ("ok", "oom") else "error", int(a.get("alloc_retries", 0) or 0),
+    reason = "" if status == "ok" else str(a.get("error", "") or status)
+    if status not in ("ok", "oom"):
+        # A record that failed some other way but whose error is an allocation failure
+        # (e.g. CUBLAS_STATUS_ALLOC_FAILED) is an OOM for the search, as for the runner.
+        status = "oom" if is_oom_message(reason) else "error"
+    return ProbeResult(batch, status, int(a.get("alloc_retries", 0) or 0),
                        float(a.get("peak_active_gib", float("nan"))), float(a.get("peak_reserved_gib", float("nan"))),
-                       "" if status == "ok" else str(a.get("error", status)), seconds)
+                       reason, seconds)
 
 
 def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: int) -> Callable[[int], ProbeResult]:
@@ -175,11 +193,11 @@ def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: i
     return probe
 
 
-def planned_start(spec: RunSpec, device: str, ranks_per_node: int) -> tuple[int | None, bool]:
+def planned_start(spec: RunSpec, device: str, ranks_per_node: int, data: str = "synthetic") -> tuple[int | None, bool]:
     """(the planner's max batch or None, whether it predicts that not even batch 1 fits)."""
     from scaleladder.plan import predict
 
-    p = predict(spec, spec.nodes * ranks_per_node, ranks_per_node, device)
+    p = predict(spec, spec.nodes * ranks_per_node, ranks_per_node, device, data=data)
     return p.max_batch, p.capacity_bytes is not None and p.max_batch is None
 
 
@@ -229,6 +247,19 @@ def search_attrs(res: SearchResult, max_retries: int, cap: int | None, planned: 
     }
 
 
+def final_retry_attrs(final: Path, batch: int, max_retries: int, rung_steps: int, probe_steps: int) -> dict[str, Any]:
+    """The full rung's allocator retries after warm-up, and a note when they exceed the threshold."""
+    from scaleladder.store import read_attrs
+
+    retries = int(read_attrs(final).get("alloc_retries", 0) or 0)
+    attrs: dict[str, Any] = {"maxbatch_final_retries": retries}
+    if retries > max_retries:
+        attrs["maxbatch_note"] = (f"the full rung at b={batch} ({rung_steps} steps) had {retries} allocator retries after "
+                                  f"warm-up, over the threshold {max_retries} its {probe_steps}-step probe stayed within: "
+                                  f"b={batch} is at the edge")
+    return attrs
+
+
 def record_result(final: Path, out: Path, spec: RunSpec, attrs: dict[str, Any], probes: list[ProbeResult]) -> None:
     """Copy the final run's file onto ``out`` with the search's attributes and probes, atomically."""
     import h5py
@@ -272,14 +303,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_run_arguments(p)
     p.add_argument("--launcher", default="", help="command prefix that starts the ranks, as for `scaleladder launch` (empty: one local process)")
-    p.add_argument("--plan-device", default="", help="planner device key: start the search at the predicted max batch")
-    p.add_argument("--ranks-per-node", default="1", help="ranks per node, for the planner (default 1)")
+    p.add_argument("--plan-device", default="", help="planner device key: start the search at the predicted max batch "
+                   "(needs --ranks-per-node)")
+    p.add_argument("--ranks-per-node", default=None, help="ranks per node, as the launcher starts them: the planner's world "
+                   "is nodes × this (required with --plan-device)")
     p.add_argument("--run-predicted-oom", action="store_true", help="search even when the planner predicts batch 1 will not fit")
     p.add_argument("--max-retries", default="0", help="allocator retries after warm-up a probe may have and still pass (default 0)")
     p.add_argument("--max-batch-cap", default=None, help="never probe above this batch (the search's only end on a CPU)")
     p.add_argument("--probe-steps", default="5", help="steps per probe, warm-up included (default 5)")
     p.add_argument("--probe-warmup", default="2", help="warm-up steps per probe, excluded from its retry count (default 2)")
-    p.add_argument("--keep-probes", action="store_true", help="keep the probes' HDF5 files (beside --out)")
+    p.add_argument("--keep-probes", action="store_true", help="keep the probes' HDF5 files, probe-b<N>.h5, in the folder "
+                   ".<name of --out>.maxbatch/ next to --out (default: removed)")
+
+
+def probe_dir(out: Path) -> Path:
+    """Where the probes run (and stay with --keep-probes): a hidden folder next to the result."""
+    return out.with_name(f".{out.name}.maxbatch")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -289,7 +328,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.spec.batch != "max":
         raise SpecError(f"maxbatch searches the batch: the spec must end in /bmax, got {cfg.spec.path!r}")
-    rpn = parse_positive("ranks-per-node", args.ranks_per_node)
+    if args.plan_device and args.ranks_per_node is None:
+        raise SpecError("--plan-device needs --ranks-per-node (the planner plans nodes × ranks-per-node ranks)")
+    rpn = None if args.ranks_per_node is None else parse_positive("ranks-per-node", args.ranks_per_node)
     try:
         max_retries = int(args.max_retries)
     except ValueError:
@@ -298,12 +339,14 @@ def main(args: argparse.Namespace) -> int:
         raise SpecError(f"--max-retries must be an integer >= 0, got {args.max_retries!r}")
     cap = None if args.max_batch_cap is None else parse_positive("max-batch-cap", args.max_batch_cap)
     steps, warmup = parse_steps_warmup(args.probe_steps, args.probe_warmup, prefix="--probe-")
-    planned, hopeless = planned_start(cfg.spec, args.plan_device, rpn) if args.plan_device else (None, False)
+    planned, hopeless = None, False
+    if args.plan_device and rpn is not None:  # (rpn is required with --plan-device: checked above)
+        planned, hopeless = planned_start(cfg.spec, args.plan_device, rpn, cfg.data)
     if hopeless and not args.run_predicted_oom:
         from scaleladder.supervise import write_oom_record
 
         # The same verdict `launch --plan-device` records for a fixed batch: no probe is spent.
-        write_oom_record(cfg, [], cfg.spec.nodes * rpn, status="predicted-oom",
+        write_oom_record(cfg, [], cfg.spec.nodes * (rpn or 1), status="predicted-oom",
                          extra={"plan_device": args.plan_device, "max_batch": 0, "maxbatch_probes": 0})
         print(f"scaleladder maxbatch: {cfg.spec.path}: predicted not to fit even at batch 1 on {args.plan_device}; "
               "recorded as 'predicted-oom'", file=sys.stderr)
@@ -312,9 +355,9 @@ def main(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(f"scaleladder maxbatch: {cfg.spec.path}: {msg}", file=sys.stderr)
 
-    workdir = cfg.out.with_name(f".{cfg.out.name}.maxbatch")
+    workdir = probe_dir(cfg.out)
     workdir.mkdir(parents=True, exist_ok=True)
-    final = workdir / "final.h5"
+    temp_final = workdir / "final.h5"  # the full rung's own run; never a probe's file
     try:
         log(f"start at b={planned or 1}" + (f" (planner, {args.plan_device})" if planned else "") + (f", cap {cap}" if cap else ""))
         try:
@@ -324,7 +367,7 @@ def main(args: argparse.Namespace) -> int:
             return 1
         attrs = search_attrs(res, max_retries, cap, planned)
         if res.max_batch is None:
-            record_oom(cfg, cfg.spec.nodes * rpn, attrs, res.probes)
+            record_oom(cfg, _world(res.probes, workdir, cfg.spec.nodes * (rpn or 1)), attrs, res.probes)
             log(f"not even batch 1 trains; recorded as 'oom' in {cfg.out}")
             return 0
         log(f"max batch {res.max_batch}{' (the cap)' if res.capped else ''} after {len(res.probes)} probes")
@@ -333,16 +376,32 @@ def main(args: argparse.Namespace) -> int:
             final = probe_file  # the passing probe already WAS the full rung: same command, same steps
         else:
             log(f"running the rung at b={res.max_batch}")
+            final = temp_final
             rung = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, batch=res.max_batch), out=final)
             rc = launch(rung, args.launcher)
             if rc != 0 or not final.is_file():
                 log(f"the rung at b={res.max_batch} failed (exit {rc}); no result written")
                 return rc or 1
+        attrs.update(final_retry_attrs(final, res.max_batch, max_retries, cfg.steps, steps))
+        if "maxbatch_note" in attrs:
+            log(str(attrs["maxbatch_note"]))
         record_result(final, cfg.out, cfg.spec, attrs, res.probes)
         log(f"-> {cfg.out}")
         return 0
     finally:
         if args.keep_probes:
-            final.unlink(missing_ok=True)
+            temp_final.unlink(missing_ok=True)  # only the rung's temporary copy: every probe stays
+            log(f"probes kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _world(probes: list[ProbeResult], workdir: Path, fallback: int) -> int:
+    """The world the probes ran on, as their own records say (the launcher decides it)."""
+    from scaleladder.store import read_attrs
+
+    for p in reversed(probes):
+        f = workdir / f"probe-b{p.batch}.h5"
+        if f.is_file():
+            return int(read_attrs(f).get("world_size", fallback) or fallback)
+    return fallback
