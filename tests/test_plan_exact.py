@@ -8,7 +8,12 @@ and of AdamW's states. ``plan.static_bytes_per_rank`` must match to the byte.
 The same run checks the one FSDP behaviour the planner's FLAVA numbers rest on:
 FLAVA runs each encoder layer twice per step, and FSDP1 cannot reshard a layer unit
 until BOTH passes have been through backward — so the unimodal layer units pile up,
-all-gathered, between the masked and the unmasked pass's backward.
+all-gathered, between the masked and the unmasked pass's backward; with and without
+(non-reentrant) activation checkpointing.
+
+A second, four-rank run checks HYBRID's padding: with groups of 2 out of 4 ranks, FSDP
+pads each flat parameter to the shard group, not to the world (two ranks cannot tell
+the two apart: there the group is the world).
 
 This file is also the worker (run under torchrun by the test), so it needs no
 helper module outside the planner's own test files.
@@ -28,19 +33,26 @@ import pytest
 pytestmark = pytest.mark.slow  # two processes (still run in CI, and by default)
 
 FLAVORS = ("vit-debug", "flava-debug")
-STRATEGIES = ("ddp", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "fsdp-hybrid1", "fsdp-hybrid2", "fsdp-full-ac")
+STRATEGIES = ("ddp", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "fsdp-hybrid1", "fsdp-hybrid2", "fsdp-full-ac",
+              "fsdp-hybrid2-ac")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
-# Every (flavor, strategy, precision) takes ~1.5 s on two CPU ranks; the full 42-case matrix
-# (SCALELADDER_EXACT_FULL=1: every strategy incl. grad-op, hybrid1, hybrid2) passed when this
-# was written. By default a subset that still covers each code path: unsharded vs sharded vs
-# NO_SHARD-padded-to-the-world, both alignments (4 elements with fp32, 8 with a bf16 param
-# dtype), bf16 storage, a frozen unit (the codebook) and a mixed frozen/trained root (FLAVA), AC.
+# Every (flavor, strategy, precision) takes well under a second on two CPU ranks once the
+# processes are up; SCALELADDER_EXACT_FULL=1 runs the full 48-case matrix. By default every
+# strategy once, spread so that together they still cover each code path: unsharded vs sharded
+# vs NO_SHARD-padded-to-the-world (no-shard, hybrid1), both alignments (4 elements with fp32,
+# 8 with a bf16 param dtype), bf16 storage, a frozen unit (the codebook) and a mixed
+# frozen/trained root (FLAVA), AC with and without sharding across the group.
 CASES = [
     ("vit-debug", "ddp", "fp32"), ("vit-debug", "fsdp-full", "bf16-mixed"), ("vit-debug", "fsdp-no-shard", "bf16-true"),
     ("flava-debug", "ddp", "bf16-mixed"), ("flava-debug", "fsdp-full", "fp32"), ("flava-debug", "fsdp-full-ac", "bf16-true"),
+    ("flava-debug", "fsdp-grad-op", "bf16-mixed"), ("vit-debug", "fsdp-hybrid1", "fp32"),
+    ("flava-debug", "fsdp-hybrid2", "bf16-true"), ("vit-debug", "fsdp-hybrid2-ac", "bf16-mixed"),
 ]
 if os.environ.get("SCALELADDER_EXACT_FULL"):
     CASES = [(f, s, p) for f in FLAVORS for s in STRATEGIES for p in PRECISIONS]
+# Four ranks, HYBRID groups of two: the padding that tells the group from the world.
+CASES_4 = [("vit-debug", "fsdp-hybrid2", "fp32"), ("flava-debug", "fsdp-hybrid2-ac", "bf16-mixed")]
+GATHER_STRATEGIES = ("fsdp-full", "fsdp-full-ac")
 
 
 # -- the worker (one process per rank) ------------------------------------------------------
@@ -99,7 +111,7 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     return {"params": params, "grads": grads, "optimizer": optim}
 
 
-def _count_gathered_units(flavor_name: str) -> dict[str, int]:
+def _count_gathered_units(flavor_name: str, strategy: str) -> dict[str, int]:
     """Max number of FSDP units all-gathered at once during a FULL_SHARD backward."""
     import torch
     from torch.distributed.fsdp._traversal_utils import _get_fsdp_handles
@@ -116,7 +128,7 @@ def _count_gathered_units(flavor_name: str) -> dict[str, int]:
     flavor = get_flavor(flavor_name)
     torch.manual_seed(0)
     model = build_model(flavor, "cpu")
-    wrapped, _ = apply_strategy(model, parse_strategy("fsdp-full"), Knobs(), policy("fp32"), torch.device("cpu"))
+    wrapped, _ = apply_strategy(model, parse_strategy(strategy), Knobs(), policy("fp32"), torch.device("cpu"))
     handles = _get_fsdp_handles(wrapped)
 
     def gathered() -> int:
@@ -139,9 +151,11 @@ def _worker() -> None:
 
     dist.init_process_group("gloo")
     out: dict[str, Any] = {}
-    for flavor, strategy, precision in CASES:
+    four = dist.get_world_size() == 4
+    for flavor, strategy, precision in CASES_4 if four else CASES:
         out[f"{flavor}/{strategy}/{precision}"] = _measure(flavor, strategy, precision)
-    out["gathered"] = _count_gathered_units("flava-debug")
+    if not four:
+        out["gathered"] = {s: _count_gathered_units("flava-debug", s) for s in GATHER_STRATEGIES}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, out)
     if dist.get_rank() == 0:
@@ -152,13 +166,22 @@ def _worker() -> None:
 # -- the test --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def measured() -> list[dict[str, Any]]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(Path(__file__))]
+def _run_ranks(n: int) -> list[dict[str, Any]]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", str(Path(__file__))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("EXACT "))
     return json.loads(line[len("EXACT "):])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[dict[str, Any]]:
+    return _run_ranks(2)
+
+
+@pytest.fixture(scope="module")
+def measured_4() -> list[dict[str, Any]]:
+    return _run_ranks(4)
 
 
 @pytest.mark.parametrize("flavor,strategy,precision", CASES)
@@ -184,11 +207,28 @@ def test_static_bytes_differ_between_ranks_and_none_means_the_largest(measured: 
     assert static_bytes_per_rank(spec, 2) == max(per_rank, key=lambda d: sum(d.values()))
 
 
-def test_flava_layer_units_stay_gathered_between_the_two_passes(measured: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("flavor,strategy,precision", CASES_4)
+def test_hybrid_pads_to_the_shard_group_not_the_world(measured_4: list[dict[str, Any]], flavor: str, strategy: str,
+                                                       precision: str) -> None:
+    from scaleladder.plan import static_bytes_per_rank
+    from scaleladder.planner.inventory import inventory
+    from scaleladder.planner.static import aligned_numel, flat_layout
+    from scaleladder.spec import RunSpec
+
+    # The case discriminates: padded to the world (4), the root's chunk on 2 ranks would differ.
+    root, align = inventory(flavor).root, aligned_numel(precision)
+    assert flat_layout(root, align, 2).total != flat_layout(root, align, 4).total
+    spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/pre-lag/n1/b10")
+    for rank, per_rank in enumerate(measured_4):
+        assert static_bytes_per_rank(spec, 4, rank) == per_rank[f"{flavor}/{strategy}/{precision}"], f"rank {rank}"
+
+
+@pytest.mark.parametrize("strategy", GATHER_STRATEGIES)
+def test_flava_layer_units_stay_gathered_between_the_two_passes(measured: list[dict[str, Any]], strategy: str) -> None:
     from scaleladder.models.flavors import get_flavor
 
     f = get_flavor("flava-debug")
-    g = measured[0]["gathered"]
+    g = measured[0]["gathered"][strategy]
     # The root, plus every image and text layer unit (both encoders' layers have been
     # reached by the masked pass's backward, none released by the unmasked pass's yet).
     assert g["max_gathered_in_backward"] == 1 + 2 * f.layers
