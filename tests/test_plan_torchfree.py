@@ -92,12 +92,11 @@ def test_a_changed_flavor_is_not_served_a_stale_layout() -> None:
     assert inventory(wider) == build_inventory(wider) != inventory("vit-debug")
 
 
-def test_the_numbers_the_planner_restates_from_batches_are_the_runners() -> None:
-    from scaleladder import batches
+def test_the_runner_and_the_planner_share_one_synthetic_layout() -> None:
+    from scaleladder import batch_layout, batches
     from scaleladder.planner import activations, memory
 
-    assert memory.SYNTHETIC_POOL == batches.SYNTHETIC_POOL
-    assert memory.SYNTHETIC_POOL == inspect.signature(batches.SyntheticBatches).parameters["pool"].default
-    for flavor in FLAVORS.values():
-        if flavor.family == "flava":
-            assert activations.masked_counts(flavor) == batches.masked_counts(flavor), flavor.name
+    # one definition, imported by both (no restated copies to drift apart)
+    assert memory.SYNTHETIC_POOL is batch_layout.SYNTHETIC_POOL
+    assert activations.masked_counts is batches.masked_counts is batch_layout.masked_counts
+    assert inspect.signature(batches.SyntheticBatches).parameters["pool"].default == batch_layout.SYNTHETIC_POOL

@@ -36,22 +36,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaleladder.batch_layout import masked_counts
 from scaleladder.models.flavors import Flavor
 
 STATS = 8  # LayerNorm saves mean and rstd, fp32, per token
-
-# How many text tokens and patches a synthetic FLAVA sample masks: batches.masked_counts,
-# restated because batches imports torch and the planner must import without it (the
-# workflow plans on a login node). tests/test_plan_torchfree.py pins the two together.
-MASKED_PATCH_FRACTION = 75 / 196
-MLM_FRACTION = 0.15
-
-
-def masked_counts(flavor: Flavor) -> tuple[int, int]:
-    """(masked text tokens, masked patches) per sample, as batches.masked_counts."""
-    text = max(1, round(MLM_FRACTION * (flavor.text_len - 2)))  # CLS and SEP are never masked
-    return text, max(1, round(MASKED_PATCH_FRACTION * flavor.patches))
-
 
 @dataclass(frozen=True)
 class Dtypes:

@@ -32,6 +32,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaleladder.batch_layout import SYNTHETIC_POOL
 from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.planner.activations import (
     Call,
@@ -104,10 +105,6 @@ class Overheads:
 
 CALIBRATED = Overheads()
 
-# batches.SYNTHETIC_POOL: the synthetic batches a rank keeps on the device all run long.
-# Restated, not imported, because batches imports torch and the planner must not;
-# tests/test_plan_torchfree.py pins the two together.
-SYNTHETIC_POOL = 2
 
 
 @dataclass(frozen=True)
