@@ -256,3 +256,36 @@ def test_meta_init_with_codebook_weights_runs(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     with h5py.File(out) as f:
         assert f.attrs["init"] == "meta" and f.attrs["fsdp_layer_units"] == 5 and f.attrs["fsdp_units"] == 7
+
+
+def test_a_rung_on_shards_records_its_tokenizer(tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    p = sl("shard", "--out", str(shards), "--samples", "24", "--per-shard", "8", "--image-size", "64", "--quiet")
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "r.h5"
+    p = sl("run", "--spec", "flava-debug/single/fp32/pre-lag/n1/b4", "--steps", "3", "--warmup", "1",
+           "--data", str(shards / "manifest.json"), "--workers", "0", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out) as f:
+        assert f.attrs["data"] == str(shards / "manifest.json")
+        assert 0 < f.attrs["tokenizer_vocab_size"] <= get_flavor("flava-debug").vocab_size
+
+
+@pytest.mark.parametrize("spec,recorded", [
+    ("flava-10b/ddp/bf16-mixed/pre-lag/n1/b8", True),  # 10B replicated on a 40 GB A100: never
+    ("flava-10b/ddp/bf16-mixed/pre-lag/n1/bmax", True),  # not even batch 1: the max rung too
+    ("vit-base/ddp/bf16-mixed/pre-lag/n1/b8", False),  # fits: --plan-only refuses to record it
+])
+def test_launch_plan_only_records_the_planners_verdict(tmp_path: Path, spec: str, recorded: bool) -> None:
+    out = tmp_path / "r.h5"
+    p = sl("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
+           "--launcher", "false", "--out", str(out))
+    if recorded:
+        assert p.returncode == 0, p.stderr
+        with h5py.File(out) as f:
+            assert f.attrs["status"] == "predicted-oom" and f.attrs["plan_device"] == "a100-40gb"
+            assert f.attrs["world_size"] == 8 and f.attrs["gpus_per_node"] == 8
+            assert f.attrs["predicted_required_gib"] > 39.59
+            assert f.attrs.get("max_batch", -1) == (0 if spec.endswith("bmax") else -1)
+    else:
+        assert_bad_input(p, "predicted to fit", tmp_path)

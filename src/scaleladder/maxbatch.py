@@ -342,15 +342,12 @@ def main(args: argparse.Namespace) -> int:
     planned, hopeless = None, False
     if args.plan_device and rpn is not None:  # (rpn is required with --plan-device: checked above)
         planned, hopeless = planned_start(cfg.spec, args.plan_device, rpn, cfg.data)
-    if hopeless and not args.run_predicted_oom:
-        from scaleladder.supervise import write_oom_record
+    if hopeless and not args.run_predicted_oom and rpn is not None:
+        from scaleladder.supervise import record_predicted_oom
 
         # The same verdict `launch --plan-device` records for a fixed batch: no probe is spent.
-        write_oom_record(cfg, [], cfg.spec.nodes * (rpn or 1), status="predicted-oom",
-                         extra={"plan_device": args.plan_device, "max_batch": 0, "maxbatch_probes": 0})
-        print(f"scaleladder maxbatch: {cfg.spec.path}: predicted not to fit even at batch 1 on {args.plan_device}; "
-              "recorded as 'predicted-oom'", file=sys.stderr)
-        return 0
+        if record_predicted_oom(cfg, args.plan_device, rpn, "maxbatch"):
+            return 0
 
     def log(msg: str) -> None:
         print(f"scaleladder maxbatch: {cfg.spec.path}: {msg}", file=sys.stderr)

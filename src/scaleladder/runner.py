@@ -275,7 +275,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     prec = policy(spec.precision)
     prec.apply_backend_flags()
     batch = int(spec.batch)
-    batches = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
+    batches, data_attrs = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
 
     init = _init_mode(cfg, flavor, device)
     wrapped, report, params = build_wrapped(cfg, init, device, prec)
@@ -303,6 +303,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "fsdp_layer_units": report.fsdp_layer_units,
         "ac_layers": report.ac_layers,
         "init": init,
+        **data_attrs,
         **provenance.collect(where["device_name"]),
         **where,
         "flops_per_sample": flops.model,
@@ -354,17 +355,19 @@ def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
     return "meta" if fp32_bytes > 0.25 * torch.cuda.get_device_properties(device).total_memory else "device"
 
 
-def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.device, dtype: torch.dtype) -> Any:
+def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.device,
+             dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
+    """The rank's batches, and what the record should say about them beyond --data."""
     if cfg.data == "synthetic":
         from scaleladder.batches import SyntheticBatches
 
-        return SyntheticBatches(flavor, batch, env.rank, cfg.steps, cfg.seed, device, dtype=dtype)
+        return SyntheticBatches(flavor, batch, env.rank, cfg.steps, cfg.seed, device, dtype=dtype), {}
     from scaleladder.data.loader import make_loader
 
     loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, cfg.workers, cfg.seed, pin_memory=device.type == "cuda")
     if dtype == torch.float32:
-        return loader
-    return ({k: v.to(dtype) if v.is_floating_point() else v for k, v in b.items()} for b in loader)
+        return loader, loader.record_attrs()
+    return ({k: v.to(dtype) if v.is_floating_point() else v for k, v in b.items()} for b in loader), loader.record_attrs()
 
 
 def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:

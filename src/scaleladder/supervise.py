@@ -96,14 +96,33 @@ def finalize(cfg: RunConfig, rc: int, world: int | None = None) -> int:
 
 
 def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[str, Any] | None:
-    """The planner's verdict as record attributes when it predicts no fit, else None."""
+    """The planner's verdict as record attributes when it predicts the rung cannot run,
+    else None. A fixed batch cannot run when it does not fit; a ``max`` rung, when not
+    even batch 1 does. The workflow makes the same call (same arguments) while it builds
+    its DAG, so the two never disagree about which rungs are skipped."""
     from scaleladder.plan import predict
 
     world = cfg.spec.nodes * ranks_per_node
-    p = predict(cfg.spec, world, ranks_per_node, device_key)
+    p = predict(cfg.spec, world, ranks_per_node, device_key, data=cfg.data)
     if p.fits:
         return None
-    return {"predicted_peak_gib": p.peak_bytes / 2**30, "plan_device": device_key}
+    # Every planner device is a GPU, one rank each.
+    extra: dict[str, Any] = {"predicted_peak_gib": p.peak_bytes / 2**30, "predicted_required_gib": p.required_bytes / 2**30,
+                             "plan_device": device_key, "gpus_per_node": ranks_per_node}
+    if cfg.spec.batch == "max":
+        extra |= {"max_batch": 0, "maxbatch_probes": 0}
+    return extra
+
+
+def record_predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int, prog: str) -> bool:
+    """Write a 'predicted-oom' record when the planner says the rung cannot run."""
+    verdict = predicted_oom(cfg, device_key, ranks_per_node)
+    if verdict is None:
+        return False
+    write_oom_record(cfg, [], cfg.spec.nodes * ranks_per_node, status="predicted-oom", extra=verdict)
+    print(f"scaleladder {prog}: {cfg.spec.path}: predicted not to fit on {device_key} "
+          f"(needs {verdict['predicted_required_gib']:.1f} GiB); recorded as 'predicted-oom'", file=sys.stderr)
+    return True
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,6 +134,8 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks-per-node", default=None, help="ranks the launcher starts per node: lets launch check the world "
                    "(e.g. a hybrid group that does not divide it) before starting any rank; required with --plan-device")
     p.add_argument("--run-predicted-oom", action="store_true", help="run rungs the planner predicts will not fit anyway")
+    p.add_argument("--plan-only", action="store_true", help="with --plan-device: record the planner's 'predicted-oom' verdict "
+                   "and start nothing; a rung predicted to fit is an error (the workflow's DAG said it would not)")
 
 
 def add_finalize_arguments(p: argparse.ArgumentParser) -> None:
@@ -140,7 +161,9 @@ def launch(cfg: RunConfig, launcher: str) -> int:
 
 def launch_main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if cfg.spec.batch == "max":
+    if args.plan_only and not args.plan_device:
+        raise SpecError("--plan-only needs --plan-device")
+    if cfg.spec.batch == "max" and not args.plan_only:
         raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `launch`")
     if args.plan_device and args.ranks_per_node is None:
         # The planner's verdict depends on it (hybrid groups, per-node memory): never assume 1.
@@ -152,14 +175,12 @@ def launch_main(args: argparse.Namespace) -> int:
         # Under a launcher a world-size fault would surface once per rank, as a launcher
         # traceback; known here, it is one line and exit 2 before any rank starts.
         cfg.spec.strategy.check_world(cfg.spec.nodes * rpn)
-    if rpn is not None and args.plan_device and not args.run_predicted_oom:
-        verdict = predicted_oom(cfg, args.plan_device, rpn)
-        if verdict is not None:
-            # Every planner device is a GPU, one rank each.
-            write_oom_record(cfg, [], cfg.spec.nodes * rpn, status="predicted-oom", extra={**verdict, "gpus_per_node": rpn})
-            print(f"scaleladder launch: {cfg.spec.path}: predicted not to fit on {args.plan_device} "
-                  f"({verdict['predicted_peak_gib']:.1f} GiB); recorded as 'predicted-oom'", file=sys.stderr)
+    if rpn is not None and args.plan_device and (args.plan_only or not args.run_predicted_oom):
+        if record_predicted_oom(cfg, args.plan_device, rpn, "launch"):
             return 0
+        if args.plan_only:
+            raise SpecError(f"{cfg.spec.path} is predicted to fit on {args.plan_device} with {rpn} ranks per node; "
+                            "--plan-only records only rungs that are not (is the planner here the one that built the DAG?)")
     return launch(cfg, args.launcher)
 
 
