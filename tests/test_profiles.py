@@ -80,13 +80,33 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
 
 def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
     out = dry_run(wf, "frontier")
+    counts = job_counts(out)
     # Figure 1: 3 strategies x 6 knob sets at 8 nodes; Figures 2-3: 6 models x 7 strategies
-    # x nodes 1/2/4/8; 3 rungs are in both.
-    assert job_counts(out)["rung"] == 18 + 6 * 7 * 4 - 3
-    for spec in ("vit-15b/fsdp-hybrid8/bf16-mixed/pre-lag/n1/b32", "vit-base/fsdp-hybrid1/bf16-mixed/pre-lag/n8/b32",
-                 "vit-5b/fsdp-grad-op/bf16-mixed/none-nolag/n8/b32"):
-        assert f"results/rungs/{spec}.h5" in out
-    assert "srun -N8 -n64 -c7" in out and "rung_max" not in job_counts(out)
+    # x nodes 1/2/4/8; 3 rungs are in both. Each is either run or, when the planner says it
+    # cannot fit a 64 GB GCD, recorded as predicted-oom without an allocation.
+    assert counts["rung"] + counts["predicted_oom"] == 18 + 6 * 7 * 4 - 3
+    for spec in ("vit-base/fsdp-hybrid1/bf16-mixed/pre-lag/n8/b32", "vit-5b/fsdp-grad-op/bf16-mixed/none-nolag/n8/b32",
+                 "vit-3b/fsdp-hybrid2/bf16-mixed/pre-lag/n1/b32"):
+        assert f"results/rungs/{spec}.h5" in out and f"results/predicted/{spec}.h5" not in out
+    # the seed's own verdicts: 5B and 15B do not fit replicated on one GCD, 3B does not with DDP's extras either
+    for spec in ("vit-15b/ddp/bf16-mixed/pre-lag/n1/b32", "vit-15b/fsdp-hybrid1/bf16-mixed/pre-lag/n8/b32",
+                 "vit-5b/ddp/bf16-mixed/pre-lag/n4/b32"):
+        assert f"results/predicted/{spec}.h5" in out and f"results/rungs/{spec}.h5" not in out
+    assert "srun -N8 -n64 -c7" in out and "rung_max" not in counts
+
+
+def test_predicted_oom_rungs_are_recorded_on_the_login_node(wf: Path) -> None:
+    spec = "vit-15b/ddp/bf16-mixed/pre-lag/n2/b32"
+    out = dry_run(wf, "frontier", f"results/predicted/{spec}.h5")
+    image = "${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"
+    cmd = shell_of(out, "predicted_oom", f"results/predicted/{spec}.h5")
+    assert f"apptainer exec --workdir $PWD --bind /lustre {image} scaleladder launch --plan-only --plan-device mi250x-gcd " \
+           f"--ranks-per-node 8 --spec {spec} " in cmd
+    assert "srun" not in cmd  # a local rule: no allocation for a certain OOM
+    assert re.search(r"localrules:\s+predicted_oom,", (REPO / "workflow/rules/ladder.smk").read_text())
+    # the switch runs them all for real instead
+    out = dry_run(wf, "frontier", "--config", "run_predicted_oom=true")
+    assert "predicted_oom" not in job_counts(out) and job_counts(out)["rung"] == 18 + 6 * 7 * 4 - 3
 
 
 def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
@@ -97,16 +117,18 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     launcher = "'torchrun --standalone --nnodes 1 --nproc-per-node 8 -m scaleladder'"
     env = ('export NCCL_DEBUG="WARN"; export NCCL_ASYNC_ERROR_HANDLING="1"; export OMP_NUM_THREADS="8"; '
            'export HDF5_USE_FILE_LOCKING="FALSE"; ')
-    plan = "--plan-device a100-40gb --ranks-per-node 8"
-    for rule, verb, target, spec in (("rung", "launch", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
-                                     ("rung_max", "maxbatch", mx, "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax")):
+    for rule, verb, plan, target, spec in (
+            ("rung", "launch", "--ranks-per-node 8", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
+            ("rung_max", "maxbatch", "--plan-device a100-40gb --ranks-per-node 8", mx,
+             "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax")):
         args = ARGS.format(steps=1000, warmup=100, data="results/shards/224px/manifest.json", workers=7, out=target)
         log = target.replace("results/rungs/", "results/logs/rungs/").replace(".h5", ".log")
         assert shell_of(out, rule, target) == f"{env}{sl} {verb} --launcher {launcher} {plan} --spec {spec} {args} > {log} 2>&1"
         res = resources_of(out, rule, target)
         assert res["nodes"] == "1" and res["gpu"] == "8" and res["slurm_extra"] == "--exclusive"
-    full = dry_run(wf, "a100")
-    assert job_counts(full)["rung"] == 18 and job_counts(full)["rung_max"] == 18  # 6 FLAVA sizes x 3 strategies x {8, max}
+    full = job_counts(dry_run(wf, "a100"))
+    assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36  # 6 FLAVA sizes x 3 strategies x {8, max}
+    assert full["rung"] == full["rung_max"]  # a verdict holds for the fixed batch and the search alike
 
 
 def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
@@ -117,7 +139,7 @@ def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
     assert shell_of(out, "rung", target) == (
         'export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; scaleladder launch '
         "--launcher 'torchrun --standalone --nnodes 1 --nproc-per-node 2 -m scaleladder' "  # no GPU here: 2 CPU ranks
-        f"--spec vit-debug/fsdp-full/fp32/post-nolag/n1/b4 {args} > {log} 2>&1"
+        f"--ranks-per-node 2 --spec vit-debug/fsdp-full/fp32/post-nolag/n1/b4 {args} > {log} 2>&1"
     )
     mx = "results/rungs/flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax.h5"
     assert shell_of(out, "rung_max", mx).startswith(
@@ -196,3 +218,11 @@ def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path
     assert " --gpus=8 " in lines["a100"]
     for line in lines.values():
         assert "--mem" not in line, line
+
+
+def test_max_batch_search_settings_come_from_the_config(wf: Path) -> None:
+    mx = "results/rungs/flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax.h5"
+    out = dry_run(wf, "local", mx, "--config", "maxbatch={max_retries: 1, probe_steps: 3, probe_warmup: 1}")
+    assert " --max-batch-cap 4 --max-retries 1 --probe-steps 3 --probe-warmup 1 --spec " in shell_of(out, "rung_max", mx)
+    bad = snakemake(wf, "--profile", "profiles/local", "-n", "--config", "maxbatch={max_retries: -1}", check=False)
+    assert bad.returncode != 0 and "config key 'maxbatch.max_retries'" in bad.stdout + bad.stderr

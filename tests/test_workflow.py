@@ -224,3 +224,30 @@ def test_an_oom_rung_is_a_result_and_the_ladder_goes_on(done: Path) -> None:
     assert spec in (done / "results/report.md").read_text()
     # the OOM record is the rung's result: a plain rerun has nothing to do
     assert "Nothing to be done" in snakemake(done, "-n", *small(done)).stdout
+
+
+def test_a_rung_predicted_not_to_fit_is_recorded_not_run(tmp_path: Path) -> None:
+    """With a site plan_device, the DAG sends a rung the planner says cannot fit to the
+    local `predicted_oom` rule instead of a rung job; the ladder records and plots it."""
+    wf = workflow_copy(tmp_path / "wf")
+    (wf / "planned.yaml").write_text("""
+site: {plan_device: a100-40gb}
+steps: 3
+warmup: 1
+data: {source: synthetic}
+ladders:
+  - models: [vit-debug, flava-10b]
+    strategies: [ddp]
+    batches: [4]
+""")
+    args = (*PROFILE, "--configfile", "profiles/local/site.yaml", "planned.yaml")
+    plan = jobs(snakemake(wf, "-n", *args).stdout)
+    assert plan == {"rung": 1, "predicted_oom": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    snakemake(wf, *args)
+    rungs = {r["spec"]: r for r in read_ladder(str(wf / "results/ladder.h5"))[0]}
+    assert rungs["vit-debug/ddp/fp32/pre-lag/n1/b4"]["status"] == "ok"
+    big = rungs["flava-10b/ddp/fp32/pre-lag/n1/b4"]
+    assert big["status"] == "predicted-oom" and big["plan_device"] == "a100-40gb" and big["predicted_required_gib"] > 40
+    assert not (wf / "results/rungs/flava-10b").exists()  # never ran
+    assert (wf / "results/predicted/flava-10b/ddp/fp32/pre-lag/n1/b4.h5").exists()
+    assert "flava-10b" in (wf / "results/report.md").read_text()

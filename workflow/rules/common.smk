@@ -42,11 +42,23 @@ def _key(path) -> str:
 
 
 def _coerce_numbers(cfg: dict) -> None:
-    """`--config` parses YAML with BaseLoader, so `batches: [8]` arrives as ['8']:
-    make digit strings numbers again where the schema wants integers."""
+    """`--config` parses YAML with BaseLoader, so `batches: [8]` arrives as ['8'] and
+    `run_predicted_oom=true` as 'true': make such strings numbers and booleans again
+    where the schema wants them."""
 
     def num(v):
         return int(v) if isinstance(v, str) and v.isdigit() else v
+
+    def boolean(v):
+        return {"true": True, "false": False}.get(v.lower(), v) if isinstance(v, str) else v
+
+    for key in ("run_predicted_oom",):
+        if key in cfg:
+            cfg[key] = boolean(cfg[key])
+    if isinstance(cfg.get("site"), dict) and "supervisor_can_launch" in cfg["site"]:
+        cfg["site"]["supervisor_can_launch"] = boolean(cfg["site"]["supervisor_can_launch"])
+    if isinstance(cfg.get("maxbatch"), dict):
+        cfg["maxbatch"] = {k: num(v) for k, v in cfg["maxbatch"].items()}
 
     for block in cfg.get("ladders") or []:
         if isinstance(block, dict):
@@ -192,7 +204,50 @@ def rung_path(spec: RunSpec) -> str:
     return f"results/rungs/{spec.path}.h5"
 
 
-RUNG_FILES: list[str] = [rung_path(s) for s in LADDER]
+def rank_args(spec: RunSpec) -> tuple[int, int]:
+    """(world, ranks per node) of a rung as the site launches it."""
+    world = ranks_of(spec)
+    return world, min(RANKS_PER_NODE, world)
+
+
+def data_source() -> str:
+    return (config.get("data") or {}).get("source", "embedded")
+
+
+def rung_data_path(spec: RunSpec) -> str:
+    """What the rung's --data will be: the shard manifest for its image size, or synthetic."""
+    if data_source() == "synthetic":
+        return "synthetic"
+    return f"results/shards/{get_flavor(spec.model).image_size}px/manifest.json"
+
+
+def planned_not_to_fit(spec: RunSpec) -> bool:
+    """The memory planner's verdict, made while the DAG is built so that a rung that
+    cannot fit never costs an allocation. Exactly the call `scaleladder launch
+    --plan-only` makes when it records the verdict (same spec, world, device, data).
+    The planner is analytic and imports no torch, so this runs on a login node."""
+    if not SITE.get("plan_device") or config.get("run_predicted_oom"):
+        return False
+    from scaleladder.plan import predict
+
+    world, rpn = rank_args(spec)
+    return not predict(spec, world, rpn, SITE["plan_device"], data=rung_data_path(spec)).fits
+
+
+PREDICTED_OOM: set[str] = {s.path for s in LADDER if planned_not_to_fit(s)}
+if PREDICTED_OOM:
+    print(f"scaleladder: {len(PREDICTED_OOM)} rung(s) are predicted not to fit on {SITE['plan_device']} and are recorded "
+          "as 'predicted-oom' without running (run them anyway: --config run_predicted_oom=true)", file=sys.stderr)
+
+
+def result_path(spec: RunSpec) -> str:
+    """Where the ladder takes a rung from: its measurement, or the planner's verdict."""
+    if spec.path in PREDICTED_OOM:
+        return f"results/predicted/{spec.path}.h5"
+    return rung_path(spec)
+
+
+RUNG_FILES: list[str] = [result_path(s) for s in LADDER]
 
 
 def _alternatives(values) -> str:
@@ -216,7 +271,7 @@ FIGURES: list[str] = ["throughput_by_model", "max_batch", "fsdp_knobs", "weak_sc
 def final_targets() -> list[str]:
     """With `select`, only the selected rung files (re-aggregate afterwards with a plain run)."""
     if config.get("select"):
-        return [rung_path(s) for s in SELECTED]
+        return [result_path(s) for s in SELECTED]
     return (
         ["results/ladder.h5", "results/report.html"]
         + [f"results/plots/{f}.png" for f in FIGURES]
@@ -267,26 +322,35 @@ def prologue(wildcards) -> str:
     return f"{p}; " if p else ""
 
 
-def plan_args() -> str:
-    """The planner's predicted-OOM check (launch and maxbatch only)."""
-    args = f" --plan-device {SITE['plan_device']} --ranks-per-node {RANKS_PER_NODE}" if SITE.get("plan_device") else ""
+def ranks_arg(wildcards) -> str:
+    """`launch` checks the rung's world (a hybrid group must divide it) before any rank starts."""
+    return f" --ranks-per-node {rank_args(spec_of(wildcards))[1]}"
+
+
+def plan_args(wildcards) -> str:
+    """The planner: the max-batch search starts at its prediction; the predicted-oom
+    rule records its verdict."""
+    if not SITE.get("plan_device"):
+        return ""
+    args = f" --plan-device {SITE['plan_device']}{ranks_arg(wildcards)}"
     return args + (" --run-predicted-oom" if config.get("run_predicted_oom") else "")
 
 
 def maxbatch_args() -> str:
-    return f" --max-batch-cap {SITE['max_batch_cap']}" if SITE.get("max_batch_cap") else ""
-
-
-def data_source() -> str:
-    return (config.get("data") or {}).get("source", "embedded")
+    """The search's site cap and the config's probe settings (config key `maxbatch`)."""
+    mb = config.get("maxbatch") or {}
+    args = f" --max-batch-cap {SITE['max_batch_cap']}" if SITE.get("max_batch_cap") else ""
+    for key in ("max_retries", "probe_steps", "probe_warmup"):
+        if key in mb:
+            args += f" --{key.replace('_', '-')} {mb[key]}"
+    return args
 
 
 def rung_data(wildcards) -> list[str]:
     """The shard manifest a rung reads: one shard set per image size, since the debug
     flavors train on 32/64 px images and the seed flavors on 224 px."""
-    if data_source() == "synthetic":
-        return []
-    return [f"results/shards/{get_flavor(wildcards.model).image_size}px/manifest.json"]
+    path = rung_data_path(spec_of(wildcards))
+    return [] if path == "synthetic" else [path]
 
 
 def data_arg(wildcards, input) -> str:

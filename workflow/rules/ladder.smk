@@ -33,7 +33,7 @@ if SITE["supervise"] == "launch":
             env=site_env(),
             scaleladder=SCALELADDER,
             launcher=launcher,
-            plan=plan_args(),
+            ranks=ranks_arg,
             spec=spec_path,
             data=data_arg,
             steps=config["steps"],
@@ -45,7 +45,7 @@ if SITE["supervise"] == "launch":
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.plan} "
+            "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.ranks} "
             "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
             "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
 
@@ -108,7 +108,7 @@ rule rung_max:
         prologue=prologue,
         scaleladder=SCALELADDER,
         launcher=launcher,
-        plan=plan_args(),
+        plan=plan_args,
         cap=maxbatch_args(),
         spec=spec_path,
         data=data_arg,
@@ -122,5 +122,39 @@ rule rung_max:
         "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan}{params.cap} "
+        "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
+        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
+
+
+# A rung the memory planner predicts cannot fit (common.smk decides while building the
+# DAG, with site.plan_device) is recorded, not run: `launch --plan-only` writes its
+# 'predicted-oom' record here in a second, on the machine that runs Snakemake, and the
+# ladder takes it from results/predicted/ instead of results/rungs/. So no allocation is
+# spent on a certain OOM. `--config run_predicted_oom=true` runs them all instead.
+localrules:
+    predicted_oom,
+
+
+rule predicted_oom:
+    input:
+        data=rung_data,
+    output:
+        f"results/predicted/{RUNG}.h5",
+    log:
+        f"results/logs/predicted/{RUNG}.log",
+    params:
+        env=site_env(),
+        scaleladder=SCALELADDER,
+        plan=plan_args,
+        spec=spec_path,
+        data=data_arg,
+        steps=config["steps"],
+        warmup=config["warmup"],
+        workers=config["workers"],
+        seed=config["seed"],
+    conda:
+        "../envs/scaleladder.yaml"
+    shell:
+        "{params.env}{params.scaleladder} launch --plan-only{params.plan} "
         "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
         "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
