@@ -242,7 +242,7 @@ ladders:
 """)
     args = (*PROFILE, "--configfile", "profiles/local/site.yaml", "planned.yaml")
     plan = jobs(snakemake(wf, "-n", *args).stdout)
-    assert plan == {"rung": 1, "predicted_oom": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert plan == {"rung": 1, "predicted_oom": 1, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1}
     snakemake(wf, *args)
     rungs = {r["spec"]: r for r in read_ladder(str(wf / "results/ladder.h5"))[0]}
     assert rungs["vit-debug/ddp/fp32/pre-lag/n1/b4"]["status"] == "ok"
@@ -250,4 +250,9 @@ ladders:
     assert big["status"] == "predicted-oom" and big["plan_device"] == "a100-40gb" and big["predicted_required_gib"] > 40
     assert not (wf / "results/rungs/flava-10b").exists()  # never ran
     assert (wf / "results/predicted/flava-10b/ddp/fp32/pre-lag/n1/b4.h5").exists()
-    assert "flava-10b" in (wf / "results/report.md").read_text()
+    md = (wf / "results/report.md").read_text()
+    assert "flava-10b" in md and "predicted-oom" in md
+    # the planner's own figures join the report on a site that plans
+    for f in ("fits", "predicted_vs_measured"):
+        assert (wf / f"results/plots/{f}.png").stat().st_size > 10_000 and (wf / f"results/plots/{f}.pdf").exists()
+        assert f"plots/{f}.png" in md

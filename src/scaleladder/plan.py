@@ -206,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
         if chart is not None:
             from scaleladder.plan_plots import fits_chart
 
-            fits_chart(cells, chart, what)
+            fits_chart(cells, chart, f"What fits where (planner): {'fits at the batch' if batch else 'max local batch'}, {what}")
         if args.json:
             print(json.dumps([c.__dict__ for c in cells], indent=1))
         elif args.fits_table or chart is None:

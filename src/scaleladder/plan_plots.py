@@ -72,10 +72,12 @@ def fits_chart(cells: list[Any], out: str | Path, title: str = "") -> Path:
 
 
 def _save(plt: Any, fig: Any, out: str | Path) -> Path:
+    from scaleladder.plots import save_figure  # atomic: temporary file, then rename
+
     fig.tight_layout()
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    save_figure(fig, str(path))
     plt.close(fig)
     return path
 

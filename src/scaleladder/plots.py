@@ -575,7 +575,7 @@ def save_figure(fig: Figure, path: str) -> str:
     ext = os.path.splitext(path)[1].lstrip(".")
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        fig.savefig(tmp, format=ext, dpi=150 if ext == "png" else None)
+        fig.savefig(tmp, format=ext, dpi=150 if ext in ("png", "jpg") else None)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

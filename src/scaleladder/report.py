@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from scaleladder.aggregate import read_ladder
@@ -27,7 +28,16 @@ TITLES = {
     "fsdp_knobs": "FSDP sharding strategy x prefetch x limit_all_gathers",
     "weak_scaling": "Weak scaling: throughput and memory per GPU against nodes",
     "pareto": "Throughput against peak memory: the strategies worth choosing",
+    # the planner's figures, on sites that name a device to plan for (shown when present)
+    "fits": "What fits where: the planner's max local batch per model and strategy",
+    "predicted_vs_measured": "Planner: predicted against measured peak memory",
 }
+PLAN_FIGURES = ("fits", "predicted_vs_measured")
+
+
+def figures_in(plot_dir: str) -> list[str]:
+    """The ladder's figures, then the planner's where the plots folder has them."""
+    return [*FIGURES, *(f for f in PLAN_FIGURES if os.path.exists(os.path.join(plot_dir, f"{f}.png")))]
 
 COLUMNS = [
     ("spec", "run spec"),
@@ -123,7 +133,7 @@ def _sorted_rungs(rungs: list[Rung]) -> list[Rung]:
     return sorted(rungs, key=lambda r: (order.index(r["model"]), int(r.get("nodes", 1)), r["spec"]))
 
 
-def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str) -> str:
+def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
     out = ["# scaleladder report", ""]
     out += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _summary(rungs, root)] + [""]
     out += ["## Which strategy for which model", ""]
@@ -133,7 +143,7 @@ def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str) -> s
         out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         out += ["| " + " | ".join(row[k] for k in keys) + " |" for row in w]
     out += [""]
-    for name in FIGURES:
+    for name in figures:
         out += [f"## {TITLES[name]}", "", f"![{TITLES[name]}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
     out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
     out += ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -142,7 +152,7 @@ def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str) -> s
     return "\n".join(out) + "\n"
 
 
-def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str) -> str:
+def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
     e = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>scaleladder report</title>",
@@ -160,7 +170,7 @@ def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str) -> str:
         parts.append("<table><tr>" + "".join(f"<th>{e(k)}</th>" for k in keys) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{e(row[k])}</td>" for k in keys) + "</tr>" for row in w]
         parts.append("</table>")
-    for name in FIGURES:
+    for name in figures:
         src = f"{plot_rel}/{name}.png"
         parts.append(f"<figure><h2>{e(TITLES[name])}</h2><img src='{e(src)}' alt='{e(TITLES[name])}'>"
                      f"<figcaption><a href='{e(plot_rel)}/{name}.pdf'>PDF</a></figcaption></figure>")
@@ -197,6 +207,6 @@ def main(args: argparse.Namespace) -> int:
     for out, render in ((args.html, render_html), (args.md, render_markdown)):
         if out:
             rel = os.path.relpath(args.plots, os.path.dirname(os.path.abspath(out)) or ".")
-            _write(out, render(rungs, root, rel))
+            _write(out, render(rungs, root, rel, figures_in(args.plots)))
             print(f"scaleladder report: {out}")
     return 0

@@ -266,16 +266,29 @@ wildcard_constraints:
 
 
 FIGURES: list[str] = ["throughput_by_model", "max_batch", "fsdp_knobs", "weak_scaling", "pareto"]
+# The planner's figures, where the site names a device to plan for: what fits where, and
+# its predicted peaks against the measured ones.
+PLAN_FIGURES: list[str] = ["fits", "predicted_vs_measured"] if SITE.get("plan_device") else []
+
+
+def plan_chart_args() -> str:
+    """What the fits chart shows: the site's device and ranks per node, at the ladder's
+    smallest node count and most common precision."""
+    precisions = [s.precision for s in LADDER]
+    precision = max(sorted(set(precisions)), key=precisions.count)
+    nodes = min(s.nodes for s in LADDER)
+    return f"--device {SITE['plan_device']} --nodes {nodes} --gpus-per-node {RANKS_PER_NODE} --precision {precision}"
 
 
 def final_targets() -> list[str]:
     """With `select`, only the selected rung files (re-aggregate afterwards with a plain run)."""
     if config.get("select"):
         return [result_path(s) for s in SELECTED]
+    figures = FIGURES + PLAN_FIGURES
     return (
         ["results/ladder.h5", "results/report.html"]
-        + [f"results/plots/{f}.png" for f in FIGURES]
-        + [f"results/plots/{f}.pdf" for f in FIGURES]
+        + [f"results/plots/{f}.png" for f in figures]
+        + [f"results/plots/{f}.pdf" for f in figures]
     )
 
 

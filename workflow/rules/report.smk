@@ -4,6 +4,7 @@
 localrules:
     aggregate,
     plots,
+    plan_plots,
     report,
 
 
@@ -53,10 +54,35 @@ rule plots:
         "{params.env}{params.scaleladder} plots --ladder {input:q} --out-dir {params.outdir} > {log} 2>&1"
 
 
+rule plan_plots:
+    input:
+        "results/ladder.h5",
+    output:
+        fits=report("results/plots/fits.png", caption="../report/fits.rst", category="Planner"),
+        vs=report("results/plots/predicted_vs_measured.png", caption="../report/predicted_vs_measured.rst", category="Planner"),
+        fits_pdf="results/plots/fits.pdf",
+        vs_pdf="results/plots/predicted_vs_measured.pdf",
+    log:
+        "results/logs/plan_plots.log",
+    params:
+        env=site_env(),
+        scaleladder=SCALELADDER,
+        chart=plan_chart_args(),
+        device=SITE.get("plan_device", ""),
+    conda:
+        "../envs/scaleladder.yaml"
+    shell:
+        "({params.env}{params.scaleladder} plan --fits-chart {output.fits:q} {params.chart} && "
+        "{params.scaleladder} plan --fits-chart {output.fits_pdf:q} {params.chart} && "
+        "{params.scaleladder} plan --vs-measured {output.vs:q} --device {params.device} --ladder {input:q} && "
+        "{params.scaleladder} plan --vs-measured {output.vs_pdf:q} --device {params.device} --ladder {input:q}) > {log} 2>&1"
+
+
 rule report:
     input:
         ladder="results/ladder.h5",
         plots=rules.plots.output,
+        plan_plots=[f"results/plots/{f}.png" for f in PLAN_FIGURES],
     output:
         html="results/report.html",
         md="results/report.md",
