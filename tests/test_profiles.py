@@ -226,3 +226,38 @@ def test_max_batch_search_settings_come_from_the_config(wf: Path) -> None:
     assert " --max-batch-cap 4 --max-retries 1 --probe-steps 3 --probe-warmup 1 --spec " in shell_of(out, "rung_max", mx)
     bad = snakemake(wf, "--profile", "profiles/local", "-n", "--config", "maxbatch={max_retries: -1}", check=False)
     assert bad.returncode != 0 and "config key 'maxbatch.max_retries'" in bad.stdout + bad.stderr
+
+
+SITE_VALUES = re.compile(r"hsn0|lustre|3442|/opt/cray|miopen|aws-ofi|olcf|frontier|mi250x-gcd|a100-40gb", re.I)
+
+
+def _code_tokens(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every token of a Python file but comments and docstrings."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            docstrings.add(body[0].lineno)
+    return [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type != tokenize.COMMENT and not (t.type == tokenize.STRING and t.start[0] in docstrings)]
+
+
+def test_the_package_names_no_site() -> None:
+    """Model and strategy code never knows where it runs: no site value in src/ outside
+    comments and docstrings (which may name a site's trap). Device *kinds* (the peak and
+    memory tables) are hardware, not sites, and are allowed by name."""
+    # the device tables, and the seeds' own hardware (planner/seeds.py): device keys, not sites
+    allowed = {"devices.py", "memory.py", "plan.py", "seeds.py"}
+    offending = []
+    for f in sorted((REPO / "src" / "scaleladder").rglob("*.py")):
+        for line, text in _code_tokens(f):
+            m = SITE_VALUES.search(text)
+            if m and not (f.name in allowed and m.group(0).lower() in ("mi250x-gcd", "a100-40gb")):
+                offending.append(f"{f.relative_to(REPO)}:{line}: {text.strip()[:80]}")
+    assert not offending, "\n".join(offending)
