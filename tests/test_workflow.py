@@ -211,9 +211,11 @@ def test_an_oom_rung_is_a_result_and_the_ladder_goes_on(done: Path) -> None:
     at step 2 (SCALELADDER_INJECT_OOM): torchrun stops the other rank, `launch` records
     the rung as 'oom' and exits 0, and Snakemake goes on to aggregate, plot and report."""
     oom_rung = RUNGS[1]
-    (done / oom_rung).unlink()
-    out = snakemake(done, *small(done), SCALELADDER_INJECT_OOM="1:2")
-    assert jobs(out.stdout) == {"rung": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    # the rung by its path (targets first), forced: rank 1 runs out of memory at step 2
+    snakemake(done, oom_rung, "--forcerun", oom_rung, *small(done), SCALELADDER_INJECT_OOM="1:2")  # exit 0: a result
+    # and the ladder goes on: the next plain run aggregates, plots and reports it
+    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    snakemake(done, *small(done))
     status = {r["spec"]: r["status"] for r in read_ladder(str(done / "results/ladder.h5"))[0]}
     spec = oom_rung.removeprefix("results/rungs/").removesuffix(".h5")
     assert status.pop(spec) == "oom" and set(status.values()) == {"ok"}
