@@ -314,7 +314,7 @@ def fig_throughput_by_model(rungs: list[Rung], palette: Palette) -> Figure:
             _grouped_bars(
                 ax, rs, models, strategies, palette,
                 value=lambda r: _num(r.get("items_per_s")),
-                annotate=(lambda r: f"b={max_batch_label(r)}") if _is_max(rs[0]) else None,
+                annotate=(lambda r: f"b{'' if r.get('maxbatch_capped') else '='}{max_batch_label(r)}") if _is_max(rs[0]) else None,
             )
             ax.set_ylabel(throughput_label(fam))
     fig.suptitle("Training throughput per model size and strategy", fontsize=12)
