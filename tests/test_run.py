@@ -271,6 +271,12 @@ def test_a_rung_on_shards_records_its_tokenizer(tmp_path: Path) -> None:
         assert 0 < f.attrs["tokenizer_vocab_size"] <= get_flavor("flava-debug").vocab_size
 
 
+def test_launch_plan_only_needs_a_device(tmp_path: Path) -> None:
+    p = sl("launch", "--plan-only", "--ranks-per-node", "8", "--spec", "vit-base/ddp/bf16-mixed/pre-lag/n1/b8",
+           "--out", str(tmp_path / "r.h5"))
+    assert_bad_input(p, "--plan-only needs --plan-device", tmp_path)
+
+
 @pytest.mark.parametrize("spec,recorded", [
     ("flava-10b/ddp/bf16-mixed/pre-lag/n1/b8", True),  # 10B replicated on a 40 GB A100: never
     ("flava-10b/ddp/bf16-mixed/pre-lag/n1/bmax", True),  # not even batch 1: the max rung too

@@ -79,6 +79,8 @@ def test_lint_is_clean(wf: Path) -> None:
         (["ladders=[{models: [vit-debug], strategies: [ddp], batches: [4], nodes: [2]}]"], "config key 'ladders[0].nodes': 2 nodes"),
         (["select={models: [vit-huge]}"], "config key 'select' matches no rung"),
         (["steps=2", "warmup=5"], "config key 'warmup': warmup must be in [0, steps)"),
+        (["site={plan_device: rtx4090}"], "config key 'site.plan_device': unknown device 'rtx4090'"),
+        (["maxbatch={probe_steps: 0}"], "config key 'maxbatch.probe_steps'"),
     ],
 )
 def test_bad_config_fails_before_any_job_naming_the_key(wf: Path, override: list[str], message: str) -> None:

@@ -82,6 +82,13 @@ def check_config(cfg: dict) -> None:
         if any(not e.absolute_path and "'site'" in e.message for e in errors):
             hint = "\n  (the site and its ladder come from a profile: snakemake --profile profiles/<site>)"
         raise WorkflowError("invalid scaleladder config:\n" + "\n".join(lines) + hint)
+    device = (cfg.get("site") or {}).get("plan_device")
+    if device:
+        from scaleladder.planner.memory import DEVICES  # torch-free
+
+        if device not in DEVICES:
+            raise WorkflowError(f"invalid scaleladder config:\n  config key 'site.plan_device': unknown device {device!r}; "
+                                f"expected one of {', '.join(DEVICES)} (or '' for no planner)")
     try:  # warm-up < steps: the runner's own check, so no job fails on it later
         parse_steps_warmup(cfg["steps"], cfg["warmup"])
     except SpecError as e:
