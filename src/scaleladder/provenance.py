@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,3 +49,14 @@ def collect(device_name: str) -> dict[str, str]:
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
+
+
+def peak_attrs(device: torch.device, precision: str, peak_tflops: float | None) -> dict[str, Any]:
+    """Which part the rank's device is and what peak it was credited with, as record
+    attributes: ``device_sm_count`` (multiprocessors, CUs on ROCm; 0 on the CPU),
+    ``device_power_limit_w`` (NaN when NVML could not say) and ``peak_note`` (why MFU is
+    NaN — a MIG slice, a different part, a power cap — or what was not checked; "" when
+    the table's peak applies in full). Same inputs as the runner's ``peak_flops``."""
+    from scaleladder.devices import peak_info
+
+    return peak_info(device, precision, peak_tflops).attrs()
