@@ -31,7 +31,8 @@ from scaleladder.batches import SyntheticBatches
 from scaleladder.bench import train_loop
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.parallel import apply_strategy
+from scaleladder.parallel import apply_strategy, unused_parameter_names
+from scaleladder.optim import make_optimizer
 from scaleladder.precision import policy
 from scaleladder.spec import Knobs, parse_strategy
 
@@ -71,13 +72,14 @@ def main() -> None:
     a = ap.parse_args()
     env = launch.detect()
     device = launch.pick_device(env)
-    launch.init(env, device)
     flavor, prec = get_flavor(a.model), policy(a.precision)
+    unused_parameter_names(flavor.family)  # before the group, as the runner does (parallel.py)
+    launch.init(env, device)
     prec.apply_backend_flags()
     torch.manual_seed(0)
     model = build_model(flavor, device).to(dtype=prec.storage_dtype)
     model, _ = apply_strategy(model, parse_strategy("single"), Knobs(), prec, device)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    opt = make_optimizer(model.parameters(), 1e-4, a.precision)  # the runner's optimizer
     batches = SyntheticBatches(flavor, a.batch, 0, a.steps, 0, device, dtype=prec.storage_dtype)
     warmup = 1
     bare_t, harness_t = [], []

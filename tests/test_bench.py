@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from helpers.gloo import one_rank_group
 from scaleladder import bench
-from scaleladder.bench import OOMDuringStep, is_oom, train_loop
+from scaleladder.bench import OOMDuringStep, is_oom, oom_line, train_loop
+from scaleladder.maxbatch import is_oom_message
 from scaleladder.precision import policy
 
 CPU = torch.device("cpu")
@@ -51,18 +53,33 @@ def test_alloc_retries_and_ooms_count_the_window_only(monkeypatch: pytest.Monkey
         RuntimeError("HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`"),
         RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
         RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"),
-        RuntimeError("NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO), last error: CUDA error: out of memory"),
+        # NCCL's and RCCL's own reports, as torch's DistBackendError carries them: the
+        # memory line is the LAST of four, "Cuda"/"HIP" in their own case
+        dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"]),
+        dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"].replace("failure 2 ", "failure ")),  # NCCL < 2.19
+        dist.DistBackendError(bench.INJECTED_MESSAGES["rccl"]),
+        RuntimeError("HIP error: hipErrorOutOfMemory"),
     ],
-    ids=["torch-oom", "cublas", "hipblas", "cuda-runtime", "hip", "nccl"],
+    ids=["torch-oom", "cublas", "hipblas", "cuda-runtime", "hip", "nccl", "nccl-old", "rccl", "hip-name"],
 )
 def test_every_way_a_gpu_runs_out_of_memory_is_an_oom(exc: BaseException) -> None:
     assert is_oom(exc)
+    # the record keeps the line that says so, which maxbatch must recognise in turn
+    assert is_oom_message(oom_line(exc)) and "\n" not in oom_line(exc)
+
+
+def test_the_nccl_oom_is_named_by_its_memory_line_not_its_first() -> None:
+    e = dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"])
+    assert oom_line(e) == "Cuda failure 2 'out of memory'"
+    assert not is_oom_message(str(e).splitlines()[0])  # why the first line would not do
 
 
 @pytest.mark.parametrize(
     "exc",
     [RuntimeError("CUDA error: an illegal memory access was encountered"), ValueError("out of memory"),
-     RuntimeError("Expected all tensors to be on the same device")],
+     RuntimeError("Expected all tensors to be on the same device"),
+     dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"].replace("'out of memory'", "'invalid argument'")),
+     RuntimeError("No backend type associated with device type cpu")],
 )
 def test_other_failures_are_not_ooms(exc: BaseException) -> None:
     assert not is_oom(exc)

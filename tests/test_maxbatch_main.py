@@ -166,6 +166,8 @@ def test_a_full_rung_over_the_retry_threshold_is_recorded_as_such(tmp_path: Path
     ("CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
     ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
     ("HIP error: out of memory", "oom"),
+    ("Cuda failure 2 'out of memory'", "oom"),  # NCCL's own OOM, the line the runner records (bench.oom_line)
+    ("HIP failure 'out of memory'", "oom"),  # RCCL's
     ("NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)", "error"),
     ("Segmentation fault", "error"),
 ])

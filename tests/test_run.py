@@ -95,9 +95,10 @@ def test_unknown_command_and_out_suffix(tmp_path: Path) -> None:
     assert p.returncode == 2 and ".h5" in p.stderr
 
 
-@pytest.mark.parametrize("kind", ["", ":cublas"])
+@pytest.mark.parametrize("kind", ["", ":cublas", ":nccl", ":rccl"])
 def test_oom_in_one_process_is_a_result(tmp_path: Path, kind: str) -> None:
-    # ":cublas": the RuntimeError cuBLAS raises when it cannot allocate, not a torch.OutOfMemoryError
+    # ":cublas": the RuntimeError cuBLAS raises when it cannot allocate, not a torch.OutOfMemoryError;
+    # ":nccl"/":rccl": the communicator's own OOM, whose first line names no memory
     out = tmp_path / "o.h5"
     p = sl("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1", "--out", str(out),
            env={"SCALELADDER_INJECT_OOM": f"0:2{kind}"})
@@ -105,6 +106,7 @@ def test_oom_in_one_process_is_a_result(tmp_path: Path, kind: str) -> None:
     with h5py.File(out) as f:
         a = f.attrs
         assert a["status"] == "oom" and a["oom_step"] == 2 and "injected" in a["error"]
+        assert kind in ("", ":cublas") or "failure" in a["error"] and "out of memory" in a["error"]
         assert "items_per_s" not in a
         # an OOM is a result: the same provenance as an ok record
         assert a["params"] == count_parameters(build_model(get_flavor("vit-debug"), "meta"))

@@ -22,6 +22,13 @@ Definitions (also in docs/metrics.md; the tests check them):
   ``reserved_bytes.all.peak`` over the measured window (peaks are reset after
   warm-up), and ``num_alloc_retries`` / ``num_ooms`` counted within the window as
   differences — ``reset_peak_memory_stats`` does NOT reset those two counters.
+  These see only the caching allocator. ``peak_device_used_bytes`` is what the device
+  itself reports in use (``mem_get_info``) at the window's peak: see
+  :func:`device_peak_used`.
+* **Host syncs**: none inside the loop from the harness or the optimizer (fused AdamW,
+  optim.py); loader batches reach the device one step ahead on a side stream
+  (feed.py). The window's two ends sync on purpose. FLAVA's loss itself syncs a few
+  times a step (torchmultimodal's boolean-mask indexing); docs/metrics.md counts them.
 * **MFU** = analytic model FLOPs per sample × samples/s ÷ world ÷ peak FLOP/s of
   one rank's device for the precision; **HFU** uses the FLOPs including AC
   recomputation. NaN where the peak is unknown (the CPU).
@@ -40,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from scaleladder.optim import backward_and_step
 from scaleladder.precision import PrecisionPolicy
 
 
@@ -54,6 +62,8 @@ class Measurement:
     alloc_retries: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     ooms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     warmup_peak_active_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    peak_device_used_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [world], see device_peak_used
+    device_total_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class OOMDuringStep(RuntimeError):
@@ -68,10 +78,25 @@ class OOMDuringStep(RuntimeError):
 # caching allocator raises that. Allocations outside it fail as a plain RuntimeError:
 # cuBLAS/hipBLAS creating its handle or workspace ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED
 # when calling `cublasCreate(handle)`", typical of the first matmul of a rung that
-# filled the GPU) and raw cudaMalloc/hipMalloc calls by NCCL or cuDNN ("CUDA error: out of
-# memory"). A rung that did not fit must become an `oom` result, whichever of these it
-# hit, not a failed job with no record.
-_OOM_MESSAGE = re.compile(r"\b(CUDA|HIP)\b[^\n]*out of memory|(CU|HIP)BLAS_STATUS_ALLOC_FAILED")
+# filled the GPU) and raw cudaMalloc/hipMalloc calls by cuDNN or the CUDA runtime ("CUDA
+# error: out of memory"). NCCL's own allocations fail inside the communicator, and torch
+# raises a DistBackendError (a RuntimeError) whose FIRST line says nothing of memory:
+#   NCCL error in: .../ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3
+#   ncclUnhandledCudaError: Call to CUDA function failed.
+#   Last error:
+#   Cuda failure 2 'out of memory'
+# ("Cuda", not "CUDA"; older NCCL prints "Cuda failure 'out of memory'"; RCCL, NCCL
+# hipified, keeps the ncclUnhandledCudaError name and prints "HIP failure 'out of memory'"
+# or the HIP error name). So the pattern ignores case, looks at every line, and the
+# record keeps the line that matched (:func:`oom_line`), not the message's first line,
+# which maxbatch would otherwise fail to recognise in the record. A rung that did not
+# fit must become an `oom` result, whichever of these it hit, not a failed job.
+_OOM_MESSAGE = re.compile(
+    r"\b(cuda|hip)\b[^\n]*\bout of memory"  # allocator, CUDA/HIP runtime, NCCL/RCCL "Cuda/HIP failure [2] 'out of memory'"
+    r"|\b(cu|hip)blas_status_alloc_failed"
+    r"|\b(cuda|hip)ErrorOutOfMemory\b|\bcudaErrorMemoryAllocation\b|\bCUDA_ERROR_OUT_OF_MEMORY\b",
+    re.IGNORECASE,
+)
 
 
 def is_oom(e: BaseException) -> bool:
@@ -83,11 +108,21 @@ def first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+def oom_line(e: BaseException) -> str:
+    """The line of an OOM's message that says so (see the TRAP above), else its first line."""
+    for line in str(e).splitlines():
+        if _OOM_MESSAGE.search(line):
+            return line.strip()
+    return first_line(e)
+
+
 def _injected_oom() -> tuple[int, str]:
     """Fault injection for the OOM path, which no CPU can reach for real:
-    ``SCALELADDER_INJECT_OOM=RANK:STEP[:cublas]`` makes that rank raise, at that step, a
-    genuine ``torch.OutOfMemoryError`` or (``:cublas``) the RuntimeError cuBLAS gives
-    when it cannot allocate. Used by the tests; never set in profiles."""
+    ``SCALELADDER_INJECT_OOM=RANK:STEP[:KIND]`` makes that rank raise, at that step, a
+    genuine ``torch.OutOfMemoryError``, or with KIND the error another part raises when
+    it cannot allocate: ``cublas`` (cuBLAS's RuntimeError), ``nccl`` / ``rccl`` (torch's
+    DistBackendError carrying NCCL's or RCCL's report, as :data:`INJECTED_MESSAGES`).
+    Used by the tests; never set in profiles."""
     spec = os.environ.get("SCALELADDER_INJECT_OOM", "")
     if not spec:
         return -1, ""
@@ -95,9 +130,25 @@ def _injected_oom() -> tuple[int, str]:
     return (int(step) if int(rank) == dist.get_rank() else -1), (kind[0] if kind else "")
 
 
+# What each part reports when the device is full, in the form it reaches Python. The NCCL
+# text is torch's DistBackendError around ncclGetLastError(): the memory line comes last.
+INJECTED_MESSAGES = {
+    "cublas": "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "nccl": ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error "
+             "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\n"
+             "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'"),
+    "rccl": ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error "
+             "(run with NCCL_DEBUG=INFO for details), NCCL version 2.22.3+hip6.4\n"
+             "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nHIP failure 'out of memory'"),
+}
+
+
 def _raise_injected(step: int, kind: str) -> None:
+    note = f" (injected by SCALELADDER_INJECT_OOM at step {step})"
     if kind == "cublas":
-        raise RuntimeError(f"CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)` (injected by SCALELADDER_INJECT_OOM at step {step})")
+        raise RuntimeError(INJECTED_MESSAGES[kind] + note)
+    if kind in ("nccl", "rccl"):
+        raise dist.DistBackendError(INJECTED_MESSAGES[kind] + note)
     raise torch.OutOfMemoryError(f"injected by SCALELADDER_INJECT_OOM at step {step}")
 
 
@@ -115,6 +166,28 @@ def _mem_peaks(device: torch.device) -> tuple[int, int]:
         return 0, 0
     s = torch.cuda.memory_stats(device)
     return int(s.get("active_bytes.all.peak", 0)), int(s.get("reserved_bytes.all.peak", 0))
+
+
+def device_peak_used(used_now: int, reserved_now: int, reserved_peak: int) -> int:
+    """Bytes the DEVICE had in use at the window's peak, from what can be read at its end.
+
+    ``torch.cuda.memory_stats`` sees only the caching allocator. What actually runs out
+    is the device: the allocator's reservations plus what lies outside it (the CUDA/HIP
+    context, NCCL/RCCL buffers, cuBLAS workspaces, other processes on the device).
+    ``mem_get_info`` reads the device's use only as it is now, not its peak, so: the use
+    outside the allocator now (``used_now - reserved_now``, which is flat after warm-up:
+    communicators and workspaces are made in the first steps) plus the allocator's peak
+    reservation in the window.
+    """
+    return max(0, used_now - reserved_now) + reserved_peak
+
+
+def _device_memory(device: torch.device) -> tuple[int, int, int]:
+    """(device bytes in use now, allocator bytes reserved now, device total bytes)."""
+    if device.type != "cuda":
+        return 0, 0, 0
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free), int(torch.cuda.memory_reserved(device)), int(total)
 
 
 def _gather_ints(values: list[int], device: torch.device) -> np.ndarray:
@@ -159,29 +232,22 @@ def train_loop(
             retries0, ooms0 = _mem_counters(device)
             dist.barrier()
             t_window = time.perf_counter()
-        batch = next(it)
-        if not cuda or batch[next(iter(batch))].device != device:
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        if cuda:
-            events[step].record()
-        host_times[step] = time.perf_counter()
         try:
+            # Already on the device: synthetic batches, or a DeviceFeed (feed.py), whose
+            # staging of the next batch allocates device memory and so may run out too.
+            batch = next(it)
+            if cuda:
+                events[step].record()
+            host_times[step] = time.perf_counter()
             if step == inject:
                 _raise_injected(step, inject_kind)
             with prec.autocast(device):
                 loss = model(batch)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            backward_and_step(loss, optimizer, scaler)
         except Exception as e:
             if not is_oom(e):
                 raise
-            raise OOMDuringStep(step, first_line(e)) from None
+            raise OOMDuringStep(step, oom_line(e)) from None
         losses[step] = loss.detach().float()
     if cuda:
         events[steps].record()
@@ -200,7 +266,11 @@ def train_loop(
 
     m = Measurement(step_times, losses.cpu().numpy(), float(window_t.item()), steps - warmup)
     retries, ooms = _mem_counters(device)
-    per_rank = [*_mem_peaks(device), retries - retries0, ooms - ooms0, warm_peak]
+    active_peak, reserved_peak = _mem_peaks(device)
+    used_now, reserved_now, total = _device_memory(device)
+    per_rank = [active_peak, reserved_peak, retries - retries0, ooms - ooms0, warm_peak,
+                device_peak_used(used_now, reserved_now, reserved_peak) if total else 0, total]
     g = _gather_ints(per_rank, device)
-    m.peak_active_bytes, m.peak_reserved_bytes, m.alloc_retries, m.ooms, m.warmup_peak_active_bytes = (g[:, i] for i in range(5))
+    (m.peak_active_bytes, m.peak_reserved_bytes, m.alloc_retries, m.ooms, m.warmup_peak_active_bytes,
+     m.peak_device_used_bytes, m.device_total_bytes) = (g[:, i] for i in range(7))
     return m

@@ -182,8 +182,20 @@ _UNUSED_CACHE: dict[str, frozenset[str]] = {}
 
 def unused_parameter_names(family: str) -> frozenset[str]:
     """Parameter names that get no gradient in one training step, found once on the
-    family's debug flavor (names are structural: heads and poolers, not layers)."""
+    family's debug flavor (names are structural: heads and poolers, not layers).
+
+    The probe is a forward and backward ON THE CPU, so it must run before the process
+    group exists (runner._main calls this first). TRAP: FLAVA's contrastive loss
+    all-gathers whenever a group exists; an NCCL/RCCL group serves only GPU tensors and
+    fails on the probe's CPU tensors ("No backend type associated with device type
+    cpu") before the rung's first step, for every strategy. gloo accepts CPU tensors,
+    so on the CPU this ordering error is invisible: hence the refusal below, which a
+    CPU test can see.
+    """
     if family not in _UNUSED_CACHE:
+        if dist.is_available() and dist.is_initialized():
+            raise RuntimeError(f"the unused-parameter probe for {family} must run before the process group exists: "
+                               "its CPU forward would issue collectives on CPU tensors, which NCCL/RCCL refuse")
         from scaleladder.batches import synthetic_batch
         from scaleladder.models.build import build_model
         from scaleladder.models.flavors import get_flavor

@@ -6,7 +6,11 @@
 | tf32        | fp32                          | TF32 matmuls       | none                                      | no     |
 | bf16-mixed  | fp32                          | autocast bf16, TF32 on | bf16 / fp32 / fp32                        | no     |
 | fp16-mixed  | fp32                          | autocast fp16, TF32 on | fp16 / fp32 / fp32                        | yes (ShardedGradScaler under FSDP) |
-| bf16-true   | bf16                          | bf16               | none (already bf16)                       | no     |
+| bf16-true   | bf16 params/grads; fp32 master weights + fp32 Adam in the optimizer | bf16 | none (already bf16) | no |
+
+bf16-true keeps fp32 master weights in the optimizer (optim.MasterWeightAdamW): with a
+bf16 AdamW state an lr 1e-4 update is below half a bf16 step for |w| > ~0.026, so most
+weights never moved and the precision did not train (docs/strategies.md).
 
 TF32 is on under the mixed modes because the FLAVA seed ran that way (bf16
 autocast + TF32 on A100); it only touches the few matmuls autocast leaves fp32.

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from scaleladder.feed import DeviceFeed
 from scaleladder.spec import (
     RunSpec,
     SpecError,
@@ -177,6 +178,14 @@ def _main(args: argparse.Namespace, env: Any) -> int:
     check_world(cfg, env.world, env.nodes)
     signal.signal(signal.SIGTERM, _terminate)
     device = launch.pick_device(env, cfg.device)
+    # Before the group exists: the unused-parameter probe runs a CPU forward, and FLAVA's
+    # contrastive loss all-gathers whenever a group exists. An NCCL/RCCL group serves
+    # only GPU tensors ("No backend type associated with device type cpu"); gloo serves
+    # both, so only the order keeps this off the GPU path (parallel.unused_parameter_names).
+    from scaleladder.models.flavors import get_flavor
+    from scaleladder.parallel import unused_parameter_names
+
+    unused_parameter_names(get_flavor(cfg.spec.model).family)
     launch.init(env, device)
     try:
         return _run_rank(cfg, env, device)
@@ -200,7 +209,7 @@ def placement(env: Any, device: torch.device, hosts: list[str]) -> dict[str, Any
 
 def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
     from scaleladder import provenance
-    from scaleladder.bench import OOMDuringStep, first_line, is_oom
+    from scaleladder.bench import OOMDuringStep, is_oom, oom_line
 
     # Gathered before anything can run out of memory, so an OOM record names the hosts too.
     where = placement(env, device, provenance.hosts())
@@ -210,7 +219,7 @@ def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
         if not (isinstance(e, OOMDuringStep) or is_oom(e)):
             raise
         step = getattr(e, "step", -1)
-        event = {"rank": env.rank, "world": env.world, "step": step, "error": first_line(e), "host": os.uname().nodename, **where}
+        event = {"rank": env.rank, "world": env.world, "step": step, "error": oom_line(e), "host": os.uname().nodename, **where}
         if env.world == 1:
             from scaleladder.supervise import write_oom_record
 
@@ -268,6 +277,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     from scaleladder.bench import train_loop
     from scaleladder.devices import peak_flops
     from scaleladder.models.flavors import get_flavor
+    from scaleladder.optim import make_optimizer, make_scaler
     from scaleladder.precision import policy
     from scaleladder.store import write_record
 
@@ -275,14 +285,14 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     prec = policy(spec.precision)
     prec.apply_backend_flags()
     batch = int(spec.batch)
-    batches, data_attrs = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
+    source, data_attrs = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
 
     init = _init_mode(cfg, flavor, device)
     wrapped, report, params = build_wrapped(cfg, init, device, prec)
-    optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=cfg.lr)
-    scaler = _scaler(prec, spec.strategy.is_fsdp, device)
+    optimizer = make_optimizer(wrapped.parameters(), cfg.lr, spec.precision)
+    scaler = make_scaler(spec.precision, spec.strategy.is_fsdp, device)
 
-    first, batches = _peek(batches)
+    first, batches = _peek(source)
     flops = _flops(flavor, spec, batch * env.world, first)
     m = train_loop(wrapped, optimizer, batches, cfg.steps, cfg.warmup, prec, device, scaler)
     if env.rank != 0:
@@ -322,6 +332,8 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "final_loss": float(m.loss[-1]),
         "peak_active_gib": float(m.peak_active_bytes.max()) / 2**30,
         "peak_reserved_gib": float(m.peak_reserved_bytes.max()) / 2**30,
+        "peak_device_used_gib": float(m.peak_device_used_bytes.max()) / 2**30,
+        "device_total_gib": float(m.device_total_bytes.max()) / 2**30,
         "alloc_retries": int(m.alloc_retries.sum()),
         "ooms": int(m.ooms.sum()),
     }
@@ -333,7 +345,10 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "memory/num_alloc_retries": m.alloc_retries,
         "memory/num_ooms": m.ooms,
         "memory/warmup_peak_active_bytes": m.warmup_peak_active_bytes,
+        "memory/peak_device_used_bytes": m.peak_device_used_bytes,
     }
+    if isinstance(source, DeviceFeed):
+        datasets["loader_wait_s"] = source.wait_s
     write_record(cfg.out, attrs, datasets)
     print(
         f"{spec.path}: {attrs['items_per_s']:.1f} items/s, step {attrs['step_time_mean_s'] * 1e3:.1f} ms, "
@@ -364,10 +379,10 @@ def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.de
         return SyntheticBatches(flavor, batch, env.rank, cfg.steps, cfg.seed, device, dtype=dtype), {}
     from scaleladder.data.loader import make_loader
 
+    # Loader batches stay fp32 in pinned host memory; DeviceFeed copies them one step
+    # ahead on a side stream and converts the dtype on the device (feed.py).
     loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, cfg.workers, cfg.seed, pin_memory=device.type == "cuda")
-    if dtype == torch.float32:
-        return loader, loader.record_attrs()
-    return ({k: v.to(dtype) if v.is_floating_point() else v for k, v in b.items()} for b in loader), loader.record_attrs()
+    return DeviceFeed(loader, device, dtype, cfg.steps), loader.record_attrs()
 
 
 def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
@@ -390,13 +405,3 @@ def _flops(flavor: Any, spec: RunSpec, global_batch: int, first: dict[str, torch
     text = float(first["mlm_labels"][pos].ne(-1).sum()) / n
     patches = float(first["image_patches_mask"][pos].sum()) / n
     return flava_flops(flavor, global_batch, text, patches, n / len(pos), spec.strategy.ac)
-
-
-def _scaler(prec: Any, fsdp: bool, device: torch.device) -> Any:
-    if not prec.scaler:
-        return None
-    if fsdp:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(device=device.type)
-    return torch.amp.GradScaler(device.type)

@@ -21,6 +21,12 @@ def one_rank_group() -> Iterator[None]:
     if dist.is_initialized():  # a caller already made one: leave it to them
         yield
         return
+    # As the runner does: the unused-parameter probes run before any group exists
+    # (parallel.unused_parameter_names refuses to run inside one; NCCL would fail there).
+    from scaleladder.parallel import unused_parameter_names
+
+    for family in ("vit", "flava"):
+        unused_parameter_names(family)
     # An in-process store: no port to pick, nothing left behind if a test fails.
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

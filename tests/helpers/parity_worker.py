@@ -63,6 +63,9 @@ def losses(flavor_name: str, strategy_name: str, local_batch: int, steps: int) -
 def main() -> None:
     flavor, global_batch, steps, strategies = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
     env = launch.detect()
+    from scaleladder.parallel import unused_parameter_names
+
+    unused_parameter_names(get_flavor(flavor).family)  # before the group, as the runner does
     launch.init(env, torch.device("cpu"))
     out = {s: losses(flavor, s, global_batch // env.world, steps) for s in strategies}
     if env.rank == 0:

@@ -1,0 +1,155 @@
+"""The rung's optimizer and its step: fused AdamW, with no host sync, in every precision.
+
+Why fused, on every device:
+
+* **No host sync under fp16-mixed.** ``GradScaler.step`` reads the inf flag back to
+  the host (``.item()``) before it calls a plain optimizer, once per step. An optimizer
+  with ``_step_supports_amp_scaling`` (fused Adam/AdamW) receives the flag as a device
+  tensor and skips the update on the device instead. The old per-step sync penalised
+  fp16 against bf16 and broke the timing definition (docs/metrics.md).
+* **No foreach temporaries.** foreach AdamW allocates ``sqrt(exp_avg_sq)`` for every
+  state at once in ``step()``: 4 more bytes per trainable parameter at the optimizer
+  moment. The fused kernel updates in place (the planner models exactly this).
+* **The same optimizer on the CPU** (torch has a fused CPU kernel), so the CPU tests
+  exercise the code path the GPUs run, and the sync detector in the tests can demand
+  zero scalar reads per step.
+
+Fused AdamW keeps each parameter's ``step`` counter on the parameter's device (a 0-dim
+fp32 tensor), unlike foreach AdamW, which keeps it on the host.
+
+TRAP (torch's FSDP1 ``ShardedGradScaler`` + a fused optimizer): ``scaler.step`` on an
+optimizer that supports AMP scaling checks for infs with the base class's
+``_check_inf_per_device``, which does NOT all-reduce the flag over the ranks. Each
+rank then sees infs only in its own gradient shard, and the ranks disagree on whether
+to skip the step: the shards silently diverge. ``ShardedGradScaler.unscale_`` does the
+all-reduce (asynchronously, no host sync), so :func:`scaled_step` always calls
+``unscale_`` before ``step``; ``step`` then passes the reduced flag to the fused kernel.
+
+bf16-true trains through fp32 master weights (:class:`MasterWeightAdamW`), see its
+docstring and docs/strategies.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class MasterWeightAdamW:
+    """AdamW for bf16 parameters that keeps fp32 master weights and fp32 moments.
+
+    The fault it fixes: with bf16 weights and a bf16 AdamW state an update of lr 1e-4
+    is below half a bf16 step (2^-8 relative) for any |w| above about 0.026, every
+    LayerNorm weight included, so most weights never move and the loss barely falls.
+    Here the model's parameters, gradients, activations and collectives stay bf16 (what
+    ``bf16-true`` measures), and the optimizer owns an fp32 copy of each trainable
+    parameter with fp32 ``exp_avg``/``exp_avg_sq``: 12 bytes of optimizer state per
+    element (bf16 AdamW had 4). Each step copies the gradients to fp32 (a transient 4
+    bytes per element), runs the fused AdamW on the masters and rounds them back into
+    the bf16 parameters. Compensated (Kahan) or stochastic rounding would save the
+    master copy; fp32 masters are the standard, simplest to verify, choice.
+
+    Works on the local views FSDP1 (``use_orig_params=True``) exposes: each rank's
+    masters cover its own shard only.
+    """
+
+    _step_supports_amp_scaling = False  # bf16-true has no grad scaler
+
+    def __init__(self, params: Iterable[Tensor], lr: float) -> None:
+        self.params = list(params)
+        self.masters = [p.detach().float() for p in self.params]
+        self.inner = torch.optim.AdamW(self.masters, lr=lr, fused=True)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.inner.state
+
+    @torch.no_grad()
+    def step(self) -> None:
+        live = [(p, m) for p, m in zip(self.params, self.masters) if p.grad is not None]
+        if not live:
+            return
+        for p, m in live:
+            m.grad = p.grad.float()
+        self.inner.step()
+        params, masters = zip(*live)
+        torch._foreach_copy_(list(params), list(masters))  # rounds fp32 -> bf16 in one launch
+        for m in masters:
+            m.grad = None  # the fp32 gradient copies live only for the step
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+
+def make_optimizer(params: Iterable[Tensor], lr: float, precision: str) -> Any:
+    """The optimizer every rung uses (bench_rung and the planner's checks too)."""
+    trainable = [p for p in params if p.requires_grad]
+    if precision == "bf16-true":
+        return MasterWeightAdamW(trainable, lr)
+    return torch.optim.AdamW(trainable, lr=lr, fused=True)
+
+
+def _sharded_scaler(device: torch.device) -> Any:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class ShardedScalerForFused(ShardedGradScaler):
+        """ShardedGradScaler whose all-reduced inf flag a fused optimizer accepts.
+
+        TRAP (torch 2.14): ShardedGradScaler.unscale_ makes its flags with shape [1];
+        GradScaler's are 0-dim. The fused Adam kernel's epilogue subtracts the flag from
+        each 0-dim ``step`` counter in place (``_foreach_sub_``), which fails with
+        "output with shape [] doesn't match the broadcast shape [1]" on the first step
+        that found an inf. The flags are reshaped (views, no copy, no sync) to 0-dim.
+        """
+
+        def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+            super().unscale_(optimizer)
+            state = self._per_optimizer_states[id(optimizer)]
+            state["found_inf_per_device"] = {d: f.reshape(()) for d, f in state["found_inf_per_device"].items()}
+
+        def _amp_update_scale_cpu_(self, found_inf: torch.Tensor) -> None:
+            # On the CPU ShardedGradScaler.update takes a Python path that reads the flag
+            # (.item()); GPUs take torch._amp_update_scale_, which runs on the CPU as well
+            # (GradScaler("cpu") uses it). Taking it here keeps the CPU on the GPU's path,
+            # so the tests' sync counter sees what a GPU would.
+            torch._amp_update_scale_(self._scale, self._growth_tracker, found_inf, self._growth_factor,
+                                     self._backoff_factor, self._growth_interval)
+
+    return ShardedScalerForFused(device=device.type)
+
+
+def make_scaler(precision: str, fsdp: bool, device: torch.device) -> Any:
+    """fp16-mixed's loss scaler (the sharded one under FSDP1), else None."""
+    if precision != "fp16-mixed":
+        return None
+    if fsdp:
+        return _sharded_scaler(device)
+    return torch.amp.GradScaler(device.type)
+
+
+def backward_and_step(loss: Tensor, optimizer: Any, scaler: Any) -> None:
+    """Backward, optimizer step, zero_grad: the part of a training step after the forward.
+
+    No host sync on any path: with a scaler, ``unscale_`` (all-reduced under FSDP, see
+    the module docstring) and then a fused step that reads the inf flag on the device.
+    """
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
