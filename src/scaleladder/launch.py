@@ -11,12 +11,18 @@ and torchrun's are the ones that describe the worker.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from scaleladder.spec import SpecError
 
 # torch.distributed's usual default. A site whose port differs (OLCF's examples use
 # 3442) sets MASTER_PORT in its profile; nothing site-specific belongs here.
@@ -76,12 +82,158 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
     return DistEnv(0, 1, 0, 1, "127.0.0.1", port, "single")
 
 
-def pick_device(env: DistEnv, want: str = "auto") -> torch.device:
-    """One GPU per rank (CUDA and ROCm both appear as 'cuda'), else the CPU."""
-    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+class NoGPUError(SpecError):
+    """GPUs were expected (``--device cuda``, or a Slurm job that was allocated GPUs) and
+    torch sees none. A SpecError, so the CLI prints it as one line and exits 2."""
+
+
+# -- why torch sees no GPU ----------------------------------------------------------------
+#
+# TRAP: torch's PyPI wheels are CUDA 13 builds now (2.14.1+cu130). On a node whose NVIDIA
+# driver is older than CUDA 13 needs, torch.cuda.is_available() is simply False, and
+# `--device auto` used to train on the CPU and record that as the GPU site's result.
+# Where GPUs are expected, no GPU is an error that names its cause.
+
+# Minimum driver per CUDA major version ("CUDA minor version compatibility": any 13.x
+# runtime works on a >= 580 driver, 12.x on >= 525, 11.x on >= 450). Source: NVIDIA, CUDA
+# Compatibility, "Minor Version Compatibility", Table 1 "CUDA Toolkit 11.x, 12.x, and 13.x
+# Driver Version Ranges" (docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html).
+CUDA_DRIVER_FLOORS: dict[int, int] = {13: 580, 12: 525, 11: 450}
+
+# Slurm's variables that say the job or task was given GPUs. SLURM_GPUS_PER_TASK and
+# SLURM_GPUS_ON_NODE are counts (the first may carry a type: "a100:4"); SLURM_JOB_GPUS is
+# a list of GPU *ids* — "0" there is GPU number 0, not zero GPUs.
+SLURM_GPU_VARS = ("SLURM_GPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS")
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
+
+
+def slurm_gpus(environ: Mapping[str, str]) -> str | None:
+    """``VAR=value`` of the first Slurm variable saying GPUs were allocated, or None."""
+    for var in SLURM_GPU_VARS:
+        value = environ.get(var, "").strip()
+        if not value:
+            continue
+        count = value.rsplit(":", 1)[-1]
+        if var != "SLURM_JOB_GPUS" and count.isdigit() and int(count) == 0:
+            continue
+        return f"{var}={value}"
+    return None
+
+
+def gpu_expected(want: str, environ: Mapping[str, str]) -> str | None:
+    """Why this rank must have a GPU, or None when the CPU is an acceptable answer."""
+    if want == "cuda":
+        return "--device cuda was given"
+    if want == "auto":
+        slurm = slurm_gpus(environ)
+        if slurm:
+            return f"--device auto in a Slurm job that was allocated GPUs ({slurm})"
+    return None
+
+
+def nvidia_driver_version(path: str = NVIDIA_DRIVER_FILE) -> str | None:
+    """The loaded NVIDIA kernel driver's version ("580.65.06"), or None when there is none.
+
+    /proc/driver/nvidia/version is the kernel module's own word and is visible inside
+    containers; NVML (pynvml, when installed) is asked only when the file is absent.
+    The file's first line reads "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05
+    ..." (or "... Open Kernel Module for x86_64  580.65.06 ...").
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        text = ""
+    m = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text)
+    if m:
+        return m.group(1)
+    try:
+        import pynvml  # nvidia-ml-py: optional
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else str(v)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no pynvml, no libnvidia-ml, no driver: all "none found"
+        return None
+
+
+def _hides_every_device(value: str) -> bool:
+    # CUDA/HIP stop at the first entry that names no device, so "" and a list that starts
+    # with -1 hide them all; old Slurm sets CUDA_VISIBLE_DEVICES=NoDevFiles for a job
+    # step with no GPUs.
+    first = value.split(",")[0].strip()
+    return first in ("", "-1") or value.strip() == "NoDevFiles"
+
+
+def no_gpu_cause(
+    environ: Mapping[str, str],
+    cuda_version: str | None,
+    hip_version: str | None,
+    driver_version: Callable[[], str | None] | None = None,
+    exists: Callable[[str], bool] = os.path.exists,
+    torch_version: str = torch.__version__,
+) -> str:
+    """Why torch sees no GPU, as one line. Every input is a parameter (the environment,
+    ``torch.version.cuda``/``.hip``, the driver reader — :func:`nvidia_driver_version` when
+    None —, the file test), so each branch is tested on a machine without a GPU."""
+    read_driver = driver_version or nvidia_driver_version
+    if not cuda_version and not hip_version:
+        return (f"torch {torch_version} is a CPU-only build (torch.version.cuda and torch.version.hip are both None): "
+                "install a CUDA or ROCm build of torch")
+    causes: list[str] = []
+    names = ("CUDA_VISIBLE_DEVICES",) if cuda_version else ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+    for var in names:
+        if var in environ and _hides_every_device(environ[var]):
+            causes.append(f"{var}={environ[var]!r} hides every device")
+    slurm = slurm_gpus(environ)
+    if causes and slurm:
+        causes.append(f"although Slurm allocated GPUs ({slurm}): the job step got none (wrong --gpus-per-task or --gres on srun?)")
+    if cuda_version:
+        driver = read_driver()
+        major = int(cuda_version.split(".")[0])
+        floor = CUDA_DRIVER_FLOORS.get(major)
+        if driver is None:
+            causes.append(f"no NVIDIA driver found (no {NVIDIA_DRIVER_FILE}, no NVML): not a GPU node, or the container "
+                          "does not see the driver (apptainer --nv, docker --gpus)")
+        elif floor is not None and int(driver.split(".")[0]) < floor:
+            causes.append(f"the NVIDIA driver {driver} is too old for this torch's CUDA {cuda_version}: CUDA {major}.x needs "
+                          f"driver >= {floor} (update the driver, or install a torch built for an older CUDA)")
+    elif not exists("/dev/kfd"):
+        causes.append("ROCm torch needs /dev/kfd, which is missing here (docker: --device /dev/kfd --device /dev/dri; "
+                      "apptainer: --rocm)")
+    if not causes and slurm:
+        causes.append(f"Slurm allocated GPUs ({slurm}) but none is visible to this task (wrong --gpus-per-task or --gres, "
+                      "or a container without --nv/--rocm?)")
+    if not causes:
+        build = f"CUDA {cuda_version}" if cuda_version else f"ROCm {hip_version}"
+        causes.append(f"torch {torch_version} ({build}) finds no device and no cause was found here: check nvidia-smi or rocm-smi")
+    return "; ".join(causes)
+
+
+def pick_device(env: DistEnv, want: str = "auto", environ: Mapping[str, str] | None = None) -> torch.device:
+    """One GPU per rank (CUDA and ROCm both appear as 'cuda'), else the CPU.
+
+    The CPU only where it is an acceptable answer: ``--device cpu``, or ``--device auto``
+    outside a Slurm job that was allocated GPUs. Where GPUs are expected and torch sees
+    none, :class:`NoGPUError` names the cause (:func:`no_gpu_cause`).
+    """
+    if want == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but torch sees no GPU")
+        env_vars = os.environ if environ is None else environ
+        expected = gpu_expected(want, env_vars)
+        # A GPU node (a driver is loaded) where `auto` falls back to the CPU is legal
+        # outside Slurm, but never silent.
+        gpu_node = nvidia_driver_version() is not None or os.path.exists("/dev/kfd")
+        if expected or gpu_node:
+            why = no_gpu_cause(env_vars, torch.version.cuda, getattr(torch.version, "hip", None))
+            if expected:
+                raise NoGPUError(f"{expected}, but torch sees no GPU: {why}")
+            print(f"scaleladder: warning: --device auto trains on the CPU although this node has a GPU driver: {why}",
+                  file=sys.stderr)
+        return torch.device("cpu")
     # With --gpus-per-task=1 (Frontier) each rank sees exactly one device: index 0.
     index = env.local_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)

@@ -347,6 +347,14 @@ def ranks_arg(wildcards) -> str:
     return f" --ranks-per-node {rank_args(spec_of(wildcards))[1]}"
 
 
+def device_arg() -> str:
+    """` --device cuda` where the site expects GPUs (site.device), so a rank that finds
+    none fails naming why instead of training on the CPU; nothing for 'auto' (the
+    runner's default)."""
+    device = SITE.get("device", "auto")
+    return "" if device == "auto" else f" --device {device}"
+
+
 def plan_args(wildcards) -> str:
     """The planner: the max-batch search starts at its prediction; the predicted-oom
     rule records its verdict."""

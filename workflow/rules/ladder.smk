@@ -34,6 +34,7 @@ if SITE["supervise"] == "launch":
             scaleladder=SCALELADDER,
             launcher=launcher,
             ranks=ranks_arg,
+            device=device_arg(),
             spec=spec_path,
             data=data_arg,
             steps=config["steps"],
@@ -45,7 +46,7 @@ if SITE["supervise"] == "launch":
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.ranks} "
+            "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.ranks}{params.device} "
             "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
             "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
 
@@ -72,6 +73,7 @@ else:
             prologue=prologue,
             scaleladder=SCALELADDER,
             launcher=launcher,
+            device=device_arg(),
             spec=spec_path,
             data=data_arg,
             steps=config["steps"],
@@ -83,10 +85,10 @@ else:
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "rm -f {output:q}.oom-rank*.json; {params.env}{params.prologue}{params.launcher} run "
+            "rm -f {output:q}.oom-rank*.json; {params.env}{params.prologue}{params.launcher} run{params.device} "
             "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
             "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1 && rc=0 || rc=$?; "
-            "{params.scaleladder} finalize --rc $rc "
+            "{params.scaleladder} finalize --rc $rc{params.device} "
             "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
             "--workers {params.workers} --seed {params.seed} --out {output:q} >> {log} 2>&1"
 
@@ -110,6 +112,7 @@ rule rung_max:
         launcher=launcher,
         plan=plan_args,
         cap=maxbatch_args(),
+        device=device_arg(),
         spec=spec_path,
         data=data_arg,
         steps=config["steps"],
@@ -121,7 +124,7 @@ rule rung_max:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan}{params.cap} "
+        "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan}{params.cap}{params.device} "
         "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
         "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
 
