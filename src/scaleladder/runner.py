@@ -315,6 +315,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "init": init,
         **data_attrs,
         **provenance.collect(where["device_name"]),
+        **provenance.peak_attrs(device, spec.precision, cfg.peak_tflops),
         **where,
         "flops_per_sample": flops.model,
         "hardware_flops_per_sample": flops.hardware,
