@@ -69,8 +69,8 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     )
     assert cmd == (
         f"rm -f {rung}.oom-rank*.json; {env}srun -N2 --ntasks-per-node=1 mkdir -p /tmp/miopen-$USER; "
-        f"{launcher} run {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
-        f"apptainer exec --workdir $PWD --bind /lustre {image} scaleladder finalize --rc $rc {spec} {args} >> {log} 2>&1"
+        f"{launcher} run --device cuda {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
+        f"apptainer exec --workdir $PWD --bind /lustre {image} scaleladder finalize --rc $rc --device cuda {spec} {args} >> {log} 2>&1"
     )
     assert "torchrun" not in out  # srun starts the ranks on Frontier, never torchrun
     res = resources_of(out, "rung", rung)
@@ -118,8 +118,8 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     env = ('export NCCL_DEBUG="WARN"; export NCCL_ASYNC_ERROR_HANDLING="1"; export OMP_NUM_THREADS="8"; '
            'export HDF5_USE_FILE_LOCKING="FALSE"; ')
     for rule, verb, plan, target, spec in (
-            ("rung", "launch", "--ranks-per-node 8", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
-            ("rung_max", "maxbatch", "--plan-device a100-40gb --ranks-per-node 8", mx,
+            ("rung", "launch", "--ranks-per-node 8 --device cuda", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
+            ("rung_max", "maxbatch", "--plan-device a100-40gb --ranks-per-node 8 --device cuda", mx,
              "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax")):
         args = ARGS.format(steps=1000, warmup=100, data="results/shards/224px/manifest.json", workers=7, out=target)
         log = target.replace("results/rungs/", "results/logs/rungs/").replace(".h5", ".log")
@@ -187,19 +187,65 @@ def test_no_site_detail_outside_profiles() -> None:
     assert not offending, "\n".join(offending)
 
 
-def _submit_lines(wf: Path, tmp: Path, profile: str, *targets: str) -> subprocess.Popen[str]:
+ACCOUNT = "abc123"
+
+# The Slurm client tools the SLURM executor plugin (2.x) runs on the submit host before and
+# around `sbatch`, each with the smallest answer the plugin parses. TRAP: on a machine without
+# Slurm the plugin never reaches sbatch (its account check runs `sacctmgr` and dies on the
+# missing binary), and with a real Slurm the answers are that cluster's (the localhost CI
+# cluster has no accounting, so sacctmgr fails there and the plugin falls back to sshare).
+# First on PATH, these shadow both, so the test sees the same plugin on every machine.
+FAKE_SLURM = {
+    # accounts.validate_account: `sacctmgr -n -s list user USER format=account%256`, one
+    # account per line; an account not listed is refused. sshare is its fallback.
+    "sacctmgr": f'echo "{ACCOUNT}"',
+    "sshare": f'echo "{ACCOUNT}"',
+    # `scontrol show config`: MaxArraySize (utils.get_max_array_size) and MinJobAge
+    # (job_status_query.get_min_job_age), both parsed from "Key = value" lines.
+    "scontrol": 'case "$*" in\n'
+                '  "show config") printf "MaxArraySize            = 1001\\nMinJobAge               = 600 sec\\n" ;;\n'
+                '  *) echo "scontrol $*: not faked by the test" >&2; exit 1 ;;\n'
+                'esac',
+    # `shutil.which("sinfo")` is the plugin's "is this a Slurm host?"; `sinfo -o %P` its
+    # default partition (only for a job without slurm_partition) marked by "*".
+    "sinfo": 'echo "PARTITION"; echo "batch*"',
+    # status queries, the account guess, cancelling: no job was ever accepted, so nothing.
+    "squeue": "exit 0",
+    "sacct": "exit 0",
+    "scancel": "exit 0",
+}
+
+
+def _submit_lines(wf: Path, tmp: Path, profile: str, *targets: str) -> subprocess.Popen[bytes]:
     """Run `snakemake --profile PROFILE TARGETS` with a fake `sbatch` first on PATH that
-    records its arguments and refuses the job: what the SLURM plugin really submits."""
+    records its arguments and refuses the job: what the SLURM plugin really submits. The
+    other Slurm tools it asks first are faked beside it (FAKE_SLURM); every call of a fake
+    is logged to `slurm-calls-PROFILE.log`, snakemake's own output to `snakemake-PROFILE.log`."""
     bin_dir = tmp / f"bin-{profile}"
     bin_dir.mkdir()
     log = tmp / f"sbatch-{profile}.log"
-    fake = bin_dir / "sbatch"
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho "sbatch: refused by the test" >&2\nexit 1\n')
-    fake.chmod(0o755)
-    env = snakemake_env(PATH=f"{bin_dir}{os.pathsep}{VENV_BIN}{os.pathsep}{os.environ['PATH']}", SCALELADDER_SLURM_ACCOUNT="abc123")
-    return subprocess.Popen([os.path.join(VENV_BIN, "snakemake"), "--profile", f"profiles/{profile}", *targets,
-                             "--config", "data={source: synthetic}"], cwd=wf, env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    calls = tmp / f"slurm-calls-{profile}.log"
+    fakes = dict(FAKE_SLURM, sbatch=f'echo "$@" >> {log}\necho "sbatch: refused by the test" >&2\nexit 1')
+    for tool, body in fakes.items():
+        fake = bin_dir / tool
+        fake.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n{body}\n')
+        fake.chmod(0o755)
+    env = snakemake_env(PATH=f"{bin_dir}{os.pathsep}{VENV_BIN}{os.pathsep}{os.environ['PATH']}", SCALELADDER_SLURM_ACCOUNT=ACCOUNT)
+    with open(tmp / f"snakemake-{profile}.log", "wb") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([os.path.join(VENV_BIN, "snakemake"), "--profile", f"profiles/{profile}", *targets,
+                                 "--config", "data={source: synthetic}"], cwd=wf, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def _sbatch_log(tmp: Path, profile: str) -> str:
+    log = tmp / f"sbatch-{profile}.log"
+    if not log.exists():  # say why instead of a bare FileNotFoundError
+        calls = tmp / f"slurm-calls-{profile}.log"
+        raise AssertionError(
+            f"the {profile} run never called sbatch; Slurm tools it called: "
+            f"{calls.read_text() if calls.exists() else 'none'}\n"
+            f"snakemake said:\n{(tmp / f'snakemake-{profile}.log').read_text()[-4000:]}")
+    return log.read_text()
 
 
 def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path: Path) -> None:
@@ -212,7 +258,7 @@ def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path
     procs = [_submit_lines(wf, tmp_path, "frontier", frontier), _submit_lines(wf, tmp_path, "a100", a100)]
     for p in procs:
         assert p.wait(timeout=300) != 0  # every submission was refused
-    lines = {p: (tmp_path / f"sbatch-{p}.log").read_text() for p in ("frontier", "a100")}
+    lines = {p: _sbatch_log(tmp_path, p) for p in ("frontier", "a100")}
     assert " -A abc123 -p batch -t 60 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --exclusive " in lines["frontier"]
     assert " -A abc123 -p gpu -t 120 --nodes=1 --cpus-per-task=64 --exclusive " in lines["a100"]
     assert " --gpus=8 " in lines["a100"]
