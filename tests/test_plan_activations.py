@@ -11,7 +11,11 @@
    are the same.
 2. Whole step: a live-bytes tracker (every storage an op creates, freed when its
    storage dies) measures the peak of a real fp32 training step on CPU — forward,
-   backward, foreach AdamW — and the planner's timeline must land within 8 %.
+   backward, the runner's fused AdamW (``scaleladder.optim.make_optimizer``) — and the
+   planner's timeline must land within 10 % (it over-predicts the backward a little).
+3. The optimizer step alone, exactly: what the runner's optimizer allocates inside
+   ``step()`` (nothing for fused AdamW; bf16-true's fp32 gradient copies) and the state
+   it keeps, against the planner's optimizer moment.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from scaleladder.models.flavors import get_flavor
+from scaleladder.optim import make_optimizer
 from scaleladder.planner.activations import dtypes, flava_layer, forward_passes, vit_layer
 
 B, T = 3, 50  # activation sizes (B·T·h = 9600, B·T·m = 38400) never equal a parameter's numel
@@ -165,13 +170,15 @@ def _measured(flavor: Any, batch: int, ac: bool) -> tuple[int, int]:
     if ac:
         _checkpoint(model)
     data = synthetic_batch(flavor, batch, 0, 0, 0)
-    # foreach=True: what AdamW picks by default on a GPU (on a CPU it would loop per tensor)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+    # The runner's optimizer: fused AdamW (torch has a fused CPU kernel too)
+    opt = make_optimizer(model.parameters(), 1e-4, "fp32")
     model(data).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)  # step 1 made the AdamW states: now the steady state
     existing = [*model.parameters(), *(v for s in opt.state.values() for v in s.values()), *data.values()]
-    base = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in existing if t.dim() > 0}.values())
+    # The 0-dim `step` counters count: fused AdamW keeps them on the parameters' device (4 bytes each
+    # here; the planner counts the 512-byte block a GPU's caching allocator makes of each).
+    base = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in existing}.values())
     with LiveBytes(existing) as live:
         loss = model(data)
         forward_end = live.cur
@@ -185,7 +192,7 @@ VIT = ("vit-debug", dict(hidden=96, mlp=384, heads=4, layers=3, image_size=128, 
 FLAVA = ("flava-debug", dict(hidden=64, mlp=256, heads=4, layers=2, mm_layers=1, image_size=128, patch=16, text_len=32), 2)
 
 
-# (FLAVA with AC at this size peaks in AdamW, which the ViT case already covers.)
+# (FLAVA with AC at this size adds nothing the two cases above do not cover.)
 @pytest.mark.parametrize("name,dims,batch,ac", [(*VIT, False), (*VIT, True), (*FLAVA, False)], ids=["vit", "vit-ac", "flava"])
 def test_step_peak_matches_a_real_cpu_step(name: str, dims: dict[str, int], batch: int, ac: bool) -> None:
     from scaleladder.planner.memory import InputBatches, _setup, _simulate
@@ -197,10 +204,79 @@ def test_step_peak_matches_a_real_cpu_step(name: str, dims: dict[str, int], batc
     st = _setup(flavor, parse_strategy("single-ac" if ac else "single"), "fp32", Knobs(), 1, inputs=InputBatches(1))
     predicted = _simulate(st, batch).peak
     print(f"{name} ac={ac}: measured {measured} predicted {predicted:.0f} ratio {predicted / measured:.3f}")
-    assert predicted == pytest.approx(measured, rel=0.08)
+    # 10 %: the planner's backward transients are conservative. Until issue 10 this was 8 %: with foreach
+    # AdamW the measured peak of the AC case was the optimizer step (its sqrt temporaries: 9.12 MB, above
+    # the real backward's 8.94 MB), which hid part of that excess; with the fused step the measured peak
+    # is the backward itself, and the AC case shows the excess unmasked (observed 1.083).
+    assert predicted == pytest.approx(measured, rel=0.10)
     # What the forward leaves alive when it returns — everything saved for backward, none of
     # what was only held until then (FLAVA's attention probabilities under AC, logits) — is
     # the planner's sum of `saved` over every call: the state the backward starts from.
     saved = batch * sum(c.saved for p in forward_passes(flavor, "fp32", ac) for c in p)
     print(f"  forward end: measured {forward_end} predicted {saved:.0f} ratio {saved / forward_end:.4f}")
     assert saved == pytest.approx(forward_end, rel=0.01)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
+def test_optimizer_step_allocates_and_keeps_what_the_planner_says(precision: str) -> None:
+    # The runner's optimizer on real tensors: fused AdamW allocates nothing inside step(); bf16-true's
+    # MasterWeightAdamW gives every fp32 master an fp32 copy of its gradient first (4 B per trainable
+    # element, all alive at once) and keeps master + exp_avg + exp_avg_sq (12 B) and a `step` counter.
+    from scaleladder.batches import synthetic_batch
+    from scaleladder.models.build import build_model
+    from scaleladder.planner.inventory import inventory
+    from scaleladder.planner.memory import _optimizer_transient, _setup
+    from scaleladder.planner.static import STEP_COUNTER_BYTES, bytes_of, local_counts
+    from scaleladder.spec import Knobs, parse_strategy
+
+    flavor = get_flavor("vit-debug")
+    torch.manual_seed(0)
+    model = build_model(flavor, "cpu")
+    if precision == "bf16-true":
+        model = model.to(torch.bfloat16)
+    opt = make_optimizer(model.parameters(), 1e-4, precision)
+    data = synthetic_batch(flavor, 2, 0, 0, 0)
+    if precision == "bf16-true":
+        data = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in data.items()}
+
+    def state() -> list[torch.Tensor]:
+        return [*(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)), *getattr(opt, "masters", [])]
+
+    model(data).backward()
+    opt.step()  # the first step makes the state
+    opt.zero_grad(set_to_none=True)
+    model(data).backward()
+    existing = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None), *state(), *data.values()]
+    with LiveBytes(existing) as live:
+        opt.step()
+    inv = inventory(flavor)
+    counts = local_counts(inv, parse_strategy("single"), precision, 1)
+    st = _setup(flavor, parse_strategy("single"), precision, Knobs(), 1)
+    assert live.peak == _optimizer_transient(st) == (4 * inv.trainable_numel if precision == "bf16-true" else 0)
+    kept = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in state()}.values())
+    assert kept == bytes_of(counts, precision, STEP_COUNTER_BYTES)["optimizer"]
+    assert all(t.dtype == torch.float32 for t in state())  # fp32 moments (and masters) in every precision
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_fused_adamw_keeps_its_step_counters_on_the_gpu(precision: str) -> None:
+    # The fact the planner's optimizer bytes rest on, on fake CUDA tensors (no GPU needed): the
+    # runner's fused AdamW puts each parameter's 0-dim `step` on the parameter's device (one
+    # allocator block each on a GPU); foreach and for-loop AdamW keep it on the host.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        params = [torch.nn.Parameter(torch.empty(n, device="cuda", dtype=dtype)) for n in (10, 3)]
+        for q in params:
+            q.grad = torch.empty_like(q)
+        opt = make_optimizer(params, 1e-4, precision)
+        opt.step()
+        steps = [s["step"] for s in opt.state.values()]
+        assert len(steps) == 2 and all(t.device.type == "cuda" and t.dim() == 0 and t.dtype == torch.float32 for t in steps)
+        for foreach in (True, False):  # foreach, for-loop
+            plain = torch.optim.AdamW([torch.nn.Parameter(torch.empty(4, device="cuda"))], lr=1e-4, foreach=foreach)
+            for q in plain.param_groups[0]["params"]:
+                q.grad = torch.empty_like(q)
+            plain.step()
+            assert all(s["step"].device.type == "cpu" for s in plain.state.values())

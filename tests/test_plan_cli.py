@@ -122,3 +122,30 @@ def test_predicted_vs_measured_from_an_aggregated_ladder(tmp_path: Path, capsys:
     files = sorted(str(p) for p in (tmp_path / "results" / "rungs").rglob("*.h5"))
     assert cli(["plan", "--vs-measured", str(tmp_path / "r.png"), "--device", "a100-80gb", "--rungs", *files, "--json"]) == 0
     assert {p["label"]: p for p in json.loads(capsys.readouterr().out)} == points
+
+
+def test_the_issue_10_command_vit_15b_fits_on_4_gcds(capsys: pytest.CaptureFixture[str]) -> None:
+    # docs/planner.md quotes this command's output: with the runner's fused AdamW (no foreach
+    # temporaries) ViT-15B fits on 4 MI250X GCDs at the ViT seed's local batch 32.
+    d = _json(capsys, "--spec", "vit-15b/fsdp-hybrid4-ac/bf16-mixed/pre-lag/n1/b32", "--gpus-per-node", "4",
+              "--device", "mi250x-gcd")
+    assert d["fits"] and d["phase"] == "backward:vit.layer" and d["max_batch"] == 67
+    assert round(d["peak_bytes"] / GIB, 2) == 57.90 and round(d["required_bytes"] / GIB, 2) == 61.79
+    gib = {k: round(v / GIB, 2) for k, v in d["breakdown"].items()}
+    assert gib == {"params": 13.64, "grads": 13.93, "optimizer": 27.28, "activations": 1.86, "buffers": 1.15,
+                   "inputs": 0.04, "overhead": 3.89}
+
+
+def test_bf16_true_plans_fp32_masters_and_their_gradient_copies(capsys: pytest.CaptureFixture[str]) -> None:
+    # bf16-true: 2 B params and grads, 12 B of optimizer state (fp32 master, exp_avg, exp_avg_sq) and,
+    # in the step, an fp32 copy of every gradient: the optimizer entry at an optimizer peak is 16 B
+    # per local trainable element (+ a 512-byte block per step counter).
+    from scaleladder.planner.inventory import inventory
+    from scaleladder.planner.static import ALLOC_BLOCK_BYTES, local_counts
+    from scaleladder.spec import parse_strategy
+
+    d = _json(capsys, "--spec", "vit-1b/fsdp-full-ac/bf16-true/pre-lag/n1/b1", "--device", "a100-40gb")
+    c = local_counts(inventory("vit-1b"), parse_strategy("fsdp-full-ac"), "bf16-true", 8)
+    assert d["phase"] == "optimizer"
+    assert d["breakdown"]["optimizer"] == 16 * c.trainable + ALLOC_BLOCK_BYTES * c.tensors
+    assert d["breakdown"]["params"] == 2 * c.params

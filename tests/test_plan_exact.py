@@ -2,8 +2,10 @@
 
 Two ranks build vit-debug and flava-debug, wrap them with the ladder's own
 ``parallel.apply_strategy`` (every strategy, three precisions), run one training
-step, and sum — per rank — the bytes of the parameters' storage, of the gradients
-and of AdamW's states. ``plan.static_bytes_per_rank`` must match to the byte.
+step with the runner's own optimizer (``optim.make_optimizer``: fused AdamW; under
+bf16-true with fp32 master weights), and sum — per rank — the bytes of the
+parameters' storage, of the gradients and of the optimizer's state (moments, masters,
+the 0-dim ``step`` counters). ``plan.static_bytes_per_rank`` must match to the byte.
 
 The same run checks the one FSDP behaviour the planner's FLAVA numbers rest on:
 FLAVA runs each encoder layer twice per step, and FSDP1 cannot reshard a layer unit
@@ -66,6 +68,7 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     from scaleladder.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
+    from scaleladder.optim import make_optimizer
     from scaleladder.parallel import apply_strategy
     from scaleladder.precision import policy
     from scaleladder.spec import Knobs, parse_strategy
@@ -78,7 +81,7 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     if prec.storage_dtype != torch.float32:
         model = model.to(dtype=prec.storage_dtype)  # as runner._train_and_record does
     wrapped, _ = apply_strategy(model, parse_strategy(strategy_name), Knobs(), prec, device)
-    opt = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-3)
+    opt = make_optimizer(wrapped.parameters(), 1e-3, precision)  # as the runner builds it
     batch = synthetic_batch(flavor, 10, dist.get_rank(), 0, 0)
     if prec.storage_dtype != torch.float32:
         batch = {k: v.to(prec.storage_dtype) if v.is_floating_point() else v for k, v in batch.items()}
@@ -105,9 +108,12 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     else:
         params = nbytes(wrapped.parameters())
         grads = nbytes(p.grad for p in wrapped.parameters())
-    # AdamW's `step` counters are 0-dim host tensors: not device memory, not counted.
-    optim = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
-                if torch.is_tensor(v) and v.dim() > 0)
+    # Fused AdamW keeps each `step` counter, a 0-dim fp32 tensor, on the parameter's device: counted
+    # (4 bytes each: storage; the planner's timeline counts the GPU allocator's 512-byte block).
+    # bf16-true's MasterWeightAdamW also owns an fp32 master of every trainable (local) parameter.
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    assert all(t.dtype == torch.float32 for t in state)
+    optim = nbytes([*state, *getattr(opt, "masters", [])])
     return {"params": params, "grads": grads, "optimizer": optim}
 
 
@@ -149,6 +155,9 @@ def _count_gathered_units(flavor_name: str, strategy: str) -> dict[str, int]:
 def _worker() -> None:
     import torch.distributed as dist
 
+    from scaleladder.parallel import unused_parameter_names
+
+    unused_parameter_names("flava")  # before the group, as the runner does (parallel.py)
     dist.init_process_group("gloo")
     out: dict[str, Any] = {}
     four = dist.get_world_size() == 4

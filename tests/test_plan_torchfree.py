@@ -21,7 +21,9 @@ import pytest
 from scaleladder.models.flavors import FLAVORS
 
 SPECS = ["flava-900m/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8", "flava-350m/ddp/bf16-mixed/pre-lag/n1/bmax",
-         "vit-15b/fsdp-hybrid4-ac/bf16-mixed/pre-lag/n2/b32", "vit-debug/fsdp-grad-op/fp32/pre-lag/n1/b4"]
+         "vit-15b/fsdp-hybrid4-ac/bf16-mixed/pre-lag/n2/b32", "vit-debug/fsdp-grad-op/fp32/pre-lag/n1/b4",
+         # bf16-true's fp32 masters and their step transient are planned without scaleladder.optim (torch)
+         "vit-1b/fsdp-full-ac/bf16-true/pre-lag/n1/b1"]
 
 NO_TORCH = """
 import json, sys

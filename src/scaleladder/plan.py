@@ -1,7 +1,7 @@
 """`scaleladder plan`: predict per-GPU memory and the largest local batch, before any run.
 
 The planner is analytic: it never touches a GPU. It replays one training step of the
-runner (forward, backward, foreach AdamW) as a timeline of allocations on the busiest
+runner (forward, backward, its fused AdamW step) as a timeline of allocations on the busiest
 rank, for any model × strategy × precision × local batch × nodes × GPUs per node ×
 device, and reports the peak, a breakdown, whether it fits and the largest batch that
 does. The pieces live in ``scaleladder.planner`` (see its docstring and docs/planner.md).

@@ -1,7 +1,7 @@
 """The analytic memory planner, split by idea (``scaleladder.plan`` is the front door).
 
 * :mod:`.inventory`   which parameters exist, which FSDP unit owns each, in FSDP's flattening order
-* :mod:`.static`      parameters, gradients and AdamW states per rank, exactly (padding included)
+* :mod:`.static`      parameters, gradients and optimizer state per rank, exactly (padding included)
 * :mod:`.activations` what one forward keeps alive, call by call, per sample
 * :mod:`.memory`      the step replayed as a timeline of allocations: peak, breakdown, max batch
 

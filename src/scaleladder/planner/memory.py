@@ -1,10 +1,12 @@
 """Replay one training step as a timeline of allocations; its maximum is the peak.
 
-The step is the runner's (bench.train_loop): forward under autocast, backward,
-``AdamW.step()`` (foreach on GPUs), ``zero_grad(set_to_none=True)``. Between steps a
-rank holds its parameters, AdamW states, DDP's gradient buckets and its input batches
-(the synthetic pool, or the loader's current batch). On top of that the timeline adds,
-moment by moment:
+The step is the runner's (bench.train_loop, scaleladder.optim): forward under autocast,
+backward, the optimizer step (a FUSED AdamW in every precision; under fp16-mixed through
+the GradScaler: ``unscale_`` in place, then the fused step), ``zero_grad(set_to_none=True)``.
+Between steps a rank holds its parameters, optimizer state (moments, bf16-true's fp32
+masters, one step counter per trainable tensor), DDP's gradient buckets and its input
+batches (the synthetic pool, or the loader's current batch). On top of that the timeline
+adds, moment by moment:
 
 forward   activations saved / held by each call; FSDP's all-gathered (unsharded)
           units — the root for the whole step, a layer unit while it runs (at most
@@ -16,7 +18,11 @@ backward  calls in autograd's order, freeing their saved tensors; a unit's gradi
           reduced (fp32 copy + reduce-scatter output) and resharded. FLAVA runs each
           encoder layer twice, so every image/text unit stays gathered from the masked
           pass's backward to the unmasked pass's — the dominant FSDP term for FLAVA.
-optimizer foreach AdamW allocates one temporary the size of one state (``sqrt(v)``).
+optimizer fused AdamW updates in place: nothing extra, except under bf16-true, where every
+          fp32 master first gets an fp32 copy of its gradient (4 B per trainable
+          element, freed once the masters are rounded back into the bf16 parameters).
+          (The seeds' optimizers, as Variants: foreach AdamW's ``sqrt(v)`` for every
+          state at once; the for-loop AdamW's two temporaries of its largest tensor.)
 step start a loader's next batch is copied to the device while the previous one is
           still referenced (never the peak in practice, but counted).
 
@@ -44,11 +50,15 @@ from scaleladder.planner.activations import (
 )
 from scaleladder.planner.inventory import Inventory, inventory
 from scaleladder.planner.static import (
+    ALLOC_BLOCK_BYTES,
+    LocalCounts,
     aligned_numel,
+    bytes_of,
     flat_layout,
     fsdp_param_bytes,
+    local_counts,
     sharding,
-    static_bytes_for,
+    step_transient_bytes,
     storage_bytes,
 )
 from scaleladder.spec import Knobs, RunSpec, SpecError, Strategy
@@ -175,6 +185,9 @@ class _Timeline:
             self.phase = phase
 
 
+ADAMW_IMPLS = ("fused", "foreach", "for-loop")  # Variant.adamw
+
+
 @dataclass(frozen=True)
 class Variant:
     """Counterfactuals for explaining a disagreement with a seed — NOT the runner's setup.
@@ -199,10 +212,24 @@ class Variant:
     # copy of the gradients, resident all run. The FLAVA seed's train.py set it True: the
     # gradients ARE views into the buckets, one copy.
     bucket_view: bool = False
-    # foreach AdamW (ours: torch's default on GPUs) allocates sqrt(exp_avg_sq) for every
-    # state at once: 4 more bytes per trainable parameter in the step. The fused AdamW
-    # (which the ORNL ViT code can select) updates in place: False models it.
-    foreach_temp: bool = True
+    # Which AdamW implementation steps the parameters. Ours (scaleladder.optim.make_optimizer):
+    # "fused", in every precision — in place, no temporaries, its `step` counters are device
+    # tensors (512 B blocks each). "foreach" (torch 2.x's default on GPUs when neither
+    # foreach nor fused is given) allocates sqrt(exp_avg_sq) for every state at once: 4 more
+    # bytes per trainable element in the step; counters on the host. "for-loop" (torch <= 1.13's
+    # default — the FLAVA seed's code, written Aug–Oct 2022 for "PyTorch 1.13 or nightly") steps
+    # one tensor at a time: `exp_avg_sq.sqrt() / c` holds two temporaries of that tensor, so
+    # 2 × 4 bytes × its largest tensor; counters on the host.
+    adamw: str = "fused"
+
+    def __post_init__(self) -> None:
+        if self.adamw not in ADAMW_IMPLS:
+            raise ValueError(f"Variant.adamw must be one of {ADAMW_IMPLS}, got {self.adamw!r}")
+
+    @property
+    def foreach_temp(self) -> bool:
+        """Does the optimizer step allocate foreach AdamW's sqrt(exp_avg_sq) temporaries?"""
+        return self.adamw == "foreach"
 
 
 RUNNER = Variant()
@@ -219,7 +246,8 @@ class _Setup:
     world: int
     passes: list[list[Call]]
     backward: list[Call]
-    static: dict[str, int]
+    static: dict[str, int]  # bytes at the allocator level: step counters as 512-byte blocks
+    local: LocalCounts  # what the busiest rank holds, in elements: the optimizer step's transients scale with it
     unit_full: dict[str, int]  # unsharded flat numel per unit kind ("root", "layer", "codebook")
     unit_chunk: dict[str, int]  # local chunk numel per unit kind
     variant: Variant = RUNNER
@@ -249,8 +277,12 @@ def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs
             full[u.kind], chunk[u.kind] = lay.total, lay.chunk(shard)
         else:
             full[u.kind] = chunk[u.kind] = u.numel
+    # Fused AdamW's step counters are device tensors, each a whole allocator block; the
+    # other implementations keep them on the host (not device memory at all).
+    counter = ALLOC_BLOCK_BYTES if variant.adamw == "fused" else 0
+    local = local_counts(inv, strategy, precision, world, counter_bytes=counter)
     return _Setup(inv, strategy, precision, knobs, world, passes, backward_order(f, passes),
-                  static_bytes_for(inv, strategy, precision, world), full, chunk, variant, inputs)
+                  bytes_of(local, precision, counter), local, full, chunk, variant, inputs)
 
 
 def _simulate(st: _Setup, batch: int) -> _Timeline:
@@ -364,9 +396,34 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
         tl.parts["grads"] = float(st.static["grads"])
 
     # -- optimizer ------------------------------------------------------------------------
-    # foreach AdamW: sqrt(exp_avg_sq) for every state at once; fused AdamW: nothing extra.
-    tl.point("optimizer", optimizer=st.static["optimizer"] / 2 if st.variant.foreach_temp else 0.0)
+    tl.point("optimizer", optimizer=_optimizer_transient(st))
     return tl
+
+
+def _optimizer_transient(st: _Setup) -> float:
+    """Bytes the optimizer step allocates on top of the state (counted under "optimizer").
+
+    Fused AdamW (ours) updates params, exp_avg and exp_avg_sq in place: 0. bf16-true's
+    MasterWeightAdamW copies every local gradient to fp32 first (step_transient_bytes).
+    fp16-mixed adds nothing: GradScaler.unscale_ divides the gradients in place and its
+    found-inf flags are one float per device. The moments are fp32 in every precision,
+    so the seeds' implementations' temporaries are 4 bytes an element.
+    """
+    extra = float(st.local.trainable * step_transient_bytes(st.precision))
+    if st.variant.adamw == "foreach":
+        extra += 4 * st.local.trainable  # sqrt(exp_avg_sq), every state at once
+    elif st.variant.adamw == "for-loop":
+        # exp_avg_sq.sqrt() and its quotient, for the largest tensor the optimizer steps. Under
+        # FSDP that is taken as a whole local flat chunk: exact for FSDP1 without
+        # use_orig_params (the FLAVA seed's; the optimizer then steps the flat parameters),
+        # an upper bound with it.
+        if sharding(st.strategy, st.world).fsdp:
+            kinds = [u.kind for u in (st.inv.root, st.inv.layer) if u.requires_grad]
+            largest = max((st.unit_chunk[k] for k in kinds), default=0)
+        else:
+            largest = max((p.numel for u in st.inv.units() for p in u.params if p.trainable), default=0)
+        extra += 2 * 4 * largest
+    return extra
 
 
 # -- public API -------------------------------------------------------------------------------

@@ -22,8 +22,26 @@ before ``zero_grad``), for the runner's exact setup (``parallel.py``, ``runner.p
     chunk, so its states cover only the trainable elements that fall in this rank's
     chunk. Padding sits at the end of the last rank's chunk, hence ``rank``.
 
-AdamW's ``step`` counters are 0-dim tensors kept on the host (non-capturable,
-non-fused AdamW), so they are not device memory and not counted.
+The optimizer is the runner's (``scaleladder.optim.make_optimizer``): a **fused**
+``torch.optim.AdamW`` in every precision, on every device. Its state per trainable
+element (:func:`state_bytes`): ``exp_avg`` + ``exp_avg_sq`` in fp32, 8 bytes; under
+``bf16-true`` (bf16 parameters and gradients) the optimizer is ``MasterWeightAdamW``,
+which steps an fp32 MASTER copy of every trainable parameter with fp32 moments:
+4 + 4 + 4 = 12 bytes (a bf16 AdamW state did not train: an lr-1e-4 update is below
+half a bf16 ulp for |w| > ~0.026). Under FSDP the masters, like the moments, cover
+only the rank's local chunk.
+
+TRAP, the ``step`` counters: fused AdamW keeps each parameter's ``step`` as a 0-dim
+fp32 tensor ON THE PARAMETER'S DEVICE (``torch/optim/adam.py`` ``_init_group``:
+``device=p.device if capturable or fused``); foreach and for-loop AdamW keep it on the
+host. So there is now one small device tensor per trainable parameter tensor that has
+elements on the rank (FSDP gives a parameter outside the local chunk no gradient, so
+no state). Each is 4 bytes of storage, but the CUDA caching allocator rounds every
+allocation up to :data:`ALLOC_BLOCK_BYTES` (512): :func:`static_bytes_for` counts
+``counter_bytes`` per counter — 4 by default, what the tensors' storages hold (what
+the exact CPU test sums), :data:`ALLOC_BLOCK_BYTES` in the timeline, whose peak is
+the allocator's ``active_bytes``. (No other allocation is rounded: the states are
+KB to GB each, where rounding is below 512 bytes a tensor and left to FRAGMENTATION.)
 """
 
 from __future__ import annotations
@@ -34,11 +52,28 @@ from scaleladder.planner.inventory import Inventory, UnitLayout, inventory
 from scaleladder.spec import RunSpec, SpecError, Strategy
 
 ALIGN_BYTES = 16  # torch.distributed.fsdp._flat_param._get_aligned_numel
+STEP_COUNTER_BYTES = 4  # fused AdamW's per-parameter `step`: a 0-dim fp32 tensor on the parameter's device
+ALLOC_BLOCK_BYTES = 512  # CUDA/HIP caching allocator: kMinBlockSize, every allocation is a multiple of it
 
 
 def storage_bytes(precision: str) -> int:
-    """Bytes per element of parameters, gradients and AdamW states."""
+    """Bytes per element of parameters and gradients (the model's storage dtype)."""
     return 2 if precision == "bf16-true" else 4
+
+
+def state_bytes(precision: str) -> int:
+    """Optimizer state per trainable element: fp32 exp_avg + exp_avg_sq (+ the fp32 master under bf16-true)."""
+    return 12 if precision == "bf16-true" else 8
+
+
+def step_transient_bytes(precision: str) -> int:
+    """Bytes per trainable element the runner's optimizer step allocates and frees again.
+
+    Fused AdamW updates in place: 0. bf16-true's ``MasterWeightAdamW.step`` first gives every
+    master an fp32 copy of its gradient (all of them before the fused step, freed after the
+    masters are rounded back into the bf16 parameters): 4.
+    """
+    return 4 if precision == "bf16-true" else 0
 
 
 def compute_bytes(precision: str) -> int:
@@ -112,25 +147,44 @@ def aligned_numel(precision: str) -> int:
     return ALIGN_BYTES // fsdp_param_bytes(precision)
 
 
-def _local_trainable(unit: UnitLayout, layout: FlatLayout, shard: Sharding, index: int) -> int:
-    """Trainable elements of ``unit`` inside chunk ``index`` (all of them when unsharded)."""
+@dataclass(frozen=True)
+class LocalCounts:
+    """What one rank holds between steps, in elements and tensors (bytes: :func:`bytes_of`)."""
+
+    params: int  # parameter elements stored (FSDP: the flat chunks, padding and frozen parts included)
+    grads: int  # gradient elements stored
+    trainable: int  # trainable elements the optimizer keeps state for (and steps)
+    tensors: int  # trainable parameter tensors with elements on this rank: one fused-AdamW step counter each
+
+
+def _local_trainable(unit: UnitLayout, layout: FlatLayout, shard: Sharding, index: int) -> tuple[int, int]:
+    """(trainable elements, trainable tensors with any) of ``unit`` in chunk ``index`` (all when unsharded)."""
     if not shard.sharded:
-        return unit.trainable_numel
-    size = layout.total // shard.group
-    lo, hi = index * size, (index + 1) * size
-    n = 0
-    for p, off in zip(unit.params, layout.offsets):
-        if p.trainable:
-            n += max(0, min(hi, off + p.numel) - max(lo, off))
-    return n
+        sizes = [p.numel for p in unit.params if p.trainable]
+    else:
+        size = layout.total // shard.group
+        lo, hi = index * size, (index + 1) * size
+        sizes = [max(0, min(hi, off + p.numel) - max(lo, off)) for p, off in zip(unit.params, layout.offsets) if p.trainable]
+    # A parameter with no element in this chunk gets no gradient from FSDP (_use_sharded_grad_views),
+    # so the optimizer makes no state, and no step counter, for it on this rank.
+    sizes = [n for n in sizes if n > 0]
+    return sum(sizes), len(sizes)
 
 
-def static_bytes_for(inv: Inventory, strategy: Strategy, precision: str, world: int, rank: int | None = None) -> dict[str, int]:
-    """Bytes of params / grads / optimizer states on ``rank`` (None: the largest over ranks)."""
+def bytes_of(c: LocalCounts, precision: str, counter_bytes: int = STEP_COUNTER_BYTES) -> dict[str, int]:
+    """Bytes of params / grads / optimizer state (moments, masters, ``counter_bytes`` per step counter)."""
     s = storage_bytes(precision)
+    return {"params": c.params * s, "grads": c.grads * s,
+            "optimizer": c.trainable * state_bytes(precision) + c.tensors * counter_bytes}
+
+
+def local_counts(inv: Inventory, strategy: Strategy, precision: str, world: int, rank: int | None = None,
+                 counter_bytes: int = STEP_COUNTER_BYTES) -> LocalCounts:
+    """What ``rank`` holds (None: the rank with the most bytes, counters at ``counter_bytes``)."""
     shard = sharding(strategy, world)
     if not shard.fsdp:
-        return {"params": inv.numel * s, "grads": inv.trainable_numel * s, "optimizer": 2 * inv.trainable_numel * s}
+        tensors = sum(1 for u in inv.units() for p in u.params if p.trainable)
+        return LocalCounts(inv.numel, inv.trainable_numel, inv.trainable_numel, tensors)
     ranks = range(shard.group) if rank is None else [rank % shard.group]
     align = aligned_numel(precision)
     # Every layer unit has the same layout, hence the same chunk boundaries: count each
@@ -139,24 +193,37 @@ def static_bytes_for(inv: Inventory, strategy: Strategy, precision: str, world: 
     for u in inv.units():
         counts[u] = counts.get(u, 0) + 1
     layouts = {u: flat_layout(u, align, shard.pad_to) for u in counts}
-    best: dict[str, int] | None = None
+    best: LocalCounts | None = None
     for r in ranks:
-        params = grads = opt = 0
+        params = grads = trainable = tensors = 0
         for u, n in counts.items():
             local = layouts[u].chunk(shard)
-            params += n * local * s
-            grads += n * local * s if u.requires_grad else 0
-            opt += n * 2 * s * _local_trainable(u, layouts[u], shard, r)
-        cur = {"params": params, "grads": grads, "optimizer": opt}
-        if best is None or sum(cur.values()) > sum(best.values()):
+            params += n * local
+            grads += n * local if u.requires_grad else 0
+            t, k = _local_trainable(u, layouts[u], shard, r)
+            trainable, tensors = trainable + n * t, tensors + n * k
+        cur = LocalCounts(params, grads, trainable, tensors)
+        if best is None or sum(bytes_of(cur, precision, counter_bytes).values()) > sum(bytes_of(best, precision, counter_bytes).values()):
             best = cur
     assert best is not None
     return best
 
 
-def static_bytes_per_rank(spec: RunSpec, world: int, rank: int | None = None) -> dict[str, int]:
-    """Exact device bytes of parameters, gradients and AdamW states on one rank.
+def static_bytes_for(inv: Inventory, strategy: Strategy, precision: str, world: int, rank: int | None = None,
+                     counter_bytes: int = STEP_COUNTER_BYTES) -> dict[str, int]:
+    """Bytes of params / grads / optimizer states on ``rank`` (None: the largest over ranks).
 
+    ``counter_bytes`` per fused-AdamW step counter: 4 (storage) or :data:`ALLOC_BLOCK_BYTES` (allocator).
+    """
+    return bytes_of(local_counts(inv, strategy, precision, world, rank, counter_bytes), precision, counter_bytes)
+
+
+def static_bytes_per_rank(spec: RunSpec, world: int, rank: int | None = None) -> dict[str, int]:
+    """Exact bytes of the storages of parameters, gradients and optimizer state on one rank.
+
+    ``optimizer`` is the runner's fused AdamW: moments (and bf16-true's fp32 masters)
+    plus 4 bytes per ``step`` counter — what the tensors hold; on a GPU the caching
+    allocator makes each counter a 512-byte block (the timeline counts that).
     ``rank=None`` gives the rank with the most (the last chunk holds the padding,
     so ranks can differ by a few elements). Raises SpecError for a world the
     strategy cannot run on.
