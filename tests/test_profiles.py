@@ -128,7 +128,10 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
         assert res["nodes"] == "1" and res["gpu"] == "8" and res["slurm_extra"] == "--exclusive"
     full = job_counts(dry_run(wf, "a100"))
     assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36  # 6 FLAVA sizes x 3 strategies x {8, max}
-    assert full["rung"] == full["rung_max"]  # a verdict holds for the fixed batch and the search alike
+    # A batch that fits at b8 fits in the search; the converse fails once: the planner puts
+    # FLAVA-1.8B under DDP at a max batch of 4 on 8xA100-40GB (docs/planner.md), so its b8
+    # is a predicted OOM while its search runs.
+    assert full["rung_max"] == full["rung"] + 1
 
 
 def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
