@@ -349,6 +349,7 @@ PREFLIGHT_SCRIPT = textwrap.dedent(
     import json, sys, datetime
     import torch.distributed as dist
     from scaleladder.data import manifest as mf
+    from scaleladder.data.errors import speaker
     from scaleladder.data.loader import make_loader
     from scaleladder.models.flavors import get_flavor
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -363,10 +364,10 @@ PREFLIGHT_SCRIPT = textwrap.dedent(
     try:
         make_loader(manifest, get_flavor("vit-debug"), local_batch=2, rank=rank, world=world, steps=1, workers=0,
                     seed=0, pin_memory=False)
-        error = None
+        error, speaks = None, None
     except Exception as e:
-        error = f"{type(e).__name__}: {e}"
-    json.dump({"hashed": hashed, "error": error}, open(out, "w"))
+        error, speaks = f"{type(e).__name__}: {e}", speaker(e)
+    json.dump({"hashed": hashed, "error": error, "speaker": speaks}, open(out, "w"))
     dist.destroy_process_group()
     """
 )
@@ -392,3 +393,16 @@ def test_gloo_ranks_split_the_checksums_and_share_the_verdict(tmp_path: Path) ->
     bad = ranks()
     assert bad[1]["error"].startswith(f"DataError: {target}: sha256 is {sha256_file(target)}"), bad
     assert bad[0]["error"] == bad[1]["error"] + " (found by rank 1)", bad
+    # ... but only rank 1 prints it (runner.main reads the mark); rank 0 exits 2 silently
+    assert [r["speaker"] for r in bad] == [False, True], bad
+    # Each rank finds its own corrupt shard: each prints its own.
+    other = read_manifest(d).shards[2].path
+    _corrupt(other)
+    both = ranks()
+    assert both[0]["error"].startswith(f"DataError: {other}: sha256 is") and "found by" not in both[0]["error"], both
+    assert both[1]["error"] == bad[1]["error"] and [r["speaker"] for r in both] == [True, True], both
+    # The same fault on every rank (a missing shard: every rank checks every size) is printed once, by rank 0.
+    read_manifest(d).shards[0].path.unlink()
+    gone = ranks()
+    assert gone[0]["error"] == gone[1]["error"] and "found by" not in gone[0]["error"], gone
+    assert [r["speaker"] for r in gone] == [True, False], gone

@@ -148,16 +148,26 @@ def _terminate(signum: int, _frame: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from scaleladder import launch
 
-    from scaleladder.data.errors import DataError
+    from scaleladder.data.errors import DataError, speaker
 
     env = launch.detect()  # no process group yet: bad input must fail before one exists
     try:
         return _main(args, env)
     except SpecError as e:
-        if env.rank != 0 and not isinstance(e, DataError):
+        speaks = speaker(e)  # decided by preflight.agreed, which saw every rank's verdict
+        if speaks is None:
             # Every rank reads the same arguments and finds the same fault: rank 0's one
             # line is the message, N copies (and the launcher's per-rank report) are noise.
             # Not so for data: each rank reads its own shards, and only it can name a bad one.
+            speaks = env.rank == 0 or isinstance(e, DataError)
+        if not speaks:
+            # TRAP: the launcher kills the other ranks as soon as one exits (torchrun at
+            # once, srun --kill-on-bad-exit): a silent rank that exits first can take the
+            # speaker's only line with it. A moment's grace lets the speaker print and
+            # exit first, so the launcher also names it as the root cause.
+            import time
+
+            time.sleep(2.0)
             raise SystemExit(2) from None
         raise  # cli.py prints it: one line, exit 2
 

@@ -16,7 +16,32 @@ from scaleladder.spec import SpecError
 
 
 class DataError(SpecError):
-    """Bad input data. The message is one line naming the file (and key)."""
+    """Bad input data. The message is one line naming the file (and key).
+
+    ``speaker`` (see :func:`speaker`): whether this rank prints it, where
+    :func:`scaleladder.data.preflight.agreed` decided that for every rank at once.
+    """
+
+    speaker: bool | None = None
+
+
+def set_speaker(exc: BaseException, speaks: bool) -> None:
+    """Mark ``exc`` with whether this rank prints it.
+
+    Set by ``preflight.agreed``, the one place that knows every rank's verdict: of the
+    ranks that found the same message the lowest prints it (so an error every rank found
+    is printed once, by rank 0, and one only rank r found is printed by r), and a rank
+    that only learned of another's error prints nothing. An attribute on the exception,
+    not a DataError field: the failing rank re-raises its own error, whatever its type.
+    """
+    exc.speaker = speaks  # type: ignore[attr-defined]
+
+
+def speaker(exc: BaseException) -> bool | None:
+    """What :func:`set_speaker` said about ``exc``; None for an error no verdict was
+    shared for (one process, or raised mid-run by one rank): its rank decides alone."""
+    value = getattr(exc, "speaker", None)
+    return value if isinstance(value, bool) else None
 
 
 def one_line(exc: BaseException) -> str:

@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
-from scaleladder.data.errors import DataError, one_line
+from scaleladder.data.errors import DataError, one_line, set_speaker
 from scaleladder.data.manifest import Manifest, ShardEntry, check_sizes, verify_shard
 
 T = TypeVar("T")
@@ -61,6 +61,13 @@ def agreed(step: Callable[[], T], rank: int, world: int) -> T:
     The failing rank re-raises its own error; the others raise a DataError with the
     first failing rank's message. Without a group to share over, only this rank's
     own result counts.
+
+    Every raised error is marked (``errors.set_speaker``) with whether this rank prints
+    it: the lowest rank that found that very message does, the others exit silently.
+    So a manifest fault all ranks find is printed once (rank 0) instead of once per rank
+    (N copies, even run together on one line when the ranks write at once), while a
+    shard only rank r hashed and found corrupt is printed by r, and the ranks that
+    merely learned of it through the gather say nothing.
     """
     error: Exception | None = None
     try:
@@ -69,11 +76,17 @@ def agreed(step: Callable[[], T], rank: int, world: int) -> T:
         error = e
     if _shared(rank, world):
         problems: list[str | None] = [None] * world
-        dist.all_gather_object(problems, None if error is None else one_line(error))
+        mine = None if error is None else one_line(error)
+        dist.all_gather_object(problems, mine)
         if error is None:
             found = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
             if found is not None:
-                raise DataError(f"{found[1]} (found by rank {found[0]})")
+                learned = DataError(f"{found[1]} (found by rank {found[0]})")
+                set_speaker(learned, False)  # its finder prints it
+                raise learned
+        else:
+            # Compared as one_line() gave them, as gathered: equal lines are the same fault.
+            set_speaker(error, problems.index(mine) == rank)
     if error is not None:
         raise error
     return result
