@@ -159,7 +159,9 @@ def main(args: argparse.Namespace) -> int:
             # Every rank reads the same arguments and finds the same fault: rank 0's one
             # line is the message, N copies (and the launcher's per-rank report) are noise.
             # Not so for data: each rank reads its own shards, and only it can name a bad one.
-            speaks = env.rank == 0 or isinstance(e, DataError)
+            # A missing GPU is a node's fault (an old driver, a bad --gpus-per-task on one
+            # node): the first rank of each node names it, once per node.
+            speaks = env.rank == 0 or isinstance(e, DataError) or (isinstance(e, launch.NoGPUError) and env.local_rank == 0)
         if not speaks:
             # TRAP: the launcher kills the other ranks as soon as one exits (torchrun at
             # once, srun --kill-on-bad-exit): a silent rank that exits first can take the
