@@ -2,6 +2,9 @@
 #   make run    create .venv, install, run the workflow on the workstation profile
 #               -> results/ladder.h5, results/plots/*.{png,pdf}, results/report.html
 #   make test   the same setup, then the whole test suite (CI runs this via .ci/run)
+# And for the GPU figures (benchmarks/gpu_check.py, docs/performance.md "make gpu-check"):
+#   make gpu-wheels   here (registry access): .whl/ = what a GPU machine without one lacks
+#   make gpu-check    there, on ONE GPU (DEVICE=cpu: the same path on the debug flavors)
 
 VENV    ?= .venv
 PYTHON  ?= python3
@@ -14,7 +17,7 @@ LOCK    := containers/constraints-cuda.txt
 # the snakemake jobs and the tests call `scaleladder`, `torchrun`, `snakemake` by name
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test lint dryrun lock clean
+.PHONY: setup run test lint dryrun lock clean gpu-wheels gpu-check
 
 setup: $(VENV)/.installed
 
@@ -41,6 +44,27 @@ dryrun: setup
 # after a deliberate upgrade in the venv: re-pin what the images install
 lock: setup
 	$(BIN)/python containers/lock.py
+
+# Wheels of what the GPU machine lacks (torchmultimodal, iopath, webdataset, braceexpand, scaleladder)
+# into .whl/, then a check that they import and train with only what that machine has.
+gpu-wheels: setup
+	$(BIN)/python containers/gpu_wheels.py --out .whl
+
+# No `setup` here: on the GPU machine there is no registry to build .venv from. It runs the
+# python3 on the PATH (.venv's where one exists), with .whl/ installed beside it when present.
+# The machine's torch is used as it is: nothing here pins or installs torch.
+DEVICE        ?= cuda
+GPU_OUT       ?= results/gpu-check
+GPU_SITE      ?= /tmp/site
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@set -e; \
+	if ls .whl/*.whl >/dev/null 2>&1; then \
+	  echo "gpu-check: installing .whl/*.whl into $(GPU_SITE)"; \
+	  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl; \
+	  export PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}; \
+	fi; \
+	python3 benchmarks/gpu_check.py --device $(DEVICE) --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf results .snakemake
