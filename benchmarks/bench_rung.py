@@ -26,14 +26,14 @@ import time
 import numpy as np
 import torch
 
-from scaleladder import launch
-from scaleladder.batches import SyntheticBatches
-from scaleladder.bench import train_loop
+from scaleladder.rung import launch
+from scaleladder.rung.batches import SyntheticBatches
+from scaleladder.rung.loop import train_loop
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.parallel import apply_strategy, unused_parameter_names
-from scaleladder.optim import make_optimizer
-from scaleladder.precision import policy
+from scaleladder.rung.ladder import apply_strategy, unused_parameter_names
+from scaleladder.rung.optim import make_optimizer
+from scaleladder.rung.precision import policy
 from scaleladder.spec import Knobs, parse_strategy
 
 
@@ -73,7 +73,7 @@ def main() -> None:
     env = launch.detect()
     device = launch.pick_device(env)
     flavor, prec = get_flavor(a.model), policy(a.precision)
-    unused_parameter_names(flavor.family)  # before the group, as the runner does (parallel.py)
+    unused_parameter_names(flavor.family)  # before the group, as the runner does (rung/ladder.py)
     launch.init(env, device)
     prec.apply_backend_flags()
     torch.manual_seed(0)

@@ -467,7 +467,7 @@ class Check:
     def judge(self, section: str, role: str, spec: str, cmd: Command, out: Path) -> Rung:
         """A row from how the command ended: its record when there is one, else why there is none."""
         if out.is_file():
-            from scaleladder.store import read_attrs
+            from scaleladder.results.store import read_attrs
 
             attrs = read_attrs(out)
             note = str(attrs.get("error", "")) if attrs.get("status") != "ok" else ""
@@ -948,7 +948,7 @@ class Check:
     def _md_precision(self) -> list[str]:
         rows = [r for r in self.rungs if r.section == "precision"]
         L = ["## Precision (vit-base, `single`)", "",
-             "MFU is against the device's peak for each precision (fp32, tf32, bf16 = fp16: `devices.py`).", ""]
+             "MFU is against the device's peak for each precision (fp32, tf32, bf16 = fp16: `rung/devices.py`).", ""]
         if not rows:
             return L + ["Not run.", ""]
         fp32 = next((r.num("items_per_s") for r in rows if r.spec.split("/")[2] == "fp32" and r.status == "ok"), math.nan)
@@ -1103,7 +1103,7 @@ def _mean_wait_ms(path: Path, warmup: int) -> float:
 
 def _probes_summary(out: Path) -> dict[str, Any]:
     """What the kept probes of a killed search bracket: the largest passing and smallest failing batch."""
-    from scaleladder.store import read_attrs
+    from scaleladder.results.store import read_attrs
 
     workdir = out.with_name(f".{out.name}.maxbatch")
     passed: list[int] = []

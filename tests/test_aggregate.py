@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import write_rung
-from scaleladder.aggregate import aggregate, read_ladder
+from scaleladder.results.aggregate import aggregate, read_ladder
 from scaleladder.cli import main as cli
 from scaleladder.spec import SpecError
 

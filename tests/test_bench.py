@@ -9,10 +9,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from helpers.gloo import one_rank_group
-from scaleladder import bench
-from scaleladder.bench import OOMDuringStep, is_oom, oom_line, train_loop
-from scaleladder.maxbatch import is_oom_message
-from scaleladder.precision import policy
+from scaleladder.rung import loop
+from scaleladder.rung.loop import OOMDuringStep, is_oom, oom_line, train_loop
+from scaleladder.campaign.maxbatch import is_oom_message
+from scaleladder.rung.precision import policy
 
 CPU = torch.device("cpu")
 
@@ -36,7 +36,7 @@ def test_alloc_retries_and_ooms_count_the_window_only(monkeypatch: pytest.Monkey
     model = Counting()
     # num_alloc_retries / num_ooms never reset (reset_peak_memory_stats leaves them): fake
     # counters that have already counted 100 / 10 before this loop, then grow per step.
-    monkeypatch.setattr(bench, "_mem_counters", lambda device: (100 + model.calls, 10 + model.calls // 3))
+    monkeypatch.setattr(loop, "_mem_counters", lambda device: (100 + model.calls, 10 + model.calls // 3))
     batches = [{"x": torch.ones(2)}] * steps
     with one_rank_group():
         m = train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, steps, warmup, policy("fp32"), CPU)
@@ -55,9 +55,9 @@ def test_alloc_retries_and_ooms_count_the_window_only(monkeypatch: pytest.Monkey
         RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"),
         # NCCL's and RCCL's own reports, as torch's DistBackendError carries them: the
         # memory line is the LAST of four, "Cuda"/"HIP" in their own case
-        dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"]),
-        dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"].replace("failure 2 ", "failure ")),  # NCCL < 2.19
-        dist.DistBackendError(bench.INJECTED_MESSAGES["rccl"]),
+        dist.DistBackendError(loop.INJECTED_MESSAGES["nccl"]),
+        dist.DistBackendError(loop.INJECTED_MESSAGES["nccl"].replace("failure 2 ", "failure ")),  # NCCL < 2.19
+        dist.DistBackendError(loop.INJECTED_MESSAGES["rccl"]),
         RuntimeError("HIP error: hipErrorOutOfMemory"),
     ],
     ids=["torch-oom", "cublas", "hipblas", "cuda-runtime", "hip", "nccl", "nccl-old", "rccl", "hip-name"],
@@ -69,7 +69,7 @@ def test_every_way_a_gpu_runs_out_of_memory_is_an_oom(exc: BaseException) -> Non
 
 
 def test_the_nccl_oom_is_named_by_its_memory_line_not_its_first() -> None:
-    e = dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"])
+    e = dist.DistBackendError(loop.INJECTED_MESSAGES["nccl"])
     assert oom_line(e) == "Cuda failure 2 'out of memory'"
     assert not is_oom_message(str(e).splitlines()[0])  # why the first line would not do
 
@@ -78,7 +78,7 @@ def test_the_nccl_oom_is_named_by_its_memory_line_not_its_first() -> None:
     "exc",
     [RuntimeError("CUDA error: an illegal memory access was encountered"), ValueError("out of memory"),
      RuntimeError("Expected all tensors to be on the same device"),
-     dist.DistBackendError(bench.INJECTED_MESSAGES["nccl"].replace("'out of memory'", "'invalid argument'")),
+     dist.DistBackendError(loop.INJECTED_MESSAGES["nccl"].replace("'out of memory'", "'invalid argument'")),
      RuntimeError("No backend type associated with device type cpu")],
 )
 def test_other_failures_are_not_ooms(exc: BaseException) -> None:

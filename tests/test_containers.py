@@ -146,7 +146,7 @@ def test_docker_run_works_as_any_host_user(flavor: str) -> None:
 
 
 def test_provenance_reads_the_commit_baked_into_an_image(monkeypatch: pytest.MonkeyPatch) -> None:
-    from scaleladder import provenance
+    from scaleladder.rung import provenance
 
     def no_git(*a: object, **k: object) -> None:
         raise FileNotFoundError("git")  # an image has no git and no .git

@@ -393,7 +393,7 @@ def test_gloo_ranks_split_the_checksums_and_share_the_verdict(tmp_path: Path) ->
     bad = ranks()
     assert bad[1]["error"].startswith(f"DataError: {target}: sha256 is {sha256_file(target)}"), bad
     assert bad[0]["error"] == bad[1]["error"] + " (found by rank 1)", bad
-    # ... but only rank 1 prints it (runner.main reads the mark); rank 0 exits 2 silently
+    # ... but only rank 1 prints it (rung.run.main reads the mark); rank 0 exits 2 silently
     assert [r["speaker"] for r in bad] == [False, True], bad
     # Each rank finds its own corrupt shard: each prints its own.
     other = read_manifest(d).shards[2].path

@@ -9,8 +9,10 @@ import math
 import pytest
 import torch
 
-from scaleladder import devices, provenance
-from scaleladder.devices import PEAKS, device_key, peak_flops, peak_for, peak_info
+from scaleladder.rung import devices
+
+from scaleladder.rung import provenance
+from scaleladder.rung.devices import PEAKS, device_key, peak_flops, peak_for, peak_info
 
 
 @pytest.mark.parametrize(

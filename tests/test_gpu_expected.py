@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from conftest import workflow_copy
-from scaleladder import launch
-from scaleladder.launch import DistEnv, NoGPUError, gpu_expected, no_gpu_cause, nvidia_driver_version, pick_device, slurm_gpus
+from scaleladder.rung import launch
+from scaleladder.rung.launch import DistEnv, NoGPUError, gpu_expected, no_gpu_cause, nvidia_driver_version, pick_device, slurm_gpus
 from scaleladder.spec import SpecError
 from test_profiles import dry_run, job_counts, shell_of
 
@@ -241,7 +241,7 @@ def test_maxbatch_and_launch_forward_device_to_run() -> None:
     the same RunConfig."""
     import argparse
 
-    from scaleladder.runner import add_arguments, config_from_args
+    from scaleladder.rung.run import add_arguments, config_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -24,13 +24,14 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.gloo import one_rank_group
-from scaleladder import bench, parallel
-from scaleladder.batches import SyntheticBatches
-from scaleladder.feed import DeviceFeed
+from scaleladder.rung import loop
+from scaleladder.rung import ladder
+from scaleladder.rung.batches import SyntheticBatches
+from scaleladder.rung.feed import DeviceFeed
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.optim import make_optimizer, make_scaler
-from scaleladder.precision import policy
+from scaleladder.rung.optim import make_optimizer, make_scaler
+from scaleladder.rung.precision import policy
 from scaleladder.spec import Knobs, parse_strategy
 
 CPU = torch.device("cpu")
@@ -49,14 +50,14 @@ def private_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_probe_refuses_to_run_inside_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under NCCL the probe's CPU forward dies in FLAVA's contrastive all-gather; gloo
     lets it through, so the probe itself refuses a group a CPU test can see."""
-    monkeypatch.setattr(parallel, "_UNUSED_CACHE", {})
+    monkeypatch.setattr(ladder, "_UNUSED_CACHE", {})
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(RuntimeError, match="before the process group exists"):
-            parallel.unused_parameter_names("flava")
+            ladder.unused_parameter_names("flava")
     finally:
         dist.destroy_process_group()
-    assert "flava" not in parallel._UNUSED_CACHE
+    assert "flava" not in ladder._UNUSED_CACHE
 
 
 @pytest.mark.parametrize("strategy", ["single", "fsdp-full"])
@@ -64,10 +65,11 @@ def test_a_flava_rung_probes_before_it_makes_its_group(tmp_path: Path, monkeypat
                                                       private_environ: None) -> None:
     """The order the runner keeps, for every strategy (`single` included: the group exists
     for one rank too). Fails on a runner that probes while wrapping (after the group)."""
-    from scaleladder import cli, launch
+    from scaleladder import cli
+    from scaleladder.rung import launch
 
     events: list[str] = []
-    real_probe, real_init = parallel.unused_parameter_names, launch.init
+    real_probe, real_init = ladder.unused_parameter_names, launch.init
 
     def probe(family: str) -> frozenset[str]:
         events.append(f"probe:{family}:{'group' if dist.is_initialized() else 'no-group'}")
@@ -77,8 +79,8 @@ def test_a_flava_rung_probes_before_it_makes_its_group(tmp_path: Path, monkeypat
         events.append("init")
         real_init(*a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(parallel, "_UNUSED_CACHE", {})
-    monkeypatch.setattr(parallel, "unused_parameter_names", probe)
+    monkeypatch.setattr(ladder, "_UNUSED_CACHE", {})
+    monkeypatch.setattr(ladder, "unused_parameter_names", probe)
     monkeypatch.setattr(launch, "init", init)
     out = tmp_path / "r.h5"
     rc = cli.main(["run", "--spec", f"flava-debug/{strategy}/fp32/pre-lag/n1/b4", "--steps", "2", "--warmup", "1",
@@ -87,7 +89,7 @@ def test_a_flava_rung_probes_before_it_makes_its_group(tmp_path: Path, monkeypat
     assert events[0] == "probe:flava:no-group" and events.index("init") > 0, events
     assert all(e.endswith("no-group") or e == "init" or "group" in e and e.startswith("probe") for e in events)
     # every later lookup hits the cache: no probe forward ever runs inside the group
-    assert parallel._UNUSED_CACHE.keys() == {"flava"}
+    assert ladder._UNUSED_CACHE.keys() == {"flava"}
 
 
 # -- faults 3 and 9: host syncs inside the step ---------------------------------------------
@@ -136,12 +138,12 @@ def _syncs(flavor_name: str, strategy: str, precision: str, steps: int) -> int:
     flavor, prec = get_flavor(flavor_name), policy(precision)
     torch.manual_seed(0)
     model = build_model(flavor, CPU).to(dtype=prec.storage_dtype)
-    wrapped, _ = parallel.apply_strategy(model, parse_strategy(strategy), Knobs(), prec, CPU)
+    wrapped, _ = ladder.apply_strategy(model, parse_strategy(strategy), Knobs(), prec, CPU)
     opt = make_optimizer(wrapped.parameters(), 1e-4, precision)
     scaler = make_scaler(precision, parse_strategy(strategy).is_fsdp, CPU)
     batches = SyntheticBatches(flavor, 4, 0, steps, 0, CPU, dtype=prec.storage_dtype)
     with SyncCounter() as c:
-        bench.train_loop(wrapped, opt, batches, steps, 1, prec, CPU, scaler)
+        loop.train_loop(wrapped, opt, batches, steps, 1, prec, CPU, scaler)
     return sum(c.counts.values())
 
 
@@ -182,9 +184,9 @@ def _final_loss(precision: str, steps: int = 200) -> float:
     flavor, prec = get_flavor("vit-debug"), policy(precision)
     torch.manual_seed(0)
     model = build_model(flavor, CPU).to(dtype=prec.storage_dtype)
-    wrapped, _ = parallel.apply_strategy(model, parse_strategy("single"), Knobs(), prec, CPU)
+    wrapped, _ = ladder.apply_strategy(model, parse_strategy("single"), Knobs(), prec, CPU)
     opt = make_optimizer(wrapped.parameters(), 1e-4, precision)
-    m = bench.train_loop(wrapped, opt, SyntheticBatches(flavor, 8, 0, steps, 0, CPU, dtype=prec.storage_dtype),
+    m = loop.train_loop(wrapped, opt, SyntheticBatches(flavor, 8, 0, steps, 0, CPU, dtype=prec.storage_dtype),
                          steps, 1, prec, CPU)
     return float(np.mean(m.loss[-10:]))
 
@@ -237,8 +239,8 @@ def test_the_sharded_scaler_skips_the_step_on_every_rank_or_none() -> None:
 def test_the_device_peak_adds_what_the_allocator_does_not_see() -> None:
     gib = 2**30
     # 80 GiB device: 62 in use now, of which the allocator reserves 60; its window peak was 70
-    assert bench.device_peak_used(62 * gib, 60 * gib, 70 * gib) == 72 * gib
-    assert bench.device_peak_used(0, 0, 0) == 0
+    assert loop.device_peak_used(62 * gib, 60 * gib, 70 * gib) == 72 * gib
+    assert loop.device_peak_used(0, 0, 0) == 0
 
 
 def test_a_rung_records_the_device_memory_figure(tmp_path: Path, private_environ: None) -> None:

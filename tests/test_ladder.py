@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from helpers.gloo import one_rank_group
-from scaleladder import parallel
+from scaleladder.rung import ladder
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.parallel import apply_strategy
-from scaleladder.precision import policy
+from scaleladder.rung.ladder import apply_strategy
+from scaleladder.rung.precision import policy
 from scaleladder.spec import Knobs, SpecError, parse_strategy
 
 CPU = torch.device("cpu")
@@ -37,7 +37,7 @@ def _wrong_layer_cls(flavor: str) -> type[nn.Module]:
     return TransformerEncoderLayer
 
 
-def _ladder(flavor: str, strategy: str, model: nn.Module | None = None) -> tuple[nn.Module, parallel.LadderReport]:
+def _ladder(flavor: str, strategy: str, model: nn.Module | None = None) -> tuple[nn.Module, ladder.LadderReport]:
     torch.manual_seed(0)
     model = model if model is not None else build_model(get_flavor(flavor))
     return apply_strategy(model, parse_strategy(strategy), Knobs(), policy("fp32"), CPU)  # type: ignore[arg-type]
@@ -59,8 +59,8 @@ def test_a_wrong_layer_class_is_an_error(flavor: str, strategy: str) -> None:
 def test_a_policy_that_misses_the_layers_is_an_error(flavor: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The right class, but a policy that gives layers no unit (FLAVA still gets 2 units;
     # ViT, with nothing else to wrap, gets LayerNorm units instead).
-    real = parallel._unit_classes
-    monkeypatch.setattr(parallel, "_unit_classes", lambda m, ac: {c for c in real(m, ac) if c is not m.layer_cls} or {nn.LayerNorm})
+    real = ladder._unit_classes
+    monkeypatch.setattr(ladder, "_unit_classes", lambda m, ac: {c for c in real(m, ac) if c is not m.layer_cls} or {nn.LayerNorm})
     with pytest.raises(SpecError, match=r"gave 0 of the \d+ .*TransformerEncoderLayer"):
         _ladder(flavor, "fsdp-full")
 
@@ -78,7 +78,7 @@ def test_every_layer_gets_its_own_unit_and_the_count_is_reported(flavor: str, la
 
 
 def _cfg(tmp_path: Path, strategy: str, weights: Path) -> object:
-    from scaleladder.runner import add_arguments, config_from_args
+    from scaleladder.rung.run import add_arguments, config_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -99,7 +99,7 @@ def _codebook_params(wrapped: nn.Module) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp-full", "fsdp-full-ac"])
 def test_meta_init_loads_the_codebook_weights(tmp_path: Path, strategy: str) -> None:
-    from scaleladder.runner import build_wrapped
+    from scaleladder.rung.run import build_wrapped
 
     torch.manual_seed(123)  # weights no seeded init of the run would give
     saved = {k: v.clone() for k, v in build_model(get_flavor("flava-debug")).flava.image_codebook.encoder.state_dict().items()}
@@ -115,7 +115,7 @@ def test_meta_init_loads_the_codebook_weights(tmp_path: Path, strategy: str) -> 
 
 
 def test_meta_init_rejects_a_codebook_file_that_does_not_fit(tmp_path: Path) -> None:
-    from scaleladder.runner import build_wrapped
+    from scaleladder.rung.run import build_wrapped
 
     bad = tmp_path / "bad.pt"
     torch.save({"blocks.input.w": torch.zeros(1)}, bad)

@@ -18,8 +18,8 @@ import h5py
 import numpy as np
 import pytest
 
-from scaleladder import maxbatch
-from scaleladder.maxbatch import ProbeError, ProbeResult, search
+from scaleladder.campaign import maxbatch
+from scaleladder.campaign.maxbatch import ProbeError, ProbeResult, search
 from scaleladder.spec import SpecError
 
 
@@ -101,7 +101,7 @@ def _args(tmp_path: Path, spec: str, **extra: Any) -> argparse.Namespace:
 
 
 def test_nothing_fits_is_an_oom_record_with_its_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import scaleladder.supervise as sup
+    import scaleladder.campaign.supervise as sup
 
     def fake_launch(cfg: Any, launcher: str) -> int:  # every probe runs out of memory
         sup.write_oom_record(cfg, [{"rank": 0, "step": 1, "error": "CUDA out of memory. Tried to allocate 2 GiB"}], world=1)
@@ -120,7 +120,7 @@ def test_nothing_fits_is_an_oom_record_with_its_probes(tmp_path: Path, monkeypat
 
 
 def test_predicted_oom_spends_no_probe_unless_forced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import scaleladder.supervise as sup
+    import scaleladder.campaign.supervise as sup
 
     calls: list[int] = []
 
@@ -180,8 +180,8 @@ def test_end_to_end_probes_then_the_rung_then_the_record(tmp_path: Path) -> None
 
 
 def test_the_rung_runs_separately_when_probes_are_shorter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import scaleladder.supervise as sup
-    from scaleladder.store import write_record
+    import scaleladder.campaign.supervise as sup
+    from scaleladder.results.store import write_record
 
     runs: list[tuple[str, int]] = []
 
@@ -205,7 +205,7 @@ def test_the_rung_runs_separately_when_probes_are_shorter(tmp_path: Path, monkey
 
 
 def test_probe_result_is_read_from_the_probe_file(tmp_path: Path) -> None:
-    from scaleladder.store import write_record
+    from scaleladder.results.store import write_record
 
     write_record(tmp_path / "p.h5", {"status": "ok", "alloc_retries": 2, "peak_active_gib": 1.5, "peak_reserved_gib": 2.0})
     r = maxbatch.read_probe(tmp_path / "p.h5", 16, 1.0)

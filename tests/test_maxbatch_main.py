@@ -18,7 +18,7 @@ from typing import Any
 import h5py
 import pytest
 
-from scaleladder import maxbatch
+from scaleladder.campaign import maxbatch
 from scaleladder.cli import main as cli
 from scaleladder.plan import predict
 from scaleladder.spec import RunSpec
@@ -30,7 +30,7 @@ import argparse, json, os, sys
 from pathlib import Path
 import numpy as np
 from scaleladder.spec import RunSpec
-from scaleladder.store import write_record
+from scaleladder.results.store import write_record
 
 # "run --spec ... --out ...": parsed by hand, since importing the runner (torch) per probe is slow
 p = argparse.ArgumentParser()
@@ -42,7 +42,7 @@ world, rpn = int(os.environ["FAKE_WORLD"]), int(os.environ["FAKE_RPN"])
 limit = int(os.environ["FAKE_LIMIT"])
 if spec.batch > limit:
     # rank 1 of the world hits the limit inside cuBLAS (not torch's OutOfMemoryError): the runner
-    # leaves its marker (runner.oom_marker's name) and exits 3 (runner.EXIT_OOM)
+    # leaves its marker (rung.run.oom_marker's name) and exits 3 (rung.run.EXIT_OOM)
     error = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
     out.with_name(f"{out.name}.oom-rank1.json").write_text(json.dumps({"rank": 1, "world": world, "step": 0, "error": error}))
     sys.exit(3)
@@ -166,13 +166,13 @@ def test_a_full_rung_over_the_retry_threshold_is_recorded_as_such(tmp_path: Path
     ("CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
     ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
     ("HIP error: out of memory", "oom"),
-    ("Cuda failure 2 'out of memory'", "oom"),  # NCCL's own OOM, the line the runner records (bench.oom_line)
+    ("Cuda failure 2 'out of memory'", "oom"),  # NCCL's own OOM, the line the runner records (rung.loop.oom_line)
     ("HIP failure 'out of memory'", "oom"),  # RCCL's
     ("NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)", "error"),
     ("Segmentation fault", "error"),
 ])
 def test_probe_records_are_classified_by_the_runners_rule(tmp_path: Path, error: str, status: str) -> None:
-    from scaleladder.store import write_record
+    from scaleladder.results.store import write_record
 
     write_record(tmp_path / "p.h5", {"status": "failed", "error": error})
     assert maxbatch.read_probe(tmp_path / "p.h5", 8, 1.0).status == status

@@ -5,7 +5,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from scaleladder.batches import masked_counts, synthetic_batch
+from scaleladder.rung.batches import masked_counts, synthetic_batch
 from scaleladder.models.build import build_model, count_parameters
 from scaleladder.models.flavors import FLAVORS, get_flavor
 from scaleladder.models.flops import flava_flops, vit_flops

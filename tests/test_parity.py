@@ -56,7 +56,7 @@ def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_b
         np.testing.assert_allclose(got[s], ref, rtol=1e-5, err_msg=f"{flavor} {s}")
     # Why fsdp-hybrid1 runs as NO_SHARD: upstream HYBRID_SHARD with 1-rank shard groups never
     # synchronises gradients, so its loss leaves the reference after the first update.
-    # If this ever fails, torch fixed the trap and parallel.wrap_fsdp can drop its workaround.
+    # If this ever fails, torch fixed the trap and rung.ladder.wrap_fsdp can drop its workaround.
     raw = np.array(got["raw-hybrid1"])
     assert raw[0] == pytest.approx(ref[0], rel=1e-5) and not np.allclose(raw[1:], ref[1:], rtol=1e-3)
 

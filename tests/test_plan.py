@@ -44,14 +44,14 @@ def test_inventory_counts_every_parameter_of_the_full_model(model: str, params: 
 def test_debug_inventories_match_a_full_build_and_the_ladders_frozen_set() -> None:
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.parallel import unused_parameter_names
+    from scaleladder.rung.ladder import unused_parameter_names
     from scaleladder.planner.inventory import is_unused
 
     for name in ("vit-debug", "flava-debug"):
         inv = inventory(name)
         m = build_model(get_flavor(name), "meta")
         assert inv.numel == count_parameters(m)
-        frozen = unused_parameter_names(inv.flavor.family)  # found by a real CPU step in parallel.py
+        frozen = unused_parameter_names(inv.flavor.family)  # found by a real CPU step in rung/ladder.py
         assert {n for n, _ in m.named_parameters() if is_unused(inv.flavor.family, n)} == frozen
         codebook = inv.codebook.numel if inv.codebook else 0
         assert inv.trainable_numel == inv.numel - codebook - sum(p.numel() for n, p in m.named_parameters() if n in frozen)
@@ -276,7 +276,7 @@ def test_sensitivity_names_the_verdicts_the_overhead_estimates_decide() -> None:
 # -- the ViT seed: MI250X GCDs (64 GB), local batch 32 ------------------------------------------------
 # Precision unstated in the seed; we assume bf16-mixed. Its code (ORNL ViT-FSDP) checkpoints every
 # block by default (fsdp_activation_checkpointing=True), so "-ac" is the seed's configuration.
-# Optimizer: ours is fused AdamW (scaleladder.optim), ORNL's is torch.optim.AdamW(fused=...), and
+# Optimizer: ours is fused AdamW (scaleladder.rung.optim), ORNL's is torch.optim.AdamW(fused=...), and
 # ORNL's measured peaks (mem_alloc_1G.py: 3B NO_SHARD 47.3 GB, DDP 59.8 GB) fit 16 B/param in the step,
 # i.e. no foreach temporary: the same optimizer (seeds.ORNL_VIT == seeds.RUNNER). The foreach AdamW our
 # runner used before issue 10 (20 B/param in the step, seeds.FOREACH) is asserted alongside.
@@ -436,8 +436,8 @@ def test_cli_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str],
 
 
 def test_predicted_vs_measured_plot_from_rung_files(tmp_path: Path) -> None:
-    from scaleladder.plan_plots import points_from_rungs
-    from scaleladder.store import write_record
+    from scaleladder.figures.plan_plots import points_from_rungs
+    from scaleladder.results.store import write_record
 
     ok = tmp_path / "ok.h5"
     write_record(ok, {"status": "ok", "spec": "vit-1b/fsdp-full/bf16-mixed/pre-lag/n1/b32", "batch": "32",

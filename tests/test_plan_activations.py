@@ -11,7 +11,7 @@
    are the same.
 2. Whole step: a live-bytes tracker (every storage an op creates, freed when its
    storage dies) measures the peak of a real fp32 training step on CPU — forward,
-   backward, the runner's fused AdamW (``scaleladder.optim.make_optimizer``) — and the
+   backward, the runner's fused AdamW (``scaleladder.rung.optim.make_optimizer``) — and the
    planner's timeline must land within 10 % (it over-predicts the backward a little).
 3. The optimizer step alone, exactly: what the runner's optimizer allocates inside
    ``step()`` (nothing for fused AdamW; bf16-true's fp32 gradient copies) and the state
@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from scaleladder.models.flavors import get_flavor
-from scaleladder.optim import make_optimizer
+from scaleladder.rung.optim import make_optimizer
 from scaleladder.planner.activations import dtypes, flava_layer, forward_passes, vit_layer
 
 B, T = 3, 50  # activation sizes (B·T·h = 9600, B·T·m = 38400) never equal a parameter's numel
@@ -160,9 +160,9 @@ class LiveBytes(TorchDispatchMode):
 
 def _measured(flavor: Any, batch: int, ac: bool) -> tuple[int, int]:
     """(peak bytes of a steady-state step, bytes the forward left alive when it returned)."""
-    from scaleladder.batches import synthetic_batch
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
-    from scaleladder.parallel import _checkpoint, freeze_unused
+    from scaleladder.rung.ladder import _checkpoint, freeze_unused
 
     torch.manual_seed(0)
     model = build_model(flavor, "cpu")
@@ -222,7 +222,7 @@ def test_optimizer_step_allocates_and_keeps_what_the_planner_says(precision: str
     # The runner's optimizer on real tensors: fused AdamW allocates nothing inside step(); bf16-true's
     # MasterWeightAdamW gives every fp32 master an fp32 copy of its gradient first (4 B per trainable
     # element, all alive at once) and keeps master + exp_avg + exp_avg_sq (12 B) and a `step` counter.
-    from scaleladder.batches import synthetic_batch
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.planner.inventory import inventory
     from scaleladder.planner.memory import _optimizer_transient, _setup

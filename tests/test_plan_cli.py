@@ -82,7 +82,7 @@ def test_fits_chart_for_a_device_and_node_count(tmp_path: Path, suffix: str, mag
 
 def _ladder(tmp_path: Path) -> Path:
     """A ladder file as `scaleladder aggregate` writes it: an ok rung, a max-batch rung, an OOM."""
-    from scaleladder.store import write_record
+    from scaleladder.results.store import write_record
 
     rungs = tmp_path / "results" / "rungs"
     recs = {

@@ -1,7 +1,7 @@
 """Exact validation of the planner's static memory, on real tensors (CPU, gloo).
 
 Two ranks build vit-debug and flava-debug, wrap them with the ladder's own
-``parallel.apply_strategy`` (every strategy, three precisions), run one training
+``rung.ladder.apply_strategy`` (every strategy, three precisions), run one training
 step with the runner's own optimizer (``optim.make_optimizer``: fused AdamW; under
 bf16-true with fp32 master weights), and sum — per rank — the bytes of the
 parameters' storage, of the gradients and of the optimizer's state (moments, masters,
@@ -65,12 +65,12 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from scaleladder.batches import synthetic_batch
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.optim import make_optimizer
-    from scaleladder.parallel import apply_strategy
-    from scaleladder.precision import policy
+    from scaleladder.rung.optim import make_optimizer
+    from scaleladder.rung.ladder import apply_strategy
+    from scaleladder.rung.precision import policy
     from scaleladder.spec import Knobs, parse_strategy
 
     flavor = get_flavor(flavor_name)
@@ -79,7 +79,7 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     torch.manual_seed(0)
     model = build_model(flavor, device)
     if prec.storage_dtype != torch.float32:
-        model = model.to(dtype=prec.storage_dtype)  # as runner._train_and_record does
+        model = model.to(dtype=prec.storage_dtype)  # as rung.run._train_and_record does
     wrapped, _ = apply_strategy(model, parse_strategy(strategy_name), Knobs(), prec, device)
     opt = make_optimizer(wrapped.parameters(), 1e-3, precision)  # as the runner builds it
     batch = synthetic_batch(flavor, 10, dist.get_rank(), 0, 0)
@@ -122,11 +122,11 @@ def _count_gathered_units(flavor_name: str, strategy: str) -> dict[str, int]:
     import torch
     from torch.distributed.fsdp._traversal_utils import _get_fsdp_handles
 
-    from scaleladder.batches import synthetic_batch
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.parallel import apply_strategy
-    from scaleladder.precision import policy
+    from scaleladder.rung.ladder import apply_strategy
+    from scaleladder.rung.precision import policy
     from scaleladder.spec import Knobs, parse_strategy
 
     import torch.distributed as dist
@@ -155,9 +155,9 @@ def _count_gathered_units(flavor_name: str, strategy: str) -> dict[str, int]:
 def _worker() -> None:
     import torch.distributed as dist
 
-    from scaleladder.parallel import unused_parameter_names
+    from scaleladder.rung.ladder import unused_parameter_names
 
-    unused_parameter_names("flava")  # before the group, as the runner does (parallel.py)
+    unused_parameter_names("flava")  # before the group, as the runner does (rung/ladder.py)
     dist.init_process_group("gloo")
     out: dict[str, Any] = {}
     four = dist.get_world_size() == 4

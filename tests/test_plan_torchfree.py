@@ -22,7 +22,7 @@ from scaleladder.models.flavors import FLAVORS
 
 SPECS = ["flava-900m/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8", "flava-350m/ddp/bf16-mixed/pre-lag/n1/bmax",
          "vit-15b/fsdp-hybrid4-ac/bf16-mixed/pre-lag/n2/b32", "vit-debug/fsdp-grad-op/fp32/pre-lag/n1/b4",
-         # bf16-true's fp32 masters and their step transient are planned without scaleladder.optim (torch)
+         # bf16-true's fp32 masters and their step transient are planned without scaleladder.rung.optim (torch)
          "vit-1b/fsdp-full-ac/bf16-true/pre-lag/n1/b1"]
 
 NO_TORCH = """
@@ -95,7 +95,8 @@ def test_a_changed_flavor_is_not_served_a_stale_layout() -> None:
 
 
 def test_the_runner_and_the_planner_share_one_synthetic_layout() -> None:
-    from scaleladder import batch_layout, batches
+    from scaleladder.models import batch_layout
+    from scaleladder.rung import batches
     from scaleladder.planner import activations, memory
 
     # one definition, imported by both (no restated copies to drift apart)

@@ -9,8 +9,9 @@ import matplotlib.pyplot as plt
 import pytest
 
 from conftest import write_rung
-from scaleladder import plots, report
-from scaleladder.aggregate import aggregate, read_ladder
+from scaleladder.figures import plots
+from scaleladder.figures import report
+from scaleladder.results.aggregate import aggregate, read_ladder
 from scaleladder.cli import main as cli
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from scaleladder.cli import build_parser
-from scaleladder.launch import detect, first_slurm_host
+from scaleladder.rung.launch import detect, first_slurm_host
 from scaleladder.models.build import build_model, count_parameters
 from scaleladder.models.flavors import get_flavor
 
@@ -206,8 +206,8 @@ def _args(command: str, *argv: str) -> object:
 
 
 def test_finalize_turns_markers_into_an_oom_record(tmp_path: Path) -> None:
-    from scaleladder.runner import oom_marker
-    from scaleladder.supervise import finalize_main
+    from scaleladder.rung.run import oom_marker
+    from scaleladder.campaign.supervise import finalize_main
 
     out = tmp_path / "r.h5"
     where = {"device_name": "NVIDIA H100 80GB HBM3", "hosts": ["n1", "n2"], "ranks_per_node": 2, "gpus_per_node": 2, "launcher": "slurm"}
@@ -229,7 +229,7 @@ def test_finalize_turns_markers_into_an_oom_record(tmp_path: Path) -> None:
 
 
 def test_finalize_without_markers_keeps_or_refuses(tmp_path: Path) -> None:
-    from scaleladder.supervise import finalize_main
+    from scaleladder.campaign.supervise import finalize_main
 
     out = tmp_path / "r.h5"
     spec = ["--spec", "vit-debug/ddp/fp32/pre-lag/n1/b8", "--out", str(out)]
@@ -239,7 +239,7 @@ def test_finalize_without_markers_keeps_or_refuses(tmp_path: Path) -> None:
 
 
 def test_data_may_be_the_shard_directory(tmp_path: Path) -> None:
-    from scaleladder.runner import config_from_args
+    from scaleladder.rung.run import config_from_args
 
     (tmp_path / "manifest.json").write_text("{}")  # the loader reads it; the CLI only finds it
     cfg = config_from_args(_args("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--data", str(tmp_path), "--out", "x.h5"))

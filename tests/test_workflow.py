@@ -15,7 +15,7 @@ import h5py
 import pytest
 
 from conftest import VENV_BIN, snakemake, snakemake_env, workflow_copy
-from scaleladder.aggregate import read_ladder
+from scaleladder.results.aggregate import read_ladder
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import snakemake, workflow_copy
-from scaleladder.aggregate import read_ladder
+from scaleladder.results.aggregate import read_ladder
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

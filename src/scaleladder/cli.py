@@ -6,7 +6,7 @@ does not pay for importing webdataset or matplotlib.
 
 Exit codes: 0 success (an OOM rung recorded as a result is a success), 2 bad
 input (argparse's convention), 1 any other failure, 3 a rank ran out of memory
-inside a multi-rank run (see supervise.py).
+inside a multi-rank run (see campaign/supervise.py).
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from scaleladder.spec import SpecError
 # command -> (module, add-arguments function, main function, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "models": ("scaleladder.models.table", "add_arguments", "main", "print every flavor with its parameter count"),
-    "run": ("scaleladder.runner", "add_arguments", "main", "train one rung and record it in HDF5 (per-rank program)"),
-    "launch": ("scaleladder.supervise", "add_launch_arguments", "launch_main", "run a rung under a launcher; record OOM as a result"),
-    "finalize": ("scaleladder.supervise", "add_finalize_arguments", "finalize_main", "turn a finished launch's OOM markers into a record"),
+    "run": ("scaleladder.rung.run", "add_arguments", "main", "train one rung and record it in HDF5 (per-rank program)"),
+    "launch": ("scaleladder.campaign.supervise", "add_launch_arguments", "launch_main", "run a rung under a launcher; record OOM as a result"),
+    "finalize": ("scaleladder.campaign.supervise", "add_finalize_arguments", "finalize_main", "turn a finished launch's OOM markers into a record"),
     "shard": ("scaleladder.data.cli", "add_shard_arguments", "shard_main", "write WebDataset shards + manifest"),
     "plan": ("scaleladder.plan", "add_arguments", "main", "predict per-GPU memory and max batch"),
-    "maxbatch": ("scaleladder.maxbatch", "add_arguments", "main", "find the largest local batch that trains"),
-    "aggregate": ("scaleladder.aggregate", "add_arguments", "main", "merge rung files into one HDF5"),
-    "plots": ("scaleladder.plots", "add_arguments", "main", "draw the figures from an aggregated HDF5"),
-    "report": ("scaleladder.report", "add_arguments", "main", "write the Markdown/HTML report"),
+    "maxbatch": ("scaleladder.campaign.maxbatch", "add_arguments", "main", "find the largest local batch that trains"),
+    "aggregate": ("scaleladder.results.aggregate", "add_arguments", "main", "merge rung files into one HDF5"),
+    "plots": ("scaleladder.figures.plots", "add_arguments", "main", "draw the figures from an aggregated HDF5"),
+    "report": ("scaleladder.figures.report", "add_arguments", "main", "write the Markdown/HTML report"),
 }
 
 

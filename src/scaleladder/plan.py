@@ -7,7 +7,7 @@ device, and reports the peak, a breakdown, whether it fits and the largest batch
 does. The pieces live in ``scaleladder.planner`` (see its docstring and docs/planner.md).
 
 Uses: ``scaleladder launch --plan-device`` records rungs predicted not to fit as
-``predicted-oom`` (supervise.py); the workflow does the same while it builds its DAG,
+``predicted-oom`` (campaign/supervise.py); the workflow does the same while it builds its DAG,
 calling :func:`predict` on a login node — so this module and everything it imports
 must work WITHOUT torch (tests/test_plan_torchfree.py); ``scaleladder maxbatch`` starts
 its search at the predicted max batch; ``--fits-table`` / ``--fits-chart`` show what
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Any
 
 from scaleladder.models.flavors import FLAVORS
@@ -39,6 +38,7 @@ from scaleladder.planner.memory import (
     predict,
     resolve_device,
 )
+from scaleladder.planner.fits import TABLE_STRATEGIES, FitsCell, fits_table
 from scaleladder.planner.static import static_bytes_per_rank
 from scaleladder.spec import (
     DEFAULT_KNOBS,
@@ -55,46 +55,6 @@ __all__ = ["DEVICES", "Device", "Prediction", "predict", "custom_device", "stati
            "FitsCell", "CONTEXT_BYTES", "COMM_LIB_BYTES", "FRAGMENTATION", "TABLE_STRATEGIES"]
 
 CHART_FORMATS = (".png", ".pdf", ".svg")  # what matplotlib writes from the file name's suffix
-
-# The ladder a fits table shows, cheapest-memory last.
-TABLE_STRATEGIES = ("single", "ddp", "fsdp-no-shard", "fsdp-hybrid2", "fsdp-grad-op", "fsdp-full", "fsdp-full-ac")
-
-
-@dataclass(frozen=True)
-class FitsCell:
-    model: str
-    strategy: str
-    fits: bool | None  # None: the strategy cannot run on this world (single on 8 ranks, a hybrid group that does not divide it)
-    max_batch: int | None
-    peak_bytes: int | None  # at the requested batch (or at max_batch when none was requested)
-    reason: str = ""
-
-
-def fits_table(device: str | Device, nodes: int, gpus_per_node: int, precision: str = "bf16-mixed", batch: int | None = None,
-               models: list[str] | None = None, strategies: tuple[str, ...] = TABLE_STRATEGIES,
-               data: str = "synthetic") -> list[FitsCell]:
-    """What fits where: every model × strategy on ``nodes`` × ``gpus_per_node`` ranks of ``device``.
-
-    With ``batch``, a cell fits when that local batch fits; without, when batch 1 does,
-    and ``max_batch`` says how far it goes.
-    """
-    world = nodes * gpus_per_node
-    models = models or [m for m, f in FLAVORS.items() if not f.debug]
-    cells = []
-    for m in models:
-        for s in strategies:
-            strat = parse_strategy(s)
-            try:
-                strat.check_world(world)
-            except SpecError as e:
-                cells.append(FitsCell(m, s, None, None, None, str(e)))
-                continue
-            spec = RunSpec(m, strat, precision, parse_knobs(DEFAULT_KNOBS), nodes, batch if batch is not None else "max")
-            p = predict(spec, world, gpus_per_node, device, data=data)
-            fits = p.fits if batch is not None else p.max_batch is not None
-            cells.append(FitsCell(m, s, fits, p.max_batch, p.peak_bytes))
-    return cells
-
 
 # -- CLI -----------------------------------------------------------------------------------------
 
@@ -172,7 +132,7 @@ def _print_table(cells: list[FitsCell], title: str) -> None:
 
 
 def _vs_measured(args: argparse.Namespace, device: Device) -> int:
-    from scaleladder.plan_plots import points_from_ladder, points_from_rungs, predicted_vs_measured
+    from scaleladder.figures.plan_plots import points_from_ladder, points_from_rungs, predicted_vs_measured
 
     out = _chart_path(args.vs_measured, "--vs-measured")
     if bool(args.ladder) == bool(args.rungs):
@@ -204,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
         cells = fits_table(device, nodes, gpus, precision, batch, data=args.data)
         what = f"{device.name}, {nodes}×{gpus} ranks, {precision}" + (f", local batch {batch}" if batch else "")
         if chart is not None:
-            from scaleladder.plan_plots import fits_chart
+            from scaleladder.figures.plan_plots import fits_chart
 
             fits_chart(cells, chart, f"What fits where (planner): {'fits at the batch' if batch else 'max local batch'}, {what}")
         if args.json:

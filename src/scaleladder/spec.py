@@ -27,14 +27,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+# SpecError is re-exported: `from scaleladder.spec import SpecError` is the usual import.
+from scaleladder.errors import SpecError as SpecError
+from scaleladder.models.flavors import get_flavor
+
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
 SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard", "hybrid")
 PREFETCHES: tuple[str, ...] = ("pre", "post", "none")
 DEFAULT_KNOBS = "pre-lag"
-
-
-class SpecError(ValueError):
-    """A run spec (or part of one) is malformed. The message is one line naming the culprit."""
 
 
 _STRATEGY_RE = re.compile(r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+)))(-ac)?$")
@@ -179,8 +179,6 @@ class RunSpec:
     batch: int | Literal["max"] = 8
 
     def __post_init__(self) -> None:
-        from scaleladder.models.flavors import get_flavor  # late import: flavors import nothing from here
-
         get_flavor(self.model)  # raises SpecError for an unknown model
         parse_precision(self.precision)
         parse_positive("nodes", self.nodes)

@@ -14,13 +14,13 @@ import sys
 import torch
 import torch.distributed as dist
 
-from scaleladder import launch
-from scaleladder.batches import SyntheticBatches
-from scaleladder.bench import train_loop
+from scaleladder.rung import launch
+from scaleladder.rung.batches import SyntheticBatches
+from scaleladder.rung.loop import train_loop
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.parallel import apply_strategy
-from scaleladder.precision import policy
+from scaleladder.rung.ladder import apply_strategy
+from scaleladder.rung.precision import policy
 from scaleladder.spec import Knobs, parse_strategy
 
 
@@ -63,7 +63,7 @@ def losses(flavor_name: str, strategy_name: str, local_batch: int, steps: int) -
 def main() -> None:
     flavor, global_batch, steps, strategies = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
     env = launch.detect()
-    from scaleladder.parallel import unused_parameter_names
+    from scaleladder.rung.ladder import unused_parameter_names
 
     unused_parameter_names(get_flavor(flavor).family)  # before the group, as the runner does
     launch.init(env, torch.device("cpu"))

@@ -1,5 +1,5 @@
 """Run under torchrun with 2 gloo ranks: one fp16-mixed optimizer step through the runner's
-scaler and optimizer (optim.py) where ONLY rank 0's gradient holds an inf, as when the
+scaler and optimizer (rung/optim.py) where ONLY rank 0's gradient holds an inf, as when the
 inf falls in the shard FSDP gives rank 0. Prints, per rank, whether the update was
 skipped and the scale after it. Both ranks must skip and halve the scale."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from scaleladder.optim import backward_and_step, make_optimizer, make_scaler
+from scaleladder.rung.optim import backward_and_step, make_optimizer, make_scaler
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from scaleladder.spec import SpecError
+from scaleladder.errors import SpecError
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaleladder.batch_layout import masked_counts
+from scaleladder.models.batch_layout import masked_counts
 from scaleladder.models.flavors import Flavor
 
 STATS = 8  # LayerNorm saves mean and rstd, fp32, per token

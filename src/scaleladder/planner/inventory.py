@@ -11,13 +11,13 @@ the ladder froze it. So we build the model, but cheaply:
   on depth), and every transformer layer of a flavor has one layout (FLAVA's image,
   text and multimodal layers share hidden/MLP/heads), so
   ``full = root + codebook + n_layers × layer``;
-* units follow ``parallel._unit_classes``: one per transformer layer (the checkpoint
+* units follow ``rung.ladder._unit_classes``: one per transformer layer (the checkpoint
   wrapper around it under ``-ac`` owns the same parameters), the frozen DALL-E
   codebook (FLAVA), and the root with everything else;
 * order inside a unit is FSDP's: ``named_modules()`` pre-order, each module's direct
   parameters, a shared parameter (FLAVA's MLM decoder bias) only the first time.
 
-Freezing follows ``parallel.freeze_unused``: FLAVA pretraining never touches the
+Freezing follows ``rung.ladder.freeze_unused``: FLAVA pretraining never touches the
 unimodal MLM/MIM heads or the encoders' poolers, so the ladder freezes them (no
 gradient, no AdamW state) — but under FSDP they still sit in the root's flat
 parameter and its flat gradient.
@@ -108,7 +108,7 @@ def n_layers(flavor: Flavor) -> int:
 
 
 # Parameters FLAVA pretraining never uses when the fusion path runs (FLAVAPretrainingLoss skips
-# the unimodal MLM/MIM heads; nothing reads the encoders' pooler outputs). parallel.freeze_unused
+# the unimodal MLM/MIM heads; nothing reads the encoders' pooler outputs). rung.ladder.freeze_unused
 # finds the same set empirically with a CPU step on flava-debug — too slow to pay for every
 # plan; tests/test_plan.py checks that the two agree.
 _UNUSED_PREFIXES = {

@@ -1,6 +1,6 @@
 """Replay one training step as a timeline of allocations; its maximum is the peak.
 
-The step is the runner's (bench.train_loop, scaleladder.optim): forward under autocast,
+The step is the runner's (rung.loop.train_loop, scaleladder.rung.optim): forward under autocast,
 backward, the optimizer step (a FUSED AdamW in every precision; under fp16-mixed through
 the GradScaler: ``unscale_`` in place, then the fused step), ``zero_grad(set_to_none=True)``.
 Between steps a rank holds its parameters, optimizer state (moments, bf16-true's fp32
@@ -38,7 +38,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaleladder.batch_layout import SYNTHETIC_POOL
+from scaleladder.models.batch_layout import SYNTHETIC_POOL
 from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.planner.activations import (
     Call,
@@ -128,7 +128,7 @@ class InputBatches:
 def input_batches(data: str) -> InputBatches:
     """How the runner holds its inputs for ``--data`` (``synthetic``, else a shard loader).
 
-    Synthetic: the pool, made on the device up front and cycled. A loader: bench.train_loop
+    Synthetic: the pool, made on the device up front and cycled. A loader: rung.loop.train_loop
     copies each host batch to the device (``non_blocking``) at the top of a step, while the
     variable still holds the previous step's batch — two for a moment, then one for the
     whole forward, backward and optimizer step (nothing prefetches onto the device).
@@ -212,7 +212,7 @@ class Variant:
     # copy of the gradients, resident all run. The FLAVA seed's train.py set it True: the
     # gradients ARE views into the buckets, one copy.
     bucket_view: bool = False
-    # Which AdamW implementation steps the parameters. Ours (scaleladder.optim.make_optimizer):
+    # Which AdamW implementation steps the parameters. Ours (scaleladder.rung.optim.make_optimizer):
     # "fused", in every precision — in place, no temporaries, its `step` counters are device
     # tensors (512 B blocks each). "foreach" (torch 2.x's default on GPUs when neither
     # foreach nor fused is given) allocates sqrt(exp_avg_sq) for every state at once: 4 more

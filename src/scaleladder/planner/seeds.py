@@ -34,7 +34,7 @@ GCD = "mi250x-gcd"
 FLAVA = ("flava-350m", "flava-900m", "flava-1.8b", "flava-2.7b", "flava-4.8b", "flava-10b")
 FLAVA_STRATEGIES = ("ddp", "fsdp-full", "fsdp-full-ac")
 
-RUNNER = Variant()  # fused AdamW in every precision (scaleladder.optim.make_optimizer)
+RUNNER = Variant()  # fused AdamW in every precision (scaleladder.rung.optim.make_optimizer)
 # The FLAVA seed's examples/flava/native/train.py: REENTRANT checkpointing under FSDP, MixedPrecision
 # without param_dtype (fp32 all-gathers), DDP(gradient_as_bucket_view=True), and torch.optim.AdamW
 # with no foreach/fused argument (model.py get_optimizer). That code was written Aug–Oct 2022 for

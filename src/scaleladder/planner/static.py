@@ -1,7 +1,7 @@
 """Parameters, gradients and AdamW states per rank — exactly, padding included.
 
 What each strategy keeps on a rank *between* steps (after ``optimizer.step()``,
-before ``zero_grad``), for the runner's exact setup (``parallel.py``, ``runner.py``):
+before ``zero_grad``), for the runner's exact setup (``rung/ladder.py``, ``rung/run.py``):
 
 * ``single`` / ``ddp``: every parameter; a gradient for each trainable one; AdamW's
   ``exp_avg`` and ``exp_avg_sq`` for each trainable one. (DDP's gradient buckets are
@@ -22,7 +22,7 @@ before ``zero_grad``), for the runner's exact setup (``parallel.py``, ``runner.p
     chunk, so its states cover only the trainable elements that fall in this rank's
     chunk. Padding sits at the end of the last rank's chunk, hence ``rank``.
 
-The optimizer is the runner's (``scaleladder.optim.make_optimizer``): a **fused**
+The optimizer is the runner's (``scaleladder.rung.optim.make_optimizer``): a **fused**
 ``torch.optim.AdamW`` in every precision, on every device. Its state per trainable
 element (:func:`state_bytes`): ``exp_avg`` + ``exp_avg_sq`` in fp32, 8 bytes; under
 ``bf16-true`` (bf16 parameters and gradients) the optimizer is ``MasterWeightAdamW``,
@@ -108,7 +108,7 @@ def sharding(strategy: Strategy, world: int) -> Sharding:
     if not strategy.is_fsdp:
         return Sharding("none", 1, 1)
     if strategy.sharding == "hybrid" and strategy.group == 1:
-        # parallel.wrap_fsdp runs hybrid1 as NO_SHARD over the world (FSDP1's own
+        # rung.ladder.wrap_fsdp runs hybrid1 as NO_SHARD over the world (FSDP1's own
         # hybrid-of-one drops the cross-replica all-reduce): padded to the world.
         return Sharding("no-shard", 1, world)
     if strategy.sharding == "hybrid":

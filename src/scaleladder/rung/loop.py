@@ -26,8 +26,8 @@ Definitions (also in docs/metrics.md; the tests check them):
   itself reports in use (``mem_get_info``) at the window's peak: see
   :func:`device_peak_used`.
 * **Host syncs**: none inside the loop from the harness or the optimizer (fused AdamW,
-  optim.py); loader batches reach the device one step ahead on a side stream
-  (feed.py). The window's two ends sync on purpose. FLAVA's loss itself syncs a few
+  rung/optim.py); loader batches reach the device one step ahead on a side stream
+  (rung/feed.py). The window's two ends sync on purpose. FLAVA's loss itself syncs a few
   times a step (torchmultimodal's boolean-mask indexing); docs/metrics.md counts them.
 * **MFU** = analytic model FLOPs per sample × samples/s ÷ world ÷ peak FLOP/s of
   one rank's device for the precision; **HFU** uses the FLOPs including AC
@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from scaleladder.optim import backward_and_step
-from scaleladder.precision import PrecisionPolicy
+from scaleladder.rung.optim import backward_and_step
+from scaleladder.rung.precision import PrecisionPolicy
 
 
 @dataclass
@@ -233,7 +233,7 @@ def train_loop(
             dist.barrier()
             t_window = time.perf_counter()
         try:
-            # Already on the device: synthetic batches, or a DeviceFeed (feed.py), whose
+            # Already on the device: synthetic batches, or a DeviceFeed (rung/feed.py), whose
             # staging of the next batch allocates device memory and so may run out too.
             batch = next(it)
             if cuda:

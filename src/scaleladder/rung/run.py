@@ -1,7 +1,7 @@
 """`scaleladder run`: one rung, on every rank. Spec → model → ladder → loop → HDF5.
 
 This is the per-rank program. It runs as a single process, under ``torchrun``,
-or under ``srun`` (launch.py reads whichever variables are there). Rank 0 writes
+or under ``srun`` (rung/launch.py reads whichever variables are there). Rank 0 writes
 the result file; no rank writes anything else except an OOM marker.
 
 Exit codes: 0 (ok, or an OOM recorded as a result in a one-rank run), 2 (bad
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from scaleladder.feed import DeviceFeed
+from scaleladder.rung.feed import DeviceFeed
 from scaleladder.spec import (
     RunSpec,
     SpecError,
@@ -139,6 +139,24 @@ def oom_marker(out: Path, rank: int) -> Path:
     return out.with_name(f"{out.name}.oom-rank{rank}.json")
 
 
+def write_oom_record(cfg: RunConfig, events: list[dict[str, Any]], world: int, status: str = "oom",
+                     extra: dict[str, Any] | None = None) -> None:
+    """A result for a rung that did not fit (schema: results.records), written atomically.
+
+    Called by the rank itself in a one-rank run, and by the supervisor (campaign) from
+    the markers of a multi-rank one, or for a rung the planner says cannot fit.
+    """
+    from scaleladder.models.build import meta_parameter_count
+    from scaleladder.models.flavors import get_flavor
+    from scaleladder.results.records import oom_attrs
+    from scaleladder.results.store import write_record
+    from scaleladder.rung import provenance
+
+    attrs = oom_attrs(cfg.attrs(), cfg.spec.nodes, events, world, meta_parameter_count(get_flavor(cfg.spec.model)),
+                      provenance.collect(""), status, extra)
+    write_record(cfg.out, attrs)
+
+
 def _terminate(signum: int, _frame: Any) -> None:
     # Slurm sends SIGTERM at a time limit. Raising lets `finally` blocks remove
     # temporary files, so an interrupted rung leaves nothing behind.
@@ -146,7 +164,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaleladder import launch
+    from scaleladder.rung import launch
 
     from scaleladder.data.errors import DataError, speaker
 
@@ -182,7 +200,7 @@ def check_world(cfg: RunConfig, world: int, nodes: int) -> None:
 
 
 def _main(args: argparse.Namespace, env: Any) -> int:
-    from scaleladder import launch
+    from scaleladder.rung import launch
 
     cfg = config_from_args(args)
     if cfg.spec.batch == "max":
@@ -193,9 +211,9 @@ def _main(args: argparse.Namespace, env: Any) -> int:
     # Before the group exists: the unused-parameter probe runs a CPU forward, and FLAVA's
     # contrastive loss all-gathers whenever a group exists. An NCCL/RCCL group serves
     # only GPU tensors ("No backend type associated with device type cpu"); gloo serves
-    # both, so only the order keeps this off the GPU path (parallel.unused_parameter_names).
+    # both, so only the order keeps this off the GPU path (rung.ladder.unused_parameter_names).
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.parallel import unused_parameter_names
+    from scaleladder.rung.ladder import unused_parameter_names
 
     unused_parameter_names(get_flavor(cfg.spec.model).family)
     launch.init(env, device)
@@ -208,7 +226,7 @@ def _main(args: argparse.Namespace, env: Any) -> int:
 
 def placement(env: Any, device: torch.device, hosts: list[str]) -> dict[str, Any]:
     """Where the rung ran, as record attributes: the same keys in ok and oom records."""
-    from scaleladder.devices import device_name
+    from scaleladder.rung.devices import device_name
 
     return {
         "device_name": device_name(device),
@@ -220,8 +238,8 @@ def placement(env: Any, device: torch.device, hosts: list[str]) -> dict[str, Any
 
 
 def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
-    from scaleladder import provenance
-    from scaleladder.bench import OOMDuringStep, is_oom, oom_line
+    from scaleladder.rung import provenance
+    from scaleladder.rung.loop import OOMDuringStep, is_oom, oom_line
 
     # Gathered before anything can run out of memory, so an OOM record names the hosts too.
     where = placement(env, device, provenance.hosts())
@@ -233,8 +251,6 @@ def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
         step = getattr(e, "step", -1)
         event = {"rank": env.rank, "world": env.world, "step": step, "error": oom_line(e), "host": os.uname().nodename, **where}
         if env.world == 1:
-            from scaleladder.supervise import write_oom_record
-
             write_oom_record(cfg, [event], world=1)
             print(f"scaleladder run: {cfg.spec.path}: out of memory at step {step}; recorded as status 'oom' in {cfg.out}", file=sys.stderr)
             return 0
@@ -253,7 +269,7 @@ def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Any) ->
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.models.flavors import get_flavor
     from scaleladder.models.init import make_param_init_fn, materialize
-    from scaleladder.parallel import apply_strategy
+    from scaleladder.rung.ladder import apply_strategy
 
     spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
     torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
@@ -285,13 +301,13 @@ def _codebook_state(model: Any, weights: str | None) -> dict[str, torch.Tensor] 
 
 
 def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dict[str, Any]) -> int:
-    from scaleladder import provenance
-    from scaleladder.bench import train_loop
-    from scaleladder.devices import peak_flops
+    from scaleladder.rung import provenance
+    from scaleladder.rung.loop import train_loop
+    from scaleladder.rung.devices import peak_flops
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.optim import make_optimizer, make_scaler
-    from scaleladder.precision import policy
-    from scaleladder.store import write_record
+    from scaleladder.rung.optim import make_optimizer, make_scaler
+    from scaleladder.rung.precision import policy
+    from scaleladder.results.store import write_record
 
     spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
     prec = policy(spec.precision)
@@ -387,13 +403,13 @@ def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.de
              dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
     """The rank's batches, and what the record should say about them beyond --data."""
     if cfg.data == "synthetic":
-        from scaleladder.batches import SyntheticBatches
+        from scaleladder.rung.batches import SyntheticBatches
 
         return SyntheticBatches(flavor, batch, env.rank, cfg.steps, cfg.seed, device, dtype=dtype), {}
     from scaleladder.data.loader import make_loader
 
     # Loader batches stay fp32 in pinned host memory; DeviceFeed copies them one step
-    # ahead on a side stream and converts the dtype on the device (feed.py).
+    # ahead on a side stream and converts the dtype on the device (rung/feed.py).
     loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, cfg.workers, cfg.seed, pin_memory=device.type == "cuda")
     return DeviceFeed(loader, device, dtype, cfg.steps), loader.record_attrs()
 

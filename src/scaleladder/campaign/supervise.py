@@ -25,47 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scaleladder.runner import EXIT_OOM, RunConfig, add_arguments, config_from_args, oom_marker
+from scaleladder.rung.run import EXIT_OOM, RunConfig, add_arguments, config_from_args, oom_marker, write_oom_record
 from scaleladder.spec import SpecError, parse_positive
-
-# Where a rung ran (runner.placement): a rank that ran out of memory writes these into its
-# marker, so the oom record carries the same provenance as an ok one.
-PLACEMENT = ("device_name", "hosts", "ranks_per_node", "gpus_per_node", "launcher")
-
 
 def oom_markers(out: Path) -> list[Path]:
     return sorted(out.parent.glob(f"{out.name}.oom-rank*.json"))
-
-
-def write_oom_record(cfg: RunConfig, events: list[dict[str, Any]], world: int, status: str = "oom", extra: dict[str, Any] | None = None) -> None:
-    """A result for a rung that did not fit: the spec, what failed where, no metrics.
-
-    Provenance is an ok record's wherever it is known: the parameter count (from the
-    meta device), and the placement the ranks wrote into ``events``. A rung that never
-    ran (``predicted-oom``) knows no device or hosts; those attributes are then absent,
-    never guessed. ``extra`` overrides anything.
-    """
-    from scaleladder import provenance
-    from scaleladder.models.build import meta_parameter_count
-    from scaleladder.models.flavors import get_flavor
-    from scaleladder.store import write_record
-
-    first = min(events, key=lambda e: (e.get("step", -1), e.get("rank", 0))) if events else {}
-    placed = {k: e[k] for e in reversed(events) for k in PLACEMENT if k in e}  # the first event's win
-    attrs = {
-        "status": status,
-        **cfg.attrs(),
-        "world_size": world,
-        "ranks_per_node": world // cfg.spec.nodes,  # the launcher put the same number on every node
-        "params": meta_parameter_count(get_flavor(cfg.spec.model)),
-        "error": first.get("error", ""),
-        "oom_step": first.get("step", -1),
-        "oom_ranks": [e.get("rank") for e in events],
-        **{k: v for k, v in provenance.collect("").items() if k != "device_name"},
-        **placed,
-        **(extra or {}),
-    }
-    write_record(cfg.out, attrs)
 
 
 def _clear(out: Path) -> None:
@@ -100,7 +64,7 @@ def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[
     else None. A fixed batch cannot run when it does not fit; a ``max`` rung, when not
     even batch 1 does. The workflow makes the same call (same arguments) while it builds
     its DAG, so the two never disagree about which rungs are skipped."""
-    from scaleladder.plan import predict
+    from scaleladder.planner.memory import predict
 
     world = cfg.spec.nodes * ranks_per_node
     p = predict(cfg.spec, world, ranks_per_node, device_key, data=cfg.data)

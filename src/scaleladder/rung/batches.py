@@ -26,7 +26,7 @@ from torch import Tensor
 
 from scaleladder.models.flavors import Flavor
 
-from scaleladder.batch_layout import FIRST_WORD, ITM_NEGATIVE_EVERY, MASK, SYNTHETIC_POOL, masked_counts
+from scaleladder.models.batch_layout import FIRST_WORD, ITM_NEGATIVE_EVERY, MASK, SYNTHETIC_POOL, masked_counts
 
 
 def _sample(flavor: Flavor, g: torch.Generator, global_index: int) -> dict[str, Tensor]:

@@ -17,8 +17,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from scaleladder.aggregate import read_ladder
-from scaleladder.plots import FIGURES, _num, is_ok, is_oom, knobs_label, model_order, strategy_label
+from scaleladder.results.aggregate import read_ladder
+from scaleladder.figures.plots import FIGURES, _num, is_ok, is_oom, knobs_label, model_order, strategy_label
 
 Rung = dict[str, Any]
 

@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from scaleladder.aggregate import read_ladder  # noqa: E402
+from scaleladder.results.aggregate import read_ladder  # noqa: E402
 from scaleladder.models.flavors import FLAVORS  # noqa: E402
 
 Rung = dict[str, Any]

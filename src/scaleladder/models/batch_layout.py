@@ -1,6 +1,6 @@
 """What a synthetic batch holds, as numbers: torch-free, so the memory planner can
 import the very constants the batch generator uses (the workflow plans on a login node
-that may have no torch). ``scaleladder.batches`` makes the tensors from these."""
+that may have no torch). ``scaleladder.rung.batches`` makes the tensors from these."""
 
 from __future__ import annotations
 

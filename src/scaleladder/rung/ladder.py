@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaleladder.models.build import TrainModule
-from scaleladder.precision import PrecisionPolicy
+from scaleladder.rung.precision import PrecisionPolicy
 from scaleladder.spec import Knobs, SpecError, Strategy
 
 
@@ -185,7 +185,7 @@ def unused_parameter_names(family: str) -> frozenset[str]:
     family's debug flavor (names are structural: heads and poolers, not layers).
 
     The probe is a forward and backward ON THE CPU, so it must run before the process
-    group exists (runner._main calls this first). TRAP: FLAVA's contrastive loss
+    group exists (rung.run._main calls this first). TRAP: FLAVA's contrastive loss
     all-gathers whenever a group exists; an NCCL/RCCL group serves only GPU tensors and
     fails on the probe's CPU tensors ("No backend type associated with device type
     cpu") before the rung's first step, for every strategy. gloo accepts CPU tensors,
@@ -196,7 +196,7 @@ def unused_parameter_names(family: str) -> frozenset[str]:
         if dist.is_available() and dist.is_initialized():
             raise RuntimeError(f"the unused-parameter probe for {family} must run before the process group exists: "
                                "its CPU forward would issue collectives on CPU tensors, which NCCL/RCCL refuse")
-        from scaleladder.batches import synthetic_batch
+        from scaleladder.rung.batches import synthetic_batch
         from scaleladder.models.build import build_model
         from scaleladder.models.flavors import get_flavor
 

@@ -1,6 +1,6 @@
 """The planner's two figures: what fits where, and predicted against measured peak memory.
 
-Both take plain data (no HDF5 handles), so the workflow's ``plots.py`` can call them
+Both take plain data (no HDF5 handles), so the workflow's ``figures/plots.py`` can call them
 with whatever it aggregated. matplotlib is imported lazily, with the Agg backend
 (compute nodes have no display). The file name's suffix picks the format (PNG, PDF, SVG).
 
@@ -72,7 +72,7 @@ def fits_chart(cells: list[Any], out: str | Path, title: str = "") -> Path:
 
 
 def _save(plt: Any, fig: Any, out: str | Path) -> Path:
-    from scaleladder.plots import save_figure  # atomic: temporary file, then rename
+    from scaleladder.figures.plots import save_figure  # atomic: temporary file, then rename
 
     fig.tight_layout()
     path = Path(out)
@@ -117,7 +117,7 @@ def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
     Only ``ok`` rungs measured a peak, and a non-GPU rung reports 0. The prediction is
     made for exactly what ran: the batch it settled on (a ``bmax`` rung's ``batch``),
     its world, ranks per node and ``--data``."""
-    from scaleladder.plan import predict
+    from scaleladder.planner.memory import predict
     from scaleladder.spec import RunSpec
 
     measured = float(a.get("peak_active_gib", 0.0) or 0.0)
@@ -132,7 +132,7 @@ def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
 
 def points_from_rungs(paths: list[str | Path], device: Any) -> list[PeakPoint]:
     """Predicted and measured peaks of every ``ok`` rung file."""
-    from scaleladder.store import read_attrs
+    from scaleladder.results.store import read_attrs
 
     points = []
     for path in paths:
@@ -145,7 +145,7 @@ def points_from_rungs(paths: list[str | Path], device: Any) -> list[PeakPoint]:
 
 def points_from_ladder(path: str | Path, device: Any) -> list[PeakPoint]:
     """The same from an aggregated ladder file (``scaleladder aggregate``: one group per rung)."""
-    from scaleladder.aggregate import read_ladder
+    from scaleladder.results.aggregate import read_ladder
 
     rungs, _root = read_ladder(str(path))
     return [pt for r in rungs if (pt := _point(r, r["spec"], device)) is not None]

@@ -17,7 +17,7 @@ distributed strategies. Here, for one (model, strategy, precision, knobs, nodes)
    autograd graphs). It passes when it finishes with status ``ok`` AND its allocator
    retries after warm-up stay within ``--max-retries`` (default 0): the FLAVA seed
    shows cudaMalloc retries slow training near the limit, so "fits but thrashes" is
-   not a fit. Out of memory is what the runner calls out of memory (``bench.is_oom``:
+   not a fit. Out of memory is what the runner calls out of memory (``rung.loop.is_oom``:
    torch's OutOfMemoryError, and the RuntimeErrors cuBLAS/hipBLAS and raw CUDA/HIP
    allocations raise). A probe that crashes for another reason aborts the search
    (exit 1) — never mistaken for an OOM.
@@ -155,13 +155,13 @@ def search(probe: Callable[[int], ProbeResult], start: int | None = None, cap: i
 
 def is_oom_message(text: str) -> bool:
     """Does a recorded error say the device ran out of memory — by the runner's own rule?"""
-    from scaleladder.bench import is_oom
+    from scaleladder.rung.loop import is_oom
 
     return is_oom(RuntimeError(text))
 
 
 def read_probe(path: Path, batch: int, seconds: float) -> ProbeResult:
-    from scaleladder.store import read_attrs
+    from scaleladder.results.store import read_attrs
 
     a = read_attrs(path)
     status = str(a.get("status", ""))
@@ -177,7 +177,7 @@ def read_probe(path: Path, batch: int, seconds: float) -> ProbeResult:
 
 def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: int) -> Callable[[int], ProbeResult]:
     """A probe that runs ``steps`` real steps at a batch in fresh processes via supervise.launch."""
-    from scaleladder.supervise import launch
+    from scaleladder.campaign.supervise import launch
 
     def probe(batch: int) -> ProbeResult:
         spec = dataclasses.replace(cfg.spec, batch=batch)
@@ -195,7 +195,7 @@ def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: i
 
 def planned_start(spec: RunSpec, device: str, ranks_per_node: int, data: str = "synthetic") -> tuple[int | None, bool]:
     """(the planner's max batch or None, whether it predicts that not even batch 1 fits)."""
-    from scaleladder.plan import predict
+    from scaleladder.planner.memory import predict
 
     p = predict(spec, spec.nodes * ranks_per_node, ranks_per_node, device, data=data)
     return p.max_batch, p.capacity_bytes is not None and p.max_batch is None
@@ -249,7 +249,7 @@ def search_attrs(res: SearchResult, max_retries: int, cap: int | None, planned: 
 
 def final_retry_attrs(final: Path, batch: int, max_retries: int, rung_steps: int, probe_steps: int) -> dict[str, Any]:
     """The full rung's allocator retries after warm-up, and a note when they exceed the threshold."""
-    from scaleladder.store import read_attrs
+    from scaleladder.results.store import read_attrs
 
     retries = int(read_attrs(final).get("alloc_retries", 0) or 0)
     attrs: dict[str, Any] = {"maxbatch_final_retries": retries}
@@ -264,7 +264,7 @@ def record_result(final: Path, out: Path, spec: RunSpec, attrs: dict[str, Any], 
     """Copy the final run's file onto ``out`` with the search's attributes and probes, atomically."""
     import h5py
 
-    from scaleladder.store import atomic_path
+    from scaleladder.results.store import atomic_path
 
     with atomic_path(out) as tmp:
         with h5py.File(final, "r") as src, h5py.File(tmp, "w") as dst:
@@ -282,8 +282,8 @@ def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeRe
     """Not even batch 1 trains: a status ``oom`` record carrying the probes."""
     import h5py
 
-    from scaleladder import provenance
-    from scaleladder.store import atomic_path
+    from scaleladder.rung import provenance
+    from scaleladder.results.store import atomic_path
 
     reason = probes[-1].reason if probes else "out of memory"
     rec = {"status": "oom", **cfg.attrs(), "world_size": world, "error": f"batch 1 does not train: {reason}",
@@ -299,7 +299,7 @@ def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeRe
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from scaleladder.runner import add_arguments as add_run_arguments
+    from scaleladder.rung.run import add_arguments as add_run_arguments
 
     add_run_arguments(p)
     p.add_argument("--launcher", default="", help="command prefix that starts the ranks, as for `scaleladder launch` (empty: one local process)")
@@ -322,8 +322,8 @@ def probe_dir(out: Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaleladder.runner import config_from_args
-    from scaleladder.supervise import launch
+    from scaleladder.rung.run import config_from_args
+    from scaleladder.campaign.supervise import launch
 
     cfg = config_from_args(args)
     if cfg.spec.batch != "max":
@@ -343,7 +343,7 @@ def main(args: argparse.Namespace) -> int:
     if args.plan_device and rpn is not None:  # (rpn is required with --plan-device: checked above)
         planned, hopeless = planned_start(cfg.spec, args.plan_device, rpn, cfg.data)
     if hopeless and not args.run_predicted_oom and rpn is not None:
-        from scaleladder.supervise import record_predicted_oom
+        from scaleladder.campaign.supervise import record_predicted_oom
 
         # The same verdict `launch --plan-device` records for a fixed batch: no probe is spent.
         if record_predicted_oom(cfg, args.plan_device, rpn, "maxbatch"):
@@ -395,7 +395,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _world(probes: list[ProbeResult], workdir: Path, fallback: int) -> int:
     """The world the probes ran on, as their own records say (the launcher decides it)."""
-    from scaleladder.store import read_attrs
+    from scaleladder.results.store import read_attrs
 
     for p in reversed(probes):
         f = workdir / f"probe-b{p.batch}.h5"

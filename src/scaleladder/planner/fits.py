@@ -1,0 +1,52 @@
+"""What fits where: the planner's verdict for every model × strategy on one machine shape.
+
+Torch-free, like the rest of the planner; ``scaleladder plan --fits-table`` prints it and
+``figures.plan_plots.fits_chart`` draws it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaleladder.models.flavors import FLAVORS
+from scaleladder.planner.memory import Device, predict
+from scaleladder.spec import DEFAULT_KNOBS, RunSpec, SpecError, parse_knobs, parse_strategy
+
+# The ladder a fits table shows, cheapest-memory last.
+TABLE_STRATEGIES = ("single", "ddp", "fsdp-no-shard", "fsdp-hybrid2", "fsdp-grad-op", "fsdp-full", "fsdp-full-ac")
+
+
+@dataclass(frozen=True)
+class FitsCell:
+    model: str
+    strategy: str
+    fits: bool | None  # None: the strategy cannot run on this world (single on 8 ranks, a hybrid group that does not divide it)
+    max_batch: int | None
+    peak_bytes: int | None  # at the requested batch (or at max_batch when none was requested)
+    reason: str = ""
+
+
+def fits_table(device: str | Device, nodes: int, gpus_per_node: int, precision: str = "bf16-mixed", batch: int | None = None,
+               models: list[str] | None = None, strategies: tuple[str, ...] = TABLE_STRATEGIES,
+               data: str = "synthetic") -> list[FitsCell]:
+    """What fits where: every model × strategy on ``nodes`` × ``gpus_per_node`` ranks of ``device``.
+
+    With ``batch``, a cell fits when that local batch fits; without, when batch 1 does,
+    and ``max_batch`` says how far it goes.
+    """
+    world = nodes * gpus_per_node
+    models = models or [m for m, f in FLAVORS.items() if not f.debug]
+    cells = []
+    for m in models:
+        for s in strategies:
+            strat = parse_strategy(s)
+            try:
+                strat.check_world(world)
+            except SpecError as e:
+                cells.append(FitsCell(m, s, None, None, None, str(e)))
+                continue
+            spec = RunSpec(m, strat, precision, parse_knobs(DEFAULT_KNOBS), nodes, batch if batch is not None else "max")
+            p = predict(spec, world, gpus_per_node, device, data=data)
+            fits = p.fits if batch is not None else p.max_batch is not None
+            cells.append(FitsCell(m, s, fits, p.max_batch, p.peak_bytes))
+    return cells

@@ -1,0 +1,127 @@
+"""The house's one rule, checked: imports point down the flow, and no two modules import
+each other (directly or around a loop). docs/design.md draws the same map.
+
+Every import counts, also one inside a function: a late import hides a cycle from
+Python, not from a reader.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Lowest first. A module may import modules of its own stage and of any stage before it.
+STAGES: list[tuple[str, tuple[str, ...]]] = [
+    ("errors", ("scaleladder.errors",)),
+    ("flavor registry", ("scaleladder.models.flavors",)),  # data every stage reads, below the spec
+    ("spec", ("scaleladder.spec",)),
+    ("models", ("scaleladder.models",)),
+    ("data", ("scaleladder.data",)),
+    ("results", ("scaleladder.results",)),
+    ("planner", ("scaleladder.planner",)),
+    ("rung", ("scaleladder.rung",)),
+    ("campaign", ("scaleladder.campaign",)),
+    ("figures", ("scaleladder.figures",)),
+    ("front doors", ("scaleladder.plan", "scaleladder.workflow", "scaleladder.cli", "scaleladder.__main__", "scaleladder")),
+]
+
+
+def stage_of(module: str) -> int:
+    best, rank = -1, -1
+    for i, (_, prefixes) in enumerate(STAGES):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank = len(p), i
+    assert rank >= 0, f"{module} belongs to no stage: add it to STAGES and to docs/design.md"
+    return rank
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((SRC / "scaleladder").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """Package modules ``path`` imports, resolved to the modules that exist."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for n in names:
+            if n.startswith("scaleladder"):
+                # `from scaleladder.rung import loop` names the module rung.loop; a class or
+                # function name resolves to the module that holds it
+                while n not in known and "." in n:
+                    n = n.rsplit(".", 1)[0]
+                if n in known:
+                    found.add(n)
+    return found
+
+
+GRAPH = {m: imports_of(p, set(modules())) - {m} for m, p in modules().items()}
+
+
+def test_every_module_has_a_stage() -> None:
+    for m in GRAPH:
+        stage_of(m)
+
+
+def test_no_module_imports_a_higher_stage() -> None:
+    upward = [f"{m} ({STAGES[stage_of(m)][0]}) imports {d} ({STAGES[stage_of(d)][0]})"
+              for m, deps in GRAPH.items() for d in sorted(deps)
+              if stage_of(d) > stage_of(m) and not d == "scaleladder"]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles() -> None:
+    # Tarjan's strongly connected components: any component of two or more is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w == "scaleladder":  # the package's empty __init__: imported by every `from scaleladder import x`
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_the_rule_can_fail() -> None:
+    """The walk sees imports inside functions, and the stage table ranks what it should."""
+    assert "scaleladder.rung.ladder" in GRAPH["scaleladder.rung.run"]  # imported inside a function there
+    assert stage_of("scaleladder.results.store") < stage_of("scaleladder.rung.run") < stage_of("scaleladder.campaign.supervise")
+    assert stage_of("scaleladder.models.flavors") < stage_of("scaleladder.spec") < stage_of("scaleladder.models.build")
