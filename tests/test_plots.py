@@ -11,6 +11,11 @@ import pytest
 from conftest import write_rung
 from scaleladder.figures import plots
 from scaleladder.figures import report
+from scaleladder.figures.max_batch import fig_max_batch
+from scaleladder.figures.pareto import pareto_front
+from scaleladder.figures.style import Palette
+from scaleladder.figures.throughput_by_model import fig_throughput_by_model
+from scaleladder.figures.weak_scaling import fig_weak_scaling
 from scaleladder.results.aggregate import aggregate, read_ladder
 from scaleladder.cli import main as cli
 
@@ -40,12 +45,12 @@ def test_every_figure_png_and_pdf_from_a_seed_shaped_ladder(seed_ladder: tuple[P
 def test_oom_rungs_are_marked_not_dropped(seed_ladder: tuple[Path, list[Path]]) -> None:
     root, files = seed_ladder
     rungs, _ = read_ladder(str(_ladder(root, files)))
-    pal = plots.Palette(rungs)
-    fig = plots.fig_throughput_by_model(rungs, pal)
+    pal = Palette(rungs)
+    fig = fig_throughput_by_model(rungs, pal)
     # flava-1.8b and flava-10b DDP ran out of memory and flava-10b FSDP was predicted not
     # to fit, at batch 8 and at max: 6 marks, the 2 predictions told apart
     assert _texts(fig).count("OOM") == 4 and _texts(fig).count("pred. OOM") == 2
-    fig = plots.fig_max_batch(rungs, pal)
+    fig = fig_max_batch(rungs, pal)
     assert _texts(fig).count("OOM") == 2 and _texts(fig).count("pred. OOM") == 1
     plt.close("all")
 
@@ -53,7 +58,7 @@ def test_oom_rungs_are_marked_not_dropped(seed_ladder: tuple[Path, list[Path]]) 
 def test_weak_scaling_draws_the_ideal_line_from_the_first_point(seed_ladder: tuple[Path, list[Path]]) -> None:
     root, files = seed_ladder
     rungs, _ = read_ladder(str(_ladder(root, files)))
-    fig = plots.fig_weak_scaling(rungs, plots.Palette(rungs))
+    fig = fig_weak_scaling(rungs, Palette(rungs))
     ax = fig.axes[0]  # vit-base throughput
     dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     solid = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
@@ -84,7 +89,7 @@ def test_partial_ladders_still_draw(tmp_path: Path, specs: list[tuple[str, str]]
 
 def test_pareto_front() -> None:
     pts = [(10, 100), (20, 90), (20, 150), (5, 50), (30, 150), (40, 200)]
-    assert plots.pareto_front(pts) == [(5, 50), (10, 100), (20, 150), (40, 200)]
+    assert pareto_front(pts) == [(5, 50), (10, 100), (20, 150), (40, 200)]
 
 
 def test_report_html_and_markdown(seed_ladder: tuple[Path, list[Path]]) -> None:

@@ -72,7 +72,7 @@ def fits_chart(cells: list[Any], out: str | Path, title: str = "") -> Path:
 
 
 def _save(plt: Any, fig: Any, out: str | Path) -> Path:
-    from scaleladder.figures.plots import save_figure  # atomic: temporary file, then rename
+    from scaleladder.figures.style import save_figure  # atomic: temporary file, then rename
 
     fig.tight_layout()
     path = Path(out)

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from scaleladder.results.aggregate import read_ladder
-from scaleladder.figures.plots import FIGURES, _num, is_ok, is_oom, knobs_label, model_order, strategy_label
-
-Rung = dict[str, Any]
+from scaleladder.figures.plots import FIGURES
+from scaleladder.figures.rungs import Rung, is_ok, is_oom, model_order, num
+from scaleladder.figures.style import knobs_label, strategy_label
 
 TITLES = {
     "throughput_by_model": "Throughput per model size and strategy (fixed batch and max batch)",
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _fmt(key: str, v: Any) -> str:
     if v is None or v == "":
         return "-"
-    x = _num(v)
+    x = num(v)
     if x is None:
         return str(v)
     if key == "mfu":
@@ -93,15 +93,15 @@ def winners(rungs: list[Rung]) -> list[dict[str, str]]:
         rs = groups[(model, nodes)]
         ok = [r for r in rs if is_ok(r)]
         fastest = max(ok, key=lambda r: r["items_per_s"], default=None)
-        maxb = [r for r in rs if r.get("status") == "ok" and _num(r.get("max_batch"))]
-        biggest = max(maxb, key=lambda r: _num(r.get("max_batch")) or 0, default=None)
+        maxb = [r for r in rs if r.get("status") == "ok" and num(r.get("max_batch"))]
+        biggest = max(maxb, key=lambda r: num(r.get("max_batch")) or 0, default=None)
         oom = sorted({strategy_label(r["strategy"]) for r in rs if is_oom(r)})
         rows.append({
             "model": model,
             "nodes": str(nodes),
             "fastest": (f"{strategy_label(fastest['strategy'])} ({_fmt('items_per_s', fastest['items_per_s'])} items/s, "
                         f"batch {fastest.get('max_batch', fastest.get('batch'))}, {fastest.get('knobs')})") if fastest else "-",
-            "largest batch": (f"{strategy_label(biggest['strategy'])} ({int(_num(biggest['max_batch']) or 0)}"
+            "largest batch": (f"{strategy_label(biggest['strategy'])} ({int(num(biggest['max_batch']) or 0)}"
                               f"{', the search cap' if biggest.get('maxbatch_capped') else ''})" if biggest else "-"),
             "out of memory": ", ".join(oom) or "-",
         })

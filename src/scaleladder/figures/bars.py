@@ -1,0 +1,59 @@
+"""The grouped bar chart both FLAVA-seed figures draw: models along the axis, one bar per
+strategy in its colour, an OOM mark where a bar could not be measured, one legend below."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from scaleladder.figures.rungs import Rung, family, is_oom
+from scaleladder.figures.style import Palette, model_label, oom_handles, oom_mark, strategy_label
+
+
+def families(rungs: list[Rung]) -> list[str]:
+    """The model families of the ladder, one row of panels each."""
+    return sorted({family(r["model"]) for r in rungs}) or ["other"]
+
+
+def grouped_bars(
+    ax: Axes,
+    rs: list[Rung],
+    models: list[str],
+    strategies: list[str],
+    palette: Palette,
+    value: Callable[[Rung], float | None],
+    annotate: Callable[[Rung], str] | None = None,
+) -> None:
+    width = 0.8 / max(1, len(strategies))
+    for j, s in enumerate(strategies):
+        for i, m in enumerate(models):
+            x = i - 0.4 + width * (j + 0.5)
+            match = [r for r in rs if r["model"] == m and r["strategy"] == s]
+            if not match:
+                continue
+            r = match[0]
+            v = value(r)
+            if is_oom(r) or (v is not None and v <= 0 and r.get("status") == "ok"):
+                oom_mark(ax, x, r)
+            elif v is not None:
+                ax.bar(x, v, width * 0.95, color=palette(s), edgecolor="black", linewidth=0.4)
+                if annotate:
+                    ax.annotate(annotate(r), (x, v), xytext=(0, 2), textcoords="offset points", ha="center",
+                                va="bottom", fontsize=6)
+    ax.set_xticks(range(len(models)))
+    ax.set_xticklabels([model_label(m, rs) for m in models], fontsize=8)
+    ax.set_xlim(-0.6, len(models) - 0.4)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def strategy_legend(fig: Figure, palette: Palette, strategies: list[str], rungs: list[Rung]) -> None:
+    """One legend under the panels: the strategies shown, then the kinds of OOM."""
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [Patch(facecolor=palette(s), edgecolor="black", label=strategy_label(s)) for s in strategies]
+    handles += oom_handles(rungs)
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)

@@ -1,0 +1,92 @@
+"""What a rung says, and which rungs a figure takes: the reading every figure shares.
+
+A rung is one row of the aggregated ladder (``results.aggregate.read_ladder``), a plain
+dict. Here: whether it measured or ran out of memory, its numbers, its model's family and
+size order, and the slice of the ladder a figure draws when it holds the dimensions it
+does not plot at the seeds' defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from scaleladder.models.flavors import FLAVORS
+
+Rung = dict[str, Any]
+OOM_STATUSES = ("oom", "predicted-oom")
+
+
+def num(v: Any) -> float | None:
+    """A number, or None for a metric the rung lacks, one that is not a number, or NaN."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def is_ok(r: Rung) -> bool:
+    return r.get("status") == "ok" and num(r.get("items_per_s")) is not None
+
+
+def is_oom(r: Rung) -> bool:
+    return r.get("status") in OOM_STATUSES
+
+
+def family(model: str) -> str:
+    f = FLAVORS.get(model)
+    return f.family if f else "other"
+
+
+def model_order(rungs: Iterable[Rung]) -> list[str]:
+    """Models by size: parameter count where measured, else the registry's order."""
+    names = {r["model"] for r in rungs}
+    registry = list(FLAVORS)
+    params: dict[str, float] = {}
+    for r in rungs:
+        p = num(r.get("params"))
+        if p:
+            params[r["model"]] = p
+    return sorted(names, key=lambda m: (params.get(m, math.inf), registry.index(m) if m in registry else 1e9, m))
+
+
+def is_fixed(r: Rung) -> bool:
+    """Run at a fixed local batch, not a max-batch search."""
+    return str(r.get("spec_batch", r.get("batch"))) != "max"
+
+
+def is_max(r: Rung) -> bool:
+    return not is_fixed(r)
+
+
+def batch_of(r: Rung) -> int | None:
+    """The fixed local batch the spec asked for; None for a max-batch rung."""
+    b = str(r.get("spec_batch", r.get("batch")))
+    return int(b) if b.isdigit() else None
+
+
+def select(rungs: list[Rung], **fixed: Any) -> list[Rung]:
+    """The rungs whose attributes equal ``fixed``, compared as text so that 8 and "8" match."""
+    return [r for r in rungs if all(str(r.get(k)) == str(v) for k, v in fixed.items())]
+
+
+def _most_common(values: Iterable[Any], prefer: Any = None) -> Any:
+    c = Counter(values)
+    if not c:
+        return None
+    if prefer is not None and prefer in c:
+        return prefer
+    return c.most_common(1)[0][0]
+
+
+def reference(rungs: list[Rung]) -> dict[str, Any]:
+    """The values of the dimensions a figure does not plot: the seeds' own defaults
+    (BACKWARD_PRE + limit_all_gathers, the smallest node count) where the ladder has them."""
+    return {
+        "precision": _most_common((r.get("precision") for r in rungs), prefer="bf16-mixed"),
+        "knobs": _most_common((r.get("knobs") for r in rungs), prefer="pre-lag"),
+        "nodes": min((int(r.get("nodes", 1)) for r in rungs), default=1),
+    }

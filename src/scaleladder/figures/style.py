@@ -1,0 +1,171 @@
+"""How every figure looks and is written: the words on it, one colour per strategy, the
+OOM marks, and the atomic save.
+
+Shared so that the five figures read alike: a strategy keeps its colour and its name in
+every figure, and an out-of-memory rung is marked the same way everywhere (a red cross
+where measured, a hollow red circle where only predicted).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import matplotlib
+
+# No display on cluster nodes and CI. Every figure module imports this one, so Agg is
+# chosen before any figure is drawn (also where pyplot was imported first: `use` then
+# switches pyplot, which it may while no figure is open).
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from scaleladder.figures.rungs import Rung, num  # noqa: E402
+
+OOM_COLOR = "#c0392b"
+
+
+# -- labels -------------------------------------------------------------------------------
+
+
+def throughput_label(fam: str) -> str:
+    # The FLAVA seed counts items (an image and a text are two); the ViT seed, images.
+    # Always the GLOBAL rate, summed over every GPU of the run (docs/metrics.md).
+    what = {"flava": "items/s: images + texts", "vit": "images/s"}.get(fam, "items/s")
+    return f"global throughput ({what}, all GPUs)"
+
+
+def strategy_label(s: str) -> str:
+    ac = s.endswith("-ac")
+    base = s.removesuffix("-ac")
+    if base.startswith("fsdp-hybrid"):
+        g = base.removeprefix("fsdp-hybrid")
+        text = f"HYBRID {g} GPU{'s' if g != '1' else ''}"
+    else:
+        text = {
+            "single": "single process",
+            "ddp": "DDP",
+            "fsdp-full": "FSDP FULL_SHARD",
+            "fsdp-grad-op": "FSDP SHARD_GRAD_OP",
+            "fsdp-no-shard": "FSDP NO_SHARD",
+        }.get(base, base)
+    return text + (" + AC" if ac else "")
+
+
+def knobs_label(k: str) -> str:
+    parts = k.split("-") + ["lag"]
+    prefetch = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": "no prefetch"}.get(parts[0], parts[0])
+    lag = "limit_all_gathers" if parts[1] == "lag" else "no limit_all_gathers"
+    return f"{prefetch}, {lag}" + (", forward prefetch" if "fwd" in parts[2:] else "")
+
+
+def model_label(m: str, rungs: list[Rung]) -> str:
+    p = next((num(r.get("params")) for r in rungs if r["model"] == m and num(r.get("params"))), None)
+    return f"{m}\n({p / 1e6:,.0f}M)" if p and p >= 1e6 else (f"{m}\n({p:,.0f})" if p else m)
+
+
+def max_batch_label(r: Rung) -> str:
+    # a search stopped by its cap (always, on a CPU) found a lower bound, not the max
+    mb = r.get("max_batch", r.get("batch", "?"))
+    return f"≥{mb} (cap)" if r.get("maxbatch_capped") else f"{mb}"
+
+
+def held_fixed(rs: list[Rung], keys: tuple[str, ...]) -> str:
+    """The values of ``keys`` that all of ``rs`` share, for a title to say what was held fixed."""
+    parts = []
+    for k in keys:
+        vals = sorted({str(r.get(k)) for r in rs})
+        if len(vals) == 1:
+            v = vals[0]
+            if k == "nodes":
+                v = f"{v} node{'s' if v != '1' else ''}"
+            elif k == "knobs" and v.count("-") >= 1:
+                v = knobs_label(v)
+            parts.append(v)
+    return ", ".join(parts)
+
+
+def note(ax: Axes, text: str) -> None:
+    """Say in the panel why it is empty: a partial ladder plots instead of failing."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="dimgrey", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+# -- colours ------------------------------------------------------------------------------
+
+
+def strategy_sort_key(s: str) -> tuple[int, int, str]:
+    """From least to most sharded, the order of every legend and axis."""
+    base = s.removesuffix("-ac")
+    rank = ["single", "ddp", "fsdp-no-shard", "fsdp-grad-op", "fsdp-full"]
+    if base.startswith("fsdp-hybrid"):
+        return (len(rank), int(base.removeprefix("fsdp-hybrid") or 0), s)
+    return (rank.index(base) if base in rank else len(rank) + 1, 0, s)
+
+
+class Palette:
+    """One colour per strategy, the same in every figure."""
+
+    def __init__(self, rungs: list[Rung]) -> None:
+        order = sorted({r["strategy"] for r in rungs}, key=strategy_sort_key)
+        cmap = plt.get_cmap("tab10" if len(order) <= 10 else "tab20")
+        self.colors = {s: cmap(i % cmap.N) for i, s in enumerate(order)}
+        self.order = order
+
+    def __call__(self, strategy: str) -> Any:
+        return self.colors.get(strategy, "grey")
+
+
+# -- out of memory ------------------------------------------------------------------------
+
+
+def oom_style(r: Rung) -> dict[str, Any]:
+    """Measured OOM: a red cross. Predicted (never run): a hollow red circle."""
+    if r.get("status") == "predicted-oom":
+        return {"marker": "o", "markerfacecolor": "none", "markeredgecolor": OOM_COLOR, "color": OOM_COLOR}
+    return {"marker": "x", "color": OOM_COLOR}
+
+
+def oom_label(r: Rung) -> str:
+    return "pred. OOM" if r.get("status") == "predicted-oom" else "OOM"
+
+
+def oom_mark(ax: Axes, x: float, r: Rung) -> None:
+    """A red 'OOM' (or 'pred. OOM') standing on the axis where a bar would be."""
+    ax.plot([x], [0], markersize=8, mew=2, clip_on=False, zorder=5, **oom_style(r))
+    ax.annotate(
+        oom_label(r), (x, 0), xytext=(0, 6), textcoords="offset points", rotation=90, ha="center", va="bottom",
+        color=OOM_COLOR, fontsize=7, fontweight="bold",
+    )
+
+
+def oom_handles(rungs: Iterable[Rung]) -> list[Any]:
+    """Legend entries for the kinds of OOM this ladder has (a measured one always shows)."""
+    from matplotlib.lines import Line2D
+
+    handles: list[Any] = [Line2D([], [], linestyle="", mew=2, label="out of memory (measured)", **oom_style({}))]
+    if any(r.get("status") == "predicted-oom" for r in rungs):
+        handles.append(Line2D([], [], linestyle="", mew=2, label="predicted not to fit (not run)",
+                              **oom_style({"status": "predicted-oom"})))
+    return handles
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+def save_figure(fig: Figure, path: str) -> str:
+    """Write through a temporary file and rename, so an interrupted job never leaves a
+    half-written figure that Snakemake would take for a finished one."""
+    ext = os.path.splitext(path)[1].lstrip(".")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        fig.savefig(tmp, format=ext, dpi=150 if ext in ("png", "jpg") else None)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
