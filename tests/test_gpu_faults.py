@@ -13,6 +13,7 @@ property that a GPU would enforce, in a form a CPU can check:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
 from scaleladder.rung.optim import make_optimizer, make_scaler
 from scaleladder.rung.precision import policy
-from scaleladder.spec import Knobs, parse_strategy
+from scaleladder.spec import Knobs, default_knobs, parse_strategy
 
 CPU = torch.device("cpu")
 HELPERS = Path(__file__).parent / "helpers"
@@ -138,9 +139,9 @@ def _syncs(flavor_name: str, strategy: str, precision: str, steps: int) -> int:
     flavor, prec = get_flavor(flavor_name), policy(precision)
     torch.manual_seed(0)
     model = build_model(flavor, CPU).to(dtype=prec.storage_dtype)
-    wrapped, _ = ladder.apply_strategy(model, parse_strategy(strategy), Knobs(), prec, CPU)
+    wrapped, _ = ladder.apply_strategy(model, parse_strategy(strategy), default_knobs(parse_strategy(strategy)), prec, CPU)
     opt = make_optimizer(wrapped.parameters(), 1e-4, precision)
-    scaler = make_scaler(precision, parse_strategy(strategy).is_fsdp, CPU)
+    scaler = make_scaler(precision, parse_strategy(strategy), CPU)
     batches = SyntheticBatches(flavor, 4, 0, steps, 0, CPU, dtype=prec.storage_dtype)
     with SyncCounter() as c:
         loop.train_loop(wrapped, opt, batches, steps, 1, prec, CPU, scaler)
@@ -161,7 +162,7 @@ def test_a_vit_step_never_syncs_the_host(precision: str) -> None:
     assert per_step_syncs("vit-debug", "single", precision) == 0
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp-full", "fsdp-full-ac"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp-full", "fsdp-full-ac", "fsdp2-full", "fsdp2-full-ac"])
 def test_no_wrapper_adds_a_host_sync_to_the_step(strategy: str) -> None:
     assert per_step_syncs("vit-debug", strategy, "fp16-mixed") == 0
 
@@ -218,19 +219,42 @@ def test_bf16_true_keeps_bf16_weights_and_fp32_masters() -> None:
     assert model.weight.grad is None
 
 
-# -- the loss scaler's inf flag under FSDP1 ----------------------------------------------------
+# -- the loss scaler's inf flag under FSDP1 and FSDP2 ----------------------------------------
 
 
-def test_the_sharded_scaler_skips_the_step_on_every_rank_or_none() -> None:
-    """Fused AdamW + ShardedGradScaler.step checks infs per rank only (the base class's
+def test_the_scaler_skips_the_step_on_every_rank_or_none() -> None:
+    """Two real gloo ranks, both FSDP generations, an inf in one rank's shard or in all.
+
+    FSDP1: fused AdamW + ShardedGradScaler.step checks infs per rank only (the base class's
     check, no all-reduce): a rank whose shard holds an inf skips, the others step, and the
-    replicas diverge. unscale_ first shares the flag. Two real gloo ranks."""
+    replicas diverge; unscale_ first shares the flag. And that all-reduce SUMS the flags:
+    with an inf on both ranks the flag was 2, which the fused kernel (it skips only on
+    exactly 1.0) did not skip: NaN weights and a step counter of -1, until the runner's
+    scaler clamped the flag to 1.
+    FSDP2: the gradients are DTensors and DTensor's inf check reduces the flag (MAX) over the
+    mesh, so the plain GradScaler the runner gives FSDP2 makes the ranks agree."""
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                         str(HELPERS / "scaler_worker.py")], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = sorted(l for l in p.stdout.splitlines() if l.startswith("RANK"))
-    assert lines == ["RANK 0 skipped=True scale=32768.0", "RANK 1 skipped=True scale=32768.0"], p.stdout
+    lines = sorted(l for l in p.stdout.splitlines() if l.startswith("CASE"))
+    expected = []
+    for generation in ("fsdp1", "fsdp2"):
+        for rank in (0, 1):
+            expected.append(f"CASE {generation} all-inf RANK {rank} skipped=True finite=True scale=32768.0 step=0")
+            expected.append(f"CASE {generation} clean RANK {rank} skipped=False finite=True scale=65536.0 step=1")
+            expected.append(f"CASE {generation} one-inf RANK {rank} skipped=True finite=True scale=32768.0 step=0")
+    assert lines == sorted(expected), p.stdout
+
+
+def test_fsdp2_takes_the_plain_scaler_and_fsdp1_the_sharded_one() -> None:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    assert isinstance(make_scaler("fp16-mixed", parse_strategy("fsdp-full"), CPU), ShardedGradScaler)
+    for s in ("fsdp2-full", "fsdp2-hybrid2-ac", "ddp", "single-compile"):
+        scaler = make_scaler("fp16-mixed", parse_strategy(s), CPU)
+        assert type(scaler) is torch.amp.GradScaler, s
+    assert make_scaler("bf16-mixed", parse_strategy("fsdp2-full"), CPU) is None
 
 
 # -- fault 6 and 5: what the device reports; batches fed from the host ------------------------
