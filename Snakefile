@@ -32,5 +32,5 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        final_targets(),
+        swf.final_targets(LADDER),
     default_target: True

@@ -7,14 +7,14 @@ rule shard:
     log:
         "results/logs/shard/{px}px.log",
     params:
-        env=site_env(),
+        env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
         # the shard directory is the manifest's folder (a function, not a hardcoded prefix)
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
         samples=config["data"]["samples"],
         per_shard=config["data"]["per_shard"],
         seed=config["data"]["seed"],
-        sources=shard_sources(),
+        sources=swf.shard_sources(config),
     conda:
         "../envs/scaleladder.yaml"
     shell:

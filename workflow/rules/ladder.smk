@@ -30,11 +30,11 @@ if SITE["supervise"] == "launch":
         wildcard_constraints:
             batch=r"\d+",
         params:
-            env=site_env(),
+            env=swf.env_exports(SITE),
             scaleladder=SCALELADDER,
             launcher=launcher,
             ranks=ranks_arg,
-            device=device_arg(),
+            device=swf.device_arg(SITE),
             spec=spec_path,
             data=data_arg,
             steps=config["steps"],
@@ -69,11 +69,11 @@ else:
         wildcard_constraints:
             batch=r"\d+",
         params:
-            env=site_env(),
+            env=swf.env_exports(SITE),
             prologue=prologue,
             scaleladder=SCALELADDER,
             launcher=launcher,
-            device=device_arg(),
+            device=swf.device_arg(SITE),
             spec=spec_path,
             data=data_arg,
             steps=config["steps"],
@@ -106,13 +106,13 @@ rule rung_max:
     wildcard_constraints:
         batch="max",
     params:
-        env=site_env(),
+        env=swf.env_exports(SITE),
         prologue=prologue,
         scaleladder=SCALELADDER,
         launcher=launcher,
         plan=plan_args,
-        cap=maxbatch_args(),
-        device=device_arg(),
+        cap=swf.maxbatch_args(config),
+        device=swf.device_arg(SITE),
         spec=spec_path,
         data=data_arg,
         steps=config["steps"],
@@ -129,8 +129,8 @@ rule rung_max:
         "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
 
 
-# A rung the memory planner predicts cannot fit (common.smk decides while building the
-# DAG, with site.plan_device) is recorded, not run: `launch --plan-only` writes its
+# A rung the memory planner predicts cannot fit (scaleladder.workflow decides while
+# building the DAG, with site.plan_device) is recorded, not run: `launch --plan-only` writes its
 # 'predicted-oom' record here in a second, on the machine that runs Snakemake, and the
 # ladder takes it from results/predicted/ instead of results/rungs/. So no allocation is
 # spent on a certain OOM. `--config run_predicted_oom=true` runs them all instead.
@@ -146,7 +146,7 @@ rule predicted_oom:
     log:
         f"results/logs/predicted/{RUNG}.log",
     params:
-        env=site_env(),
+        env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
         plan=plan_args,
         spec=spec_path,

@@ -12,15 +12,15 @@ localrules:
 # temporary file, then an atomic rename): running it twice gives the same groups.
 rule aggregate:
     input:
-        RUNG_FILES,
+        LADDER.rung_files,
     output:
         "results/ladder.h5",
     log:
         "results/logs/aggregate.log",
     params:
-        env=site_env(),
+        env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
-        provenance=provenance_json(),
+        provenance=swf.provenance_json(LADDER),
     conda:
         "../envs/scaleladder.yaml"
     shell:
@@ -45,7 +45,7 @@ rule plots:
     log:
         "results/logs/plots.log",
     params:
-        env=site_env(),
+        env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
         outdir=lambda wildcards, output: os.path.dirname(output.throughput),
     conda:
@@ -65,9 +65,9 @@ rule plan_plots:
     log:
         "results/logs/plan_plots.log",
     params:
-        env=site_env(),
+        env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
-        chart=plan_chart_args(),
+        chart=swf.plan_chart_args(LADDER),
         device=SITE.get("plan_device", ""),
     conda:
         "../envs/scaleladder.yaml"
@@ -82,14 +82,14 @@ rule report:
     input:
         ladder="results/ladder.h5",
         plots=rules.plots.output,
-        plan_plots=[f"results/plots/{f}.png" for f in PLAN_FIGURES],
+        plan_plots=[f"results/plots/{f}.png" for f in swf.plan_figures(SITE)],
     output:
         html="results/report.html",
         md="results/report.md",
     log:
         "results/logs/report.log",
     params:
-        env=site_env(),
+        env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
         plotdir=lambda wildcards, input: os.path.dirname(input.plots[0]),
     conda:

@@ -1,0 +1,502 @@
+"""scaleladder.workflow, the logic behind workflow/rules/*.smk, called directly: config
+validation and its defaults, --config string coercion, the ladder's expansion and skips,
+the planner's routing, the site's strings. No Snakemake run, except the last tests, which
+pin how many jobs of each rule every profile's dry run plans (so a change to the rules or
+to this module cannot alter a site's DAG silently)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REPO, snakemake, workflow_copy
+from scaleladder import workflow as wf
+from scaleladder.spec import DEFAULT_KNOBS, RunSpec, parse_knobs, parse_strategy
+
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+
+# A site of our own, so that no profile edit changes these tests: 4 ranks per node.
+SITE: dict[str, Any] = {
+    "name": "testsite",
+    "ranks_per_node": 4,
+    "scaleladder": "sl",
+    "launcher": "L -N{nodes} -n{ranks} {image} x",
+    "supervise": "launch",
+}
+
+
+def no_gpu() -> int:
+    return 0
+
+
+def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers over earlier ones, dicts merged key by key: as Snakemake merges the
+    Snakefile's configfile, the profile's site.yaml and --config."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for k, v in copy.deepcopy(layer).items():
+            out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def cfg(*ladders: dict[str, Any], **over: Any) -> dict[str, Any]:
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    blocks = list(ladders) or [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4]}]
+    return merged(base, {"site": SITE, "ladders": blocks}, over)
+
+
+def prepare(config: dict[str, Any], gpu_count: Any = no_gpu) -> tuple[wf.Ladder, str]:
+    log = io.StringIO()
+    return wf.prepare(config, SCHEMA, log=log, gpu_count=gpu_count), log.getvalue()
+
+
+def paths(ladder: wf.Ladder) -> list[str]:
+    return [s.path for s in ladder.rungs]
+
+
+def spec(path: str) -> RunSpec:
+    return RunSpec.from_path(path)
+
+
+# -- the ladder -----------------------------------------------------------------------------
+
+
+def test_a_block_is_its_full_cross_product_in_config_order() -> None:
+    block = {"models": ["vit-debug", "flava-debug"], "strategies": ["ddp", "fsdp-full"],
+             "precisions": ["fp32", "bf16-mixed"], "batches": [4, 8], "nodes": [1, 2]}
+    ladder, notes = prepare(cfg(block))
+    assert len(ladder.rungs) == 2 * 2 * 2 * 2 * 2 and not ladder.skipped and notes == ""
+    assert paths(ladder)[:3] == ["vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/ddp/fp32/pre-lag/n1/b8",
+                                 "vit-debug/ddp/fp32/pre-lag/n2/b4"]
+    assert set(paths(ladder)) == {f"{m}/{s}/{p}/pre-lag/n{n}/b{b}" for m in ("vit-debug", "flava-debug")
+                                  for s in ("ddp", "fsdp-full") for p in ("fp32", "bf16-mixed")
+                                  for n in (1, 2) for b in (4, 8)}
+    assert ladder.selected == ladder.rungs
+
+
+def test_blocks_are_joined_without_duplicates() -> None:
+    first = {"models": ["vit-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4]}
+    second = {"models": ["flava-debug", "vit-debug"], "strategies": ["fsdp-full"], "batches": [4]}
+    ladder, _ = prepare(cfg(first, second))
+    # the rung both blocks declare comes once, where the first block put it
+    assert paths(ladder) == ["vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/fsdp-full/fp32/pre-lag/n1/b4",
+                             "flava-debug/fsdp-full/fp32/pre-lag/n1/b4"]
+
+
+def test_knobs_multiply_fsdp_rungs_only() -> None:
+    block = {"models": ["vit-debug"], "strategies": ["ddp", "fsdp-full"], "knobs": ["pre-lag", "post-nolag"], "batches": [4]}
+    ladder, notes = prepare(cfg(block))
+    # DDP has no FSDP knobs: both settings collapse onto its one default-knob rung, silently
+    assert paths(ladder) == ["vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/fsdp-full/fp32/pre-lag/n1/b4",
+                             "vit-debug/fsdp-full/fp32/post-nolag/n1/b4"]
+    assert not ladder.skipped and notes == ""
+
+
+def test_max_batches_are_rungs_of_their_own() -> None:
+    ladder, _ = prepare(cfg({"models": ["vit-debug"], "strategies": ["fsdp-full-ac"], "batches": ["max", 4]}))
+    top = ladder.rungs[0]
+    assert top.batch == "max" and top.path == "vit-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax"
+    assert wf.rung_path(top) == "results/rungs/vit-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax.h5"
+    assert ladder.rungs[1].batch == 4
+
+
+def test_combinations_that_do_not_exist_are_skipped_with_the_reason() -> None:
+    block = {"models": ["vit-debug"], "strategies": ["single", "fsdp-hybrid8", "fsdp-hybrid2"], "batches": [4], "nodes": [1, 2]}
+    ladder, notes = prepare(cfg(block))  # 4 ranks per node
+    assert paths(ladder) == ["vit-debug/single/fp32/pre-lag/n1/b4", "vit-debug/fsdp-hybrid8/fp32/pre-lag/n2/b4",
+                             "vit-debug/fsdp-hybrid2/fp32/pre-lag/n1/b4", "vit-debug/fsdp-hybrid2/fp32/pre-lag/n2/b4"]
+    assert list(ladder.skipped) == [
+        "vit-debug/single/fp32/pre-lag/n2/b4: strategy 'single' runs in one process on one node",
+        "vit-debug/fsdp-hybrid8/fp32/pre-lag/n1/b4: hybrid group 8 does not divide the world size 4",
+    ]
+    assert notes.startswith("scaleladder: 2 combination(s) of the ladder do not exist and are skipped:\n  vit-debug/single/")
+    # and the aggregate records them
+    assert '"skipped": ["vit-debug/single/fp32/pre-lag/n2/b4: ' in wf.provenance_json(ladder)
+
+
+def test_expand_ladder_uses_the_world_the_site_launches() -> None:
+    block = {"models": ["vit-debug"], "strategies": ["fsdp-hybrid8"], "precisions": ["fp32"], "knobs": ["pre-lag"],
+             "nodes": [1], "batches": [4]}
+    assert [s.path for s in wf.expand_ladder([block], 8)[0]] == ["vit-debug/fsdp-hybrid8/fp32/pre-lag/n1/b4"]
+    assert wf.expand_ladder([block], 4)[0] == []
+
+
+def test_ranks_per_node_auto_is_every_gpu_else_cpu_ranks() -> None:
+    auto = {"ranks_per_node": "auto", "cpu_ranks": 3}
+    assert wf.resolve_ranks_per_node(auto, lambda: 0) == 3
+    assert wf.resolve_ranks_per_node(auto, lambda: 8) == 8
+    assert wf.resolve_ranks_per_node({"ranks_per_node": "auto"}, lambda: 0) == 2
+
+    def never() -> int:
+        raise AssertionError("a fixed ranks_per_node must not ask for GPUs (that imports torch)")
+
+    assert wf.resolve_ranks_per_node({"ranks_per_node": 8}, never) == 8
+    assert wf.ranks_of(spec("vit-debug/single/fp32/pre-lag/n1/b4"), 8) == 1  # the one-process reference
+    assert wf.rank_args(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), 8) == (16, 8)
+
+
+def test_select_keeps_some_rungs_and_the_targets_follow() -> None:
+    block = {"models": ["vit-debug", "flava-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4, "max"]}
+    ladder, _ = prepare(cfg(block, select={"models": ["flava-debug"], "batches": "max"}))
+    assert [s.path for s in ladder.selected] == ["flava-debug/ddp/fp32/pre-lag/n1/bmax", "flava-debug/fsdp-full/fp32/pre-lag/n1/bmax"]
+    assert wf.final_targets(ladder) == ["results/rungs/flava-debug/ddp/fp32/pre-lag/n1/bmax.h5",
+                                        "results/rungs/flava-debug/fsdp-full/fp32/pre-lag/n1/bmax.h5"]
+    assert len(ladder.rung_files) == 8  # the aggregate still knows the whole ladder
+    assert wf.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": "1, 2", "strategies": ["ddp"]})
+    assert not wf.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": 1})
+
+
+def test_without_select_the_targets_are_the_ladder_its_figures_and_report() -> None:
+    ladder, _ = prepare(cfg())
+    targets = wf.final_targets(ladder)
+    assert targets[:2] == ["results/ladder.h5", "results/report.html"]
+    assert "results/plots/pareto.png" in targets and "results/plots/pareto.pdf" in targets
+    assert len(targets) == 2 + 2 * len(wf.FIGURES) and "results/plots/fits.png" not in targets
+
+
+def test_wildcards_take_only_what_the_ladder_declares() -> None:
+    ladder, _ = prepare(cfg({"models": ["vit-debug"], "strategies": ["fsdp-full-ac", "ddp"], "batches": [4]}))
+    c = wf.wildcard_constraints(ladder.rungs)
+    assert re.fullmatch(c["model"], "vit-debug") and not re.fullmatch(c["model"], "vit-tiny")
+    assert re.fullmatch(c["strategy"], "fsdp-full-ac") and re.fullmatch(c["strategy"], "ddp")
+    assert not re.fullmatch(c["strategy"], "fsdp-full")  # not declared, although a valid name
+    assert re.fullmatch(c["knobs"], "pre-lag") and not re.fullmatch(c["knobs"], "post-nolag")
+    assert c["nodes"] == c["px"] == r"\d+" and "batch" not in c  # the rules constrain batch themselves
+
+
+def test_spec_of_reads_a_rules_wildcards() -> None:
+    w = SimpleNamespace(model="vit-debug", strategy="fsdp-hybrid2", precision="bf16-mixed", knobs="post-nolag", nodes="2", batch="max")
+    assert wf.spec_of(w).path == "vit-debug/fsdp-hybrid2/bf16-mixed/post-nolag/n2/bmax"
+
+
+def test_rung_data_is_the_shard_set_for_the_models_image_size() -> None:
+    assert wf.rung_inputs(spec("vit-debug/ddp/fp32/pre-lag/n1/b4"), "embedded") == ["results/shards/32px/manifest.json"]
+    assert wf.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "embedded") == ["results/shards/224px/manifest.json"]
+    assert wf.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == []
+    assert wf.rung_data_path(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == "synthetic"
+    assert wf.data_source({"data": {}}) == "embedded" and wf.data_source({"data": {"source": "synthetic"}}) == "synthetic"
+
+
+# -- the planner's routing ------------------------------------------------------------------
+
+PLANNED = {"models": ["vit-debug", "flava-10b"], "strategies": ["ddp"], "batches": [4]}
+
+
+def test_a_site_with_a_plan_device_records_rungs_that_cannot_fit() -> None:
+    ladder, notes = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, data={"source": "synthetic"}))
+    assert ladder.predicted_oom == {"flava-10b/ddp/fp32/pre-lag/n1/b4"}
+    assert ladder.rung_files == ["results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5",
+                                 "results/predicted/flava-10b/ddp/fp32/pre-lag/n1/b4.h5"]
+    assert "scaleladder: 1 rung(s) are predicted not to fit on a100-40gb" in notes
+    # the planner's own figures join the targets, and its rule and the search get the device
+    assert "results/plots/fits.png" in wf.final_targets(ladder) and wf.plan_figures(ladder.site) == ["fits", "predicted_vs_measured"]
+    big = spec("flava-10b/ddp/fp32/pre-lag/n1/b4")
+    assert wf.plan_args(ladder.config, ladder.ranks_per_node, big) == " --plan-device a100-40gb --ranks-per-node 4"
+    assert wf.plan_chart_args(ladder) == "--device a100-40gb --nodes 1 --gpus-per-node 4 --precision fp32"
+
+
+def test_without_a_plan_device_every_rung_runs() -> None:
+    ladder, notes = prepare(cfg(PLANNED, data={"source": "synthetic"}))
+    assert ladder.predicted_oom == frozenset() and "predicted" not in notes
+    assert all(f.startswith("results/rungs/") for f in ladder.rung_files)
+    assert wf.plan_figures(ladder.site) == [] and "results/plots/fits.png" not in wf.final_targets(ladder)
+    assert wf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")) == ""
+
+
+def test_run_predicted_oom_runs_them_and_tells_the_search() -> None:
+    # a --config string, as Snakemake passes it
+    ladder, _ = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, run_predicted_oom="true"))
+    assert ladder.predicted_oom == frozenset()
+    assert wf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")).endswith(" --run-predicted-oom")
+
+
+def test_plan_chart_shows_the_smallest_node_count_and_most_common_precision() -> None:
+    blocks = ({"models": ["vit-debug"], "strategies": ["ddp"], "precisions": ["bf16-mixed", "fp32"], "batches": [4, 8], "nodes": [2]},
+              {"models": ["vit-debug"], "strategies": ["fsdp-full"], "precisions": ["bf16-mixed"], "batches": [4], "nodes": [2, 4]})
+    ladder, _ = prepare(cfg(*blocks, site={"plan_device": "h100-80gb"}))
+    assert wf.plan_chart_args(ladder) == "--device h100-80gb --nodes 2 --gpus-per-node 4 --precision bf16-mixed"
+
+
+# -- the site's strings ---------------------------------------------------------------------
+
+
+def test_env_exports_quote_every_value_and_keep_shell_variables() -> None:
+    site = {"env": {"A": "x y", "B": "$HOME/cache", "N": 5, "F": "FALSE"}}
+    assert wf.env_exports(site) == 'export A="x y"; export B="$HOME/cache"; export N="5"; export F="FALSE"; '
+    assert wf.env_exports({"env": {}}) == wf.env_exports({}) == ""
+
+
+def test_launcher_fills_nodes_ranks_and_image_but_no_shell_braces() -> None:
+    site = {"launcher": "srun -N{nodes} -n{ranks} --per {ranks_per_node} {image} run", "image": "${IMG:-$PWD/a.sif}"}
+    assert wf.launcher(site, 8, spec("vit-base/fsdp-full/bf16-mixed/pre-lag/n2/b32")) == \
+        "srun -N2 -n16 --per 8 ${IMG:-$PWD/a.sif} run"
+    assert wf.launcher(site, 8, spec("vit-base/single/bf16-mixed/pre-lag/n1/b32")).startswith("srun -N1 -n1 ")
+    # without a rung (how a job calls scaleladder), {nodes} and {ranks} stay as they are
+    assert wf.fill("{image} sl {nodes}", site, 8) == "${IMG:-$PWD/a.sif} sl {nodes}"
+    assert wf.fill("{image} sl", {}, 8) == " sl"
+
+
+def test_prologue_runs_before_the_launcher_or_not_at_all() -> None:
+    s = spec("vit-base/ddp/fp32/pre-lag/n4/b8")
+    assert wf.prologue({"prologue": "srun -N{nodes} mkdir -p /tmp/x  "}, 8, s) == "srun -N4 mkdir -p /tmp/x; "
+    assert wf.prologue({"prologue": ""}, 8, s) == wf.prologue({}, 8, s) == ""
+
+
+def test_ranks_and_device_arguments() -> None:
+    assert wf.ranks_arg(spec("vit-base/ddp/fp32/pre-lag/n2/b8"), 8) == " --ranks-per-node 8"
+    assert wf.ranks_arg(spec("vit-base/single/fp32/pre-lag/n1/b8"), 8) == " --ranks-per-node 1"
+    assert wf.device_arg({"device": "cuda"}) == " --device cuda"
+    assert wf.device_arg({"device": "cpu"}) == " --device cpu"
+    assert wf.device_arg({"device": "auto"}) == wf.device_arg({}) == ""
+
+
+def test_the_device_argument_comes_from_the_sites_device() -> None:
+    ladder, _ = prepare(cfg(site={"device": "cuda"}))
+    assert wf.device_arg(ladder.site) == " --device cuda"
+    ladder, _ = prepare(cfg())
+    assert ladder.site["device"] == "auto" and wf.device_arg(ladder.site) == ""  # the schema's default
+
+
+def test_maxbatch_arguments_only_those_given() -> None:
+    assert wf.maxbatch_args({"site": {}, "maxbatch": {}}) == ""
+    assert wf.maxbatch_args({"site": {"max_batch_cap": 4}, "maxbatch": {"probe_warmup": 1, "max_retries": 2}}) == \
+        " --max-batch-cap 4 --max-retries 2 --probe-warmup 1"
+
+
+def test_shard_sources() -> None:
+    assert wf.shard_sources({"data": {"source": "embedded"}}) == ""
+    assert wf.shard_sources({"data": {"images": "im", "captions": "c.csv", "wds": ["a.tar", "b.tar"], "vocab": "v.txt"}}) == \
+        "--images im --captions c.csv --wds a.tar b.tar --vocab v.txt"
+
+
+def test_provenance_records_the_ladder_as_declared_with_defaults() -> None:
+    import json
+
+    ladder, _ = prepare(cfg(steps=4, warmup=1))
+    prov = json.loads(wf.provenance_json(ladder))
+    assert prov == {"site": "testsite", "ranks_per_node": 4, "steps": 4, "warmup": 1, "seed": 0, "skipped": [],
+                    "data": ladder.config["data"],
+                    "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4], "precisions": ["fp32"],
+                                 "knobs": ["pre-lag"], "nodes": [1]}]}
+    assert wf.provenance_json(ladder).startswith('{"data": ')  # sorted keys: one config, one string
+
+
+# -- --config strings -----------------------------------------------------------------------
+
+
+def test_config_strings_become_numbers_and_booleans_where_the_schema_wants_them() -> None:
+    c: dict[str, Any] = {
+        "run_predicted_oom": "True",
+        "site": {"ranks_per_node": "8", "cpu_ranks": "2", "max_nodes": "4", "supervisor_can_launch": "false", "name": "7"},
+        "maxbatch": {"max_retries": "1", "probe_steps": "-1"},
+        "ladders": [{"models": ["123"], "batches": ["8", "max"], "nodes": ["1", "2"]}, "not a block"],
+        "data": {"samples": "32", "per_shard": "16", "seed": "0", "source": "synthetic"},
+    }
+    wf.coerce_config_strings(c)
+    assert c["run_predicted_oom"] is True and c["site"]["supervisor_can_launch"] is False
+    assert c["site"] == {"ranks_per_node": 8, "cpu_ranks": 2, "max_nodes": 4, "supervisor_can_launch": False, "name": "7"}
+    assert c["maxbatch"] == {"max_retries": 1, "probe_steps": "-1"}  # only digits: the schema names '-1'
+    assert c["ladders"][0] == {"models": ["123"], "batches": [8, "max"], "nodes": [1, 2]}  # a name stays a name
+    assert c["data"] == {"samples": 32, "per_shard": 16, "seed": 0, "source": "synthetic"}
+    c = {"run_predicted_oom": "FALSE", "site": {"ranks_per_node": "auto"}}
+    wf.coerce_config_strings(c)
+    assert c == {"run_predicted_oom": False, "site": {"ranks_per_node": "auto"}}
+    assert wf.as_bool("maybe") == "maybe" and wf.as_bool(1) == 1 and wf.as_int("07") == 7 and wf.as_int(" 7") == " 7"
+
+
+def test_a_config_given_entirely_as_strings_validates() -> None:
+    strings = cfg({"models": ["vit-debug"], "strategies": ["ddp"], "batches": ["4", "max"], "nodes": ["1"]},
+                  steps="5", warmup="1", run_predicted_oom="false",
+                  site={"ranks_per_node": "2", "supervisor_can_launch": "true"}, maxbatch={"probe_steps": "3"})
+    # steps and warmup are not coerced (as before the move): the schema refuses them as strings
+    with pytest.raises(wf.ConfigError, match=r"config key 'steps': '5' is not of type 'integer'"):
+        prepare(strings)
+    strings["steps"], strings["warmup"] = 5, 1
+    ladder, _ = prepare(strings)
+    assert paths(ladder) == ["vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/ddp/fp32/pre-lag/n1/bmax"]
+    assert ladder.ranks_per_node == 2 and ladder.config["maxbatch"] == {"probe_steps": 3}
+
+
+# -- config errors name the key -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"ladders": [{"models": ["vit-tiny"], "strategies": ["ddp"], "batches": [4]}]},
+         "config key 'ladders[0].models[0]': unknown model 'vit-tiny'"),
+        ({"ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4]},
+                      {"models": ["vit-debug"], "strategies": ["zero3"], "batches": [4]}]},
+         "config key 'ladders[1].strategies[0]': unknown strategy 'zero3'"),
+        ({"ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "precisions": ["fp32", "fp8"], "batches": [4]}]},
+         "config key 'ladders[0].precisions[1]': unknown precision 'fp8'"),
+        ({"ladders": [{"models": ["vit-debug"], "strategies": ["fsdp-full"], "knobs": ["sideways"], "batches": [4]}]},
+         "config key 'ladders[0].knobs[0]': unknown FSDP knobs 'sideways'"),
+        ({"ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [0]}]},
+         "config key 'ladders[0].batches[0]': 0 is not valid under any of the given schemas"),
+        ({"steps": 2, "warmup": 2}, "config key 'warmup': warmup must be in [0, steps), got warmup=2 with steps=2"),
+        ({"steps": "abc"}, "config key 'steps': 'abc' is not of type 'integer'"),
+        ({"site": {"plan_device": "rtx4090"}}, "config key 'site.plan_device': unknown device 'rtx4090'; expected one of "),
+        ({"site": {"supervise": "sometimes"}}, "config key 'site.supervise': 'sometimes' is not one of ['launch', 'finalize']"),
+        ({"site": {"supervisor_can_launch": "false"}, "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4, "max"]}]},
+         "config key 'ladders[0].batches': 'max' needs a max-batch search, which starts the launcher itself, "
+         "but site 'testsite' has supervisor_can_launch: false"),
+        ({"site": {"max_nodes": "2"}, "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4], "nodes": [1, 4]}]},
+         "config key 'ladders[0].nodes': 4 nodes, but site 'testsite' launches on at most 2 (site.max_nodes)"),
+        ({"maxbatch": {"max_retries": "-1"}}, "config key 'maxbatch.max_retries': '-1' is not of type 'integer'"),
+        ({"maxbatch": {"probe_steps": 0}}, "config key 'maxbatch.probe_steps': 0 is less than the minimum of 1"),
+        ({"bogus": 1}, "config key '(top level)': Additional properties are not allowed ('bogus' was unexpected)"),
+        ({"run_predicted_oom": "maybe"}, "config key 'run_predicted_oom': 'maybe' is not of type 'boolean'"),
+    ],
+)
+def test_a_bad_config_fails_naming_the_key(over: dict[str, Any], message: str) -> None:
+    with pytest.raises(wf.ConfigError) as e:
+        prepare(cfg(**over))
+    assert str(e.value).startswith("invalid scaleladder config:\n  config key '")
+    assert message in str(e.value)
+
+
+def test_every_schema_error_is_named_at_once_sorted_by_key() -> None:
+    with pytest.raises(wf.ConfigError) as e:
+        prepare(cfg(steps="abc", workers=-1, site={"name": 3}))
+    assert str(e.value).splitlines() == [
+        "invalid scaleladder config:",
+        "  config key 'site.name': 3 is not of type 'string'",
+        "  config key 'steps': 'abc' is not of type 'integer'",
+        "  config key 'workers': -1 is less than the minimum of 0",
+    ]
+
+
+def test_without_a_site_the_error_points_to_the_profiles() -> None:
+    c = cfg()
+    del c["site"]
+    with pytest.raises(wf.ConfigError) as e:
+        prepare(c)
+    assert str(e.value).splitlines()[1:] == [
+        "  config key '(top level)': 'site' is a required property",
+        "  (the site and its ladder come from a profile: snakemake --profile profiles/<site>)",
+    ]
+
+
+def test_a_select_matching_no_rung_fails() -> None:
+    with pytest.raises(wf.ConfigError, match=r"^scaleladder: config key 'select' matches no rung of the ladder$"):
+        prepare(cfg(select={"models": ["vit-huge"]}))
+
+
+# -- one validation, with the schema's defaults ----------------------------------------------
+
+
+def test_validation_fills_the_schemas_defaults_once_everywhere() -> None:
+    c = {"site": dict(SITE), "steps": 3, "warmup": 1,
+         "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4]},
+                     {"models": ["vit-debug"], "strategies": ["fsdp-full"], "batches": [4], "precisions": ["bf16-mixed"]}]}
+    schema = wf.load_schema(SCHEMA)
+    pristine = copy.deepcopy(schema)
+    wf.validate_config(c, schema)
+    first, second = c["ladders"]
+    assert first == {"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4], "precisions": ["fp32"],
+                     "knobs": [DEFAULT_KNOBS], "nodes": [1]}
+    assert second["precisions"] == ["bf16-mixed"]  # given values are kept
+    assert c["site"] == dict(SITE, cpu_ranks=2, device="auto", plan_device="", image="", supervisor_can_launch=True,
+                             env={}, prologue="")
+    # a default object is filled in turn (data: {} -> its own defaults)
+    assert c["data"] == {"source": "embedded", "samples": 256, "per_shard": 64, "seed": 0}
+    assert (c["seed"], c["workers"], c["run_predicted_oom"], c["maxbatch"], c["select"]) == (0, 0, False, {}, {})
+    # TRAP: each default is a copy, not the schema's own object
+    assert schema == pristine
+    c2 = {"site": dict(SITE), "steps": 3, "warmup": 1, "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4]}]}
+    wf.validate_config(c2, schema)
+    assert c2["ladders"][0]["precisions"] is not first["precisions"]
+    first["precisions"].append("tf32")
+    assert c2["ladders"][0]["precisions"] == ["fp32"] and schema == pristine
+
+
+def test_the_schema_defaults_are_the_run_spec_defaults() -> None:
+    block = wf.load_schema(SCHEMA)["properties"]["ladders"]["items"]["properties"]
+    assert block["knobs"]["default"] == [DEFAULT_KNOBS] and str(parse_knobs(DEFAULT_KNOBS)) == DEFAULT_KNOBS
+    assert block["precisions"]["default"] == [RunSpec(model="vit-debug", strategy=parse_strategy("ddp")).precision]
+    assert block["nodes"]["default"] == [1]
+
+
+def test_the_rules_hold_no_logic_of_their_own() -> None:
+    """common.smk is the rules' glue only: every function in it is a line or two that calls
+    scaleladder.workflow, and no .smk file parses, validates or expands anything itself."""
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    functions = re.findall(r"^def (\w+)\(.*\):\n((?:    .*\n)+)", common, re.M)
+    assert len(functions) >= 7
+    for name, body in functions:
+        lines = [line for line in body.splitlines() if line.strip()]
+        # data_arg only reads its own rule's input (the shard manifest or nothing)
+        assert len(lines) <= 2 and ("swf." in body or name == "data_arg"), f"{name}:\n{body}"
+    for f in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
+        text = f.read_text()
+        for word in ("jsonschema", "itertools", "parse_strategy", "set_default", "setdefault(", "DEFAULT_KNOBS", "import torch"):
+            assert word not in text, f"{f.name} does {word}: that belongs in scaleladder.workflow"
+
+
+# -- every profile's DAG, pinned -------------------------------------------------------------
+
+# Jobs per rule of `snakemake --profile profiles/P -n --config data={source: synthetic}`
+# (with embedded data each also runs one shard job per image size: `SHARDS`). Recorded
+# before the workflow's logic moved into scaleladder.workflow and unchanged by it; a
+# change here is a change to a site's ladder and must be deliberate.
+PINNED: dict[str, dict[str, int]] = {
+    "local": {"rung": 9, "rung_max": 4, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 17},
+    "slurm-localhost": {"rung": 2, "rung_max": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 7},
+    "frontier": {"rung": 122, "predicted_oom": 61, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1,
+                 "total": 188},
+    "a100": {"rung": 12, "rung_max": 13, "predicted_oom": 11, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
+             "all": 1, "total": 41},
+}
+SHARDS = {"local": 2, "slurm-localhost": 1, "frontier": 1, "a100": 1}  # 32+64 px (debug flavors); 224 px
+
+
+def profile_config(profile: str, **over: Any) -> dict[str, Any]:
+    """The config Snakemake builds for ``--profile profiles/P``: config/config.yaml, the
+    profile's site.yaml over it, then --config."""
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    site = yaml.safe_load((REPO / "profiles" / profile / "site.yaml").read_text())
+    return merged(base, site, over)
+
+
+def rule_counts(ladder: wf.Ladder) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in ladder.rungs:
+        rule = "predicted_oom" if s.path in ladder.predicted_oom else ("rung_max" if s.batch == "max" else "rung")
+        counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("profile", sorted(PINNED))
+def test_each_profiles_ladder_as_the_module_sees_it(profile: str) -> None:
+    ladder, _ = prepare(profile_config(profile, data={"source": "synthetic"}))  # no GPU: 'auto' is 2 CPU ranks
+    pinned = {k: v for k, v in PINNED[profile].items() if k in ("rung", "rung_max", "predicted_oom")}
+    assert rule_counts(ladder) == pinned
+    sizes = {wf.rung_data_path(s, "embedded") for s in ladder.rungs}
+    assert len(sizes) == SHARDS[profile]
+
+
+def job_counts(out: str) -> dict[str, int]:
+    table = out[out.index("Job stats:"):]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.fixture(scope="module")
+def wf_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return workflow_copy(tmp_path_factory.mktemp("logic") / "wf")
+
+
+@pytest.mark.parametrize("profile", sorted(PINNED))
+def test_each_profiles_dry_run_plans_the_pinned_jobs(wf_copy: Path, profile: str) -> None:
+    out = snakemake(wf_copy, "--profile", f"profiles/{profile}", "-n", "--config", "data={source: synthetic}",
+                    SCALELADDER_SLURM_ACCOUNT="x").stdout
+    assert job_counts(out) == PINNED[profile]
+    embedded = job_counts(snakemake(wf_copy, "--profile", f"profiles/{profile}", "-n", SCALELADDER_SLURM_ACCOUNT="x").stdout)
+    assert embedded == dict(PINNED[profile], shard=SHARDS[profile], total=PINNED[profile]["total"] + SHARDS[profile])
