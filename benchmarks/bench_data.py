@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import io
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -42,15 +41,7 @@ from scaleladder.data.loader import make_loader
 from scaleladder.data.manifest import read_manifest
 from scaleladder.models.flavors import get_flavor
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from gpu_check import cpu_model  # benchmarks/ is on sys.path: this runs as a script beside it
 
 
 def _make_folder(folder: Path, n: int, size: int) -> int:
@@ -131,7 +122,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed windows per configuration (median and best are printed)")
     args = p.parse_args()
 
-    print(f"machine: {_cpu_name()}, {os.cpu_count()} CPU(s), torch {torch.__version__}, "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPU(s), torch {torch.__version__}, "
           f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, "
           f"load average {os.getloadavg()[0]:.2f} at start")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
