@@ -50,11 +50,23 @@ CASES = [
     ("flava-debug", "fsdp-grad-op", "bf16-mixed"), ("vit-debug", "fsdp-hybrid1", "fp32"),
     ("flava-debug", "fsdp-hybrid2", "bf16-true"), ("vit-debug", "fsdp-hybrid2-ac", "bf16-mixed"),
 ]
+# FSDP2 (fully_shard): per-parameter padded Shard(0) shards, trainable-only gradients.
+FSDP2_STRATEGIES = ("fsdp2-full", "fsdp2-grad-op", "fsdp2-hybrid1", "fsdp2-hybrid2", "fsdp2-full-ac")
+CASES += [
+    ("vit-debug", "fsdp2-full", "bf16-mixed"), ("flava-debug", "fsdp2-full", "fp32"),
+    ("flava-debug", "fsdp2-full-ac", "bf16-true"), ("vit-debug", "fsdp2-grad-op", "bf16-true"),
+    ("flava-debug", "fsdp2-grad-op", "bf16-mixed"), ("vit-debug", "fsdp2-hybrid1", "fp32"),
+    ("flava-debug", "fsdp2-hybrid2", "bf16-mixed"),
+]
 if os.environ.get("SCALELADDER_EXACT_FULL"):
-    CASES = [(f, s, p) for f in FLAVORS for s in STRATEGIES for p in PRECISIONS]
+    CASES = [(f, s, p) for f in FLAVORS for s in STRATEGIES + FSDP2_STRATEGIES for p in PRECISIONS]
 # Four ranks, HYBRID groups of two: the padding that tells the group from the world.
 CASES_4 = [("vit-debug", "fsdp-hybrid2", "fp32"), ("flava-debug", "fsdp-hybrid2-ac", "bf16-mixed")]
+# FSDP2 on four ranks: ceil(rows/4)-row padded shards (rows not divisible by 4 pad every rank),
+# and HSDP sharded over 2 of 4.
+CASES2_4 = [("vit-debug", "fsdp2-full", "fp32"), ("flava-debug", "fsdp2-hybrid2-ac", "bf16-mixed")]
 GATHER_STRATEGIES = ("fsdp-full", "fsdp-full-ac")
+GATHER_STRATEGIES_2 = ("fsdp2-full", "fsdp2-full-ac")
 
 
 # -- the worker (one process per rank) ------------------------------------------------------
@@ -71,7 +83,7 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     from scaleladder.rung.optim import make_optimizer
     from scaleladder.rung.ladder import apply_strategy
     from scaleladder.rung.precision import policy
-    from scaleladder.spec import Knobs, parse_strategy
+    from scaleladder.spec import default_knobs, parse_strategy
 
     flavor = get_flavor(flavor_name)
     prec = policy(precision)
@@ -80,7 +92,8 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     model = build_model(flavor, device)
     if prec.storage_dtype != torch.float32:
         model = model.to(dtype=prec.storage_dtype)  # as rung.run._train_and_record does
-    wrapped, _ = apply_strategy(model, parse_strategy(strategy_name), Knobs(), prec, device)
+    strategy = parse_strategy(strategy_name)
+    wrapped, _ = apply_strategy(model, strategy, default_knobs(strategy), prec, device)
     opt = make_optimizer(wrapped.parameters(), 1e-3, precision)  # as the runner builds it
     batch = synthetic_batch(flavor, 10, dist.get_rank(), 0, 0)
     if prec.storage_dtype != torch.float32:
@@ -90,10 +103,14 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     loss.backward()
     opt.step()  # measured before zero_grad: gradients are still there
 
+    from torch.distributed.tensor import DTensor
+
     def nbytes(tensors: Any) -> int:
         seen: dict[int, int] = {}
         for t in tensors:
-            if t is not None and t.numel() > 0:
+            if isinstance(t, DTensor):
+                t = t.to_local()  # FSDP2: the local shard (a narrow of its padded storage)
+            if t is not None and t.untyped_storage().nbytes() > 0:
                 st = t.untyped_storage()
                 seen[st.data_ptr()] = st.nbytes()
         return sum(seen.values())
@@ -111,7 +128,7 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     # Fused AdamW keeps each `step` counter, a 0-dim fp32 tensor, on the parameter's device: counted
     # (4 bytes each: storage; the planner's timeline counts the GPU allocator's 512-byte block).
     # bf16-true's MasterWeightAdamW also owns an fp32 master of every trainable (local) parameter.
-    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    state = [v.to_local() if isinstance(v, DTensor) else v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     assert all(t.dtype == torch.float32 for t in state)
     optim = nbytes([*state, *getattr(opt, "masters", [])])
     return {"params": params, "grads": grads, "optimizer": optim}
@@ -152,6 +169,38 @@ def _count_gathered_units(flavor_name: str, strategy: str) -> dict[str, int]:
     return {"max_gathered_in_backward": max(seen), "after_backward": gathered()}
 
 
+def _count_gathered_units_fsdp2(flavor_name: str, strategy: str) -> dict[str, int]:
+    """Max number of FSDP2 units (parameter groups) unsharded at once during backward."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    from scaleladder.models.build import build_model
+    from scaleladder.models.flavors import get_flavor
+    from scaleladder.rung.batches import synthetic_batch
+    from scaleladder.rung.ladder import apply_strategy
+    from scaleladder.rung.precision import policy
+    from scaleladder.spec import default_knobs, parse_strategy
+
+    flavor = get_flavor(flavor_name)
+    torch.manual_seed(0)
+    model = build_model(flavor, "cpu")
+    strat = parse_strategy(strategy)
+    wrapped, _ = apply_strategy(model, strat, default_knobs(strat), policy("fp32"), torch.device("cpu"))
+    groups = [g for m in wrapped.modules() if isinstance(m, FSDPModule)
+              for g in [m._get_fsdp_state()._fsdp_param_group] if g is not None]
+
+    def gathered() -> int:
+        return sum(int(g.is_unsharded) for g in groups)
+
+    seen: list[int] = []
+    for mod in wrapped.modules():
+        if isinstance(mod, model.layer_cls):
+            mod.register_full_backward_pre_hook(lambda m, g: seen.append(gathered()))
+    wrapped(synthetic_batch(flavor, 10, dist.get_rank(), 0, 0)).backward()
+    return {"max_gathered_in_backward": max(seen), "after_backward": gathered(), "units": len(groups)}
+
+
 def _worker() -> None:
     import torch.distributed as dist
 
@@ -161,10 +210,11 @@ def _worker() -> None:
     dist.init_process_group("gloo")
     out: dict[str, Any] = {}
     four = dist.get_world_size() == 4
-    for flavor, strategy, precision in CASES_4 if four else CASES:
+    for flavor, strategy, precision in CASES_4 + CASES2_4 if four else CASES:
         out[f"{flavor}/{strategy}/{precision}"] = _measure(flavor, strategy, precision)
     if not four:
         out["gathered"] = {s: _count_gathered_units("flava-debug", s) for s in GATHER_STRATEGIES}
+        out["gathered2"] = {s: _count_gathered_units_fsdp2("flava-debug", s) for s in GATHER_STRATEGIES_2}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, out)
     if dist.get_rank() == 0:
@@ -173,6 +223,12 @@ def _worker() -> None:
 
 
 # -- the test --------------------------------------------------------------------------------
+
+
+def _knobs(strategy: str) -> str:
+    from scaleladder.spec import default_knobs, parse_strategy
+
+    return str(default_knobs(parse_strategy(strategy)))
 
 
 def _run_ranks(n: int) -> list[dict[str, Any]]:
@@ -198,7 +254,7 @@ def test_static_bytes_match_real_tensors_per_rank(measured: list[dict[str, Any]]
     from scaleladder.plan import static_bytes_per_rank
     from scaleladder.spec import RunSpec
 
-    spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/pre-lag/n1/b10")
+    spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/{_knobs(strategy)}/n1/b10")
     for rank, per_rank in enumerate(measured):
         got = per_rank[f"{flavor}/{strategy}/{precision}"]
         assert static_bytes_per_rank(spec, 2, rank) == got, f"rank {rank}"
@@ -227,7 +283,7 @@ def test_hybrid_pads_to_the_shard_group_not_the_world(measured_4: list[dict[str,
     # The case discriminates: padded to the world (4), the root's chunk on 2 ranks would differ.
     root, align = inventory(flavor).root, aligned_numel(precision)
     assert flat_layout(root, align, 2).total != flat_layout(root, align, 4).total
-    spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/pre-lag/n1/b10")
+    spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/{_knobs(strategy)}/n1/b10")
     for rank, per_rank in enumerate(measured_4):
         assert static_bytes_per_rank(spec, 4, rank) == per_rank[f"{flavor}/{strategy}/{precision}"], f"rank {rank}"
 
@@ -242,6 +298,31 @@ def test_flava_layer_units_stay_gathered_between_the_two_passes(measured: list[d
     # reached by the masked pass's backward, none released by the unmasked pass's yet).
     assert g["max_gathered_in_backward"] == 1 + 2 * f.layers
     assert g["after_backward"] == 0
+
+
+
+
+@pytest.mark.parametrize("strategy", GATHER_STRATEGIES_2)
+def test_fsdp2_reshards_flava_layers_after_each_pass(measured: list[dict[str, Any]], strategy: str) -> None:
+    # FSDP2 registers its post-backward hook per forward CALL: each backward pass of a layer
+    # ends in a reshard (and a reduce-scatter). Unlike FSDP1, no pile-up between FLAVA's two
+    # passes: in backward only the root, the running layer and the one prefetched ahead.
+    g = measured[0]["gathered2"][strategy]
+    print(strategy, g)
+    assert g["max_gathered_in_backward"] <= 3
+    assert g["after_backward"] == 0
+
+
+
+@pytest.mark.parametrize("flavor,strategy,precision", CASES2_4)
+def test_fsdp2_static_bytes_on_four_ranks(measured_4: list[dict[str, Any]], flavor: str, strategy: str,
+                                          precision: str) -> None:
+    from scaleladder.plan import static_bytes_per_rank
+    from scaleladder.spec import RunSpec
+
+    spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/{_knobs(strategy)}/n1/b10")
+    for rank, per_rank in enumerate(measured_4):
+        assert static_bytes_per_rank(spec, 4, rank) == per_rank[f"{flavor}/{strategy}/{precision}"], f"rank {rank}"
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from scaleladder.models.flavors import FLAVORS
 from scaleladder.planner.memory import Device, predict
-from scaleladder.spec import DEFAULT_KNOBS, RunSpec, SpecError, parse_knobs, parse_strategy
+from scaleladder.spec import RunSpec, SpecError, default_knobs, parse_strategy
 
 # The ladder a fits table shows, cheapest-memory last.
-TABLE_STRATEGIES = ("single", "ddp", "fsdp-no-shard", "fsdp-hybrid2", "fsdp-grad-op", "fsdp-full", "fsdp-full-ac")
+TABLE_STRATEGIES = ("single", "ddp", "fsdp-no-shard", "fsdp-hybrid2", "fsdp-grad-op", "fsdp-full", "fsdp-full-ac",
+                    "fsdp2-grad-op", "fsdp2-full", "fsdp2-full-ac")  # FSDP2 at its default knobs (pf0)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def fits_table(device: str | Device, nodes: int, gpus_per_node: int, precision: 
             except SpecError as e:
                 cells.append(FitsCell(m, s, None, None, None, str(e)))
                 continue
-            spec = RunSpec(m, strat, precision, parse_knobs(DEFAULT_KNOBS), nodes, batch if batch is not None else "max")
+            spec = RunSpec(m, strat, precision, default_knobs(strat), nodes, batch if batch is not None else "max")
             p = predict(spec, world, gpus_per_node, device, data=data)
             fits = p.fits if batch is not None else p.max_batch is not None
             cells.append(FitsCell(m, s, fits, p.max_batch, p.peak_bytes))

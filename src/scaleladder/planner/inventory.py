@@ -50,6 +50,12 @@ class ParamInfo:
     numel: int
     trainable: bool  # requires grad once the ladder has frozen the codebook and the unused heads
     cast: bool  # autocast caches a low-precision copy (a trainable Linear/Conv weight or bias)
+    dim0: int = 0  # size of dim 0 (FSDP2 shards each parameter on it); 0: unknown, taken as numel (1-D)
+
+    @property
+    def rows(self) -> int:
+        """Rows along dim 0 (FSDP2's Shard(0)); a parameter of numel N has N // rows elements per row."""
+        return self.dim0 or self.numel
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,7 @@ def build_inventory(flavor: Flavor) -> Inventory:
             full = f"{mod_name}.{p_name}" if mod_name else p_name
             unit = _unit_of(full, layer_prefixes, codebook_prefix)
             trainable = unit != "codebook" and full not in unused
-            info = ParamInfo(full, p.numel(), trainable, trainable and id(p) in cast_ids)
+            info = ParamInfo(full, p.numel(), trainable, trainable and id(p) in cast_ids, int(p.shape[0]) if p.dim() else 1)
             if unit == "layer":
                 prefix = next(pre for pre in layer_prefixes if full.startswith(pre))
                 if prefix != current_layer:
@@ -213,7 +219,9 @@ def _table() -> dict[str, Any]:
 
 
 def _unit_from(kind: str, rows: list[list[Any]]) -> UnitLayout:
-    return UnitLayout(kind, tuple(ParamInfo(str(n), int(k), bool(t), bool(c)) for n, k, t, c in rows))
+    # Rows are [name, numel, trainable, cast, dim0] (dim0: FSDP2's shard dimension's size).
+    return UnitLayout(kind, tuple(ParamInfo(str(r[0]), int(r[1]), bool(r[2]), bool(r[3]), int(r[4]) if len(r) > 4 else 0)
+                                  for r in rows))
 
 
 def stored_inventory(flavor: Flavor) -> Inventory | None:
@@ -236,7 +244,7 @@ def table_of(flavors: list[Flavor]) -> dict[str, Any]:
     def ref(unit: UnitLayout | None, flavor: Flavor) -> str:
         if unit is None:
             return ""
-        rows = [[p.name, p.numel, p.trainable, p.cast] for p in unit.params]
+        rows = [[p.name, p.numel, p.trainable, p.cast, p.dim0] for p in unit.params]
         key = json.dumps(rows)
         if key not in ids:
             ids[key] = f"{flavor.name}/{unit.kind}"

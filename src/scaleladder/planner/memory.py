@@ -55,6 +55,7 @@ from scaleladder.planner.static import (
     aligned_numel,
     bytes_of,
     flat_layout,
+    fsdp2_padded,
     fsdp_param_bytes,
     local_counts,
     sharding,
@@ -250,6 +251,8 @@ class _Setup:
     local: LocalCounts  # what the busiest rank holds, in elements: the optimizer step's transients scale with it
     unit_full: dict[str, int]  # unsharded flat numel per unit kind ("root", "layer", "codebook")
     unit_chunk: dict[str, int]  # local chunk numel per unit kind
+    grad_full: dict[str, int]  # unsharded gradient numel per unit kind (FSDP1: the flat F; FSDP2: trainable params, padded)
+    grad_chunk: dict[str, int]  # its local chunk
     variant: Variant = RUNNER
     inputs: InputBatches = InputBatches(SYNTHETIC_POOL)
 
@@ -269,20 +272,30 @@ def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs
     passes = forward_passes(f, precision, strategy.ac, _lowp_params(shard.fsdp, precision, variant))
     full: dict[str, int] = {}
     chunk: dict[str, int] = {}
+    gfull: dict[str, int] = {}
+    gchunk: dict[str, int] = {}
     for u in (inv.root, inv.layer, inv.codebook):
         if u is None:
+            continue
+        if shard.fsdp2:
+            # No flat parameter: each parameter is padded to ceil(rows/g) rows per rank; the
+            # all-gather output and the unsharded parameters keep that padding (g × shard).
+            chunk[u.kind] = sum(fsdp2_padded(p, shard.group) for p in u.params)
+            gchunk[u.kind] = sum(fsdp2_padded(p, shard.group) for p in u.params if p.trainable)
+            full[u.kind], gfull[u.kind] = chunk[u.kind] * shard.group, gchunk[u.kind] * shard.group
             continue
         if shard.fsdp:
             lay = flat_layout(u, aligned_numel(precision), shard.pad_to)
             full[u.kind], chunk[u.kind] = lay.total, lay.chunk(shard)
         else:
             full[u.kind] = chunk[u.kind] = u.numel
+        gfull[u.kind], gchunk[u.kind] = full[u.kind], chunk[u.kind]
     # Fused AdamW's step counters are device tensors, each a whole allocator block; the
     # other implementations keep them on the host (not device memory at all).
     counter = ALLOC_BLOCK_BYTES if variant.adamw == "fused" else 0
     local = local_counts(inv, strategy, precision, world, counter_bytes=counter)
     return _Setup(inv, strategy, precision, knobs, world, passes, backward_order(f, passes),
-                  bytes_of(local, precision, counter), local, full, chunk, variant, inputs)
+                  bytes_of(local, precision, counter), local, full, chunk, gfull, gchunk, variant, inputs)
 
 
 def _simulate(st: _Setup, batch: int) -> _Timeline:
@@ -308,21 +321,43 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
     # Which units get all-gathered copies, and when.
     fsdp = shard.fsdp
     gathered = fsdp and (shard.sharded or pd != s)  # NO_SHARD gathers nothing unless it casts to bf16
-    keep_after_fwd = fsdp and shard.kind == "grad-op"  # SHARD_GRAD_OP does not reshard after forward
+    keep_after_fwd = fsdp and not shard.reshard_after_forward  # SHARD_GRAD_OP / fsdp2-grad-op keep units gathered
+    f2 = shard.fsdp2
+    pf = int(getattr(st.knobs, "prefetch_layers", 0)) if f2 else 0
     layer_copy = st.unit_full["layer"] * pd if gathered else 0.0
     root_copy = st.unit_full["root"] * pd if gathered else 0.0
     # Autocast's weight cache (single/DDP under bf16/fp16-mixed): a copy per trainable Linear/Conv.
     cast_layer = 2 * inv.layer.cast_numel if (mixed and not fsdp) else 0.0
     cast_root = 2 * inv.root.cast_numel if (mixed and not fsdp) else 0.0
-    inflight_fwd = (2 if st.knobs.limit_all_gathers else 4) + (1 if st.knobs.forward_prefetch else 0)
-    prefetch_bwd = layer_copy if (gathered and not keep_after_fwd and st.knobs.backward_prefetch != "none") else 0.0
+    if f2:
+        # FSDP2: a layer's unsharded parameters while it runs, plus the flat all-gather
+        # outputs of the pf layers prefetched explicitly (pf0: none in forward, FSDP2 gathers
+        # each unit when it is called). At the copy-out (foreach_all_gather_copy_out) the
+        # unit's own flat all-gather output and its per-parameter unsharded tensors coexist
+        # (one more copy): a separate, activation-free moment below.
+        inflight_fwd = 1 + pf
+        # Backward: FSDP2's implicit prefetch gathers the previous unit (one); pf2 two.
+        prefetch_bwd = max(1, pf) * layer_copy if (gathered and not keep_after_fwd) else 0.0
+    else:
+        inflight_fwd = (2 if st.knobs.limit_all_gathers else 4) + (1 if st.knobs.forward_prefetch else 0)
+        prefetch_bwd = layer_copy if (gathered and not keep_after_fwd and st.knobs.backward_prefetch != "none") else 0.0
+    copy_out = layer_copy if f2 else 0.0  # FSDP2's flat all-gather output, alive during the copy-out
 
     # -- forward --------------------------------------------------------------------------
+    if f2:
+        tl.point("forward:gather-root", buffers=2 * root_copy)  # the root's flat output + its unsharded params
     tl.add("buffers", root_copy + cast_root)
     if f.family == "flava" and inv.codebook is not None:
         cb_copy = st.unit_full["codebook"] * pd if gathered else 0.0
+        if f2:
+            tl.point("forward:gather-codebook", buffers=2 * cb_copy)
         tl.point("codebook", activations=B * codebook_transient(f, d), buffers=cb_copy)
+        cb_keep = f2 and gathered
+        if cb_keep and keep_after_fwd:
+            tl.add("buffers", cb_copy)  # fsdp2-grad-op: not resharded after its forward
+    cb_keep, cb_copy = False, 0.0
     seen_fwd: set[int] = set()
+    seen_copy: set[int] = set()
     held = 0.0
     for p in st.passes:
         for c in p:
@@ -335,7 +370,12 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
             if c.is_layer and gathered and not keep_after_fwd:
                 extra = inflight_fwd * layer_copy
             elif c.is_layer and keep_after_fwd:
-                extra = layer_copy  # the next unit, prefetched/gathered while this one runs
+                extra = layer_copy * (max(1, pf) if f2 else 1)  # the next unit(s), prefetched/gathered while this one runs
+            if c.is_layer and f2 and gathered and c.unit is not None and (c.unit not in seen_copy or not keep_after_fwd):
+                # The copy-out, before the layer computes: its flat all-gather output and
+                # its unsharded parameters (and whatever is prefetched) side by side.
+                tl.point(f"forward:gather-{c.name}", buffers=extra + copy_out)
+                seen_copy.add(c.unit)
             tl.point(f"forward:{c.name}", activations=B * c.fwd_transient, buffers=extra)
             tl.add("activations", B * (c.saved + c.held))
             held += B * c.held
@@ -353,11 +393,24 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
     per_call = fsdp and st.strategy.ac and not st.variant.gather_across_passes and not keep_after_fwd
     touched: set[int | None] = set()
     reduced: set[int | None] = set()
+    resharded: set[int | None] = set()
+    rd = s  # FSDP2's reduce dtype: fp32 for the mixed precisions and fp32, bf16 under bf16-true
+    rs_held = [0.0]  # FSDP2 keeps the last reduce-scatter input alive until the next unit's reduce
 
     def span_start(unit: int | None) -> None:
         kind = "root" if unit is None else "layer"
         u = inv.root if unit is None else inv.layer
-        if fsdp:
+        if f2:
+            if unit is not None and gathered and (not keep_after_fwd or unit in resharded):
+                tl.add("buffers", layer_copy)  # all-gathered again for this backward pass
+                tl.point(f"backward:gather-{kind}", buffers=copy_out + prefetch_bwd)
+            if u.requires_grad and unit not in touched:
+                # Unsharded gradients, in param_dtype, from the unit's FIRST backward pass: the
+                # unsharded parameter is one autograd leaf for both of FLAVA's passes, so autograd
+                # holds the first pass's gradient until the second's arrives (AccumulateGrad runs
+                # once), and the reduce-scatter happens once, at the last pass.
+                tl.add("grads", st.grad_full[kind] * pd)
+        elif fsdp:
             if unit is not None and gathered and not keep_after_fwd:
                 tl.add("buffers", layer_copy)  # all-gathered again for backward
             if u.requires_grad:
@@ -366,9 +419,25 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
             tl.add("grads", u.trainable_numel * s)
         touched.add(unit)
 
-    def span_end(unit: int | None) -> None:
+    def span_end(unit: int | None, final: bool = True) -> None:
         kind = "root" if unit is None else "layer"
         u = inv.root if unit is None else inv.layer
+        if f2:
+            if u.requires_grad and final:
+                # foreach_reduce: copy the unsharded gradients into a new flat reduce-scatter
+                # input (reduce dtype, padded), reduce-scatter into a new output of one shard
+                # (it becomes the sharded gradient, or is added to it and freed); the previous
+                # unit's input is still held.
+                rs_in, rs_out = st.grad_full[kind] * rd, st.grad_chunk[kind] * rd
+                tl.point(f"backward:reduce-{kind}", buffers=rs_in + rs_out)
+                tl.add("grads", -st.grad_full[kind] * pd + (0 if unit in reduced else st.grad_chunk[kind] * s))
+                tl.add("buffers", rs_in - rs_held[0])
+                rs_held[0] = rs_in
+                reduced.add(unit)
+            if unit is not None and gathered:
+                tl.add("buffers", -layer_copy)
+                resharded.add(unit)
+            return
         if fsdp:
             if u.requires_grad:
                 comm = (st.unit_full[kind] * 4 if pd < 4 else 0) + (st.unit_chunk[kind] * 4 if shard.sharded else 0)
@@ -380,15 +449,39 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
         elif unit is not None:
             tl.add("buffers", -cast_layer)
 
+    # FSDP2: a unit's post-backward hook is registered per forward CALL (on its inputs), so
+    # each backward pass of a unit ends with a reshard and a reduce-scatter (accumulated into
+    # the sharded gradient); FLAVA's second pass gathers it again. A span is a run of
+    # consecutive backward calls of one unit.
+    open_f2: set[int | None] = set()
     for i, c in enumerate(order):
         unit = c.unit if c.is_layer else None
-        if unit not in touched or (per_call and unit is not None):
+        if f2:
+            if unit is not None and unit not in open_f2:
+                span_start(unit)
+                open_f2.add(unit)
+            elif unit is None and unit not in touched:
+                span_start(None)
+            touched.add(unit)
+        elif unit not in touched or (per_call and unit is not None):
             span_start(unit)
         tl.point(f"backward:{c.name}", activations=B * c.bwd_transient, buffers=prefetch_bwd if c.is_layer else 0.0)
         tl.add("activations", -B * (c.saved))
-        if unit is not None and (per_call or last[unit] == i):
+        if f2:
+            nxt = order[i + 1] if i + 1 < len(order) else None
+            if unit is not None and (nxt is None or not nxt.is_layer or nxt.unit != unit):
+                span_end(unit, final=last[unit] == i)  # earlier passes only reshard
+                open_f2.discard(unit)
+        elif unit is not None and (per_call or last[unit] == i):
             span_end(unit)
+    if f2 and cb_keep:
+        # FSDP2's implicit backward prefetch of the first image layer targets the unit before
+        # it in forward order, the frozen codebook, which never runs backward: gathered until
+        # the end of backward (under fsdp2-grad-op it was never resharded after its forward).
+        tl.add("buffers", cb_copy if not keep_after_fwd else 0.0)
     span_end(None)
+    if f2:
+        tl.add("buffers", -rs_held[0] - (cb_copy if cb_keep else 0.0))  # the root's final callback waits for and frees the last reduce
     tl.add("buffers", -(root_copy + cast_root))
     if fsdp:
         # Units that never ran backward (the frozen codebook) hold no gradient; all others'

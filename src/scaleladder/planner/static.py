@@ -13,6 +13,11 @@ before ``zero_grad``), for the runner's exact setup (``rung/ladder.py``, ``rung/
   a multiple of the process group's size — the shard group for HYBRID, the whole
   world for FULL/SHARD_GRAD_OP *and NO_SHARD*. A sharded strategy keeps chunk
   ``r`` of ``F/g`` elements; NO_SHARD keeps all ``F``.
+* FSDP2 (``fully_shard``): no flat parameter. Every parameter is a DTensor sharded on
+  dim 0 over the shard group (the world; g ranks for ``fsdp2-hybrid<g>``); each rank
+  allocates a PADDED shard of ceil(rows/g) rows of every parameter (see
+  :func:`fsdp2_padded`), gradients alike for the trainable ones, AdamW state over the
+  real (unpadded) local rows (:func:`_fsdp2_local_counts`).
 
   - params: the local chunk, padding and frozen parameters included;
   - grads: the local chunk of the flat gradient — also padding and frozen parts,
@@ -48,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaleladder.planner.inventory import Inventory, UnitLayout, inventory
+from scaleladder.planner.inventory import Inventory, ParamInfo, UnitLayout, inventory
 from scaleladder.spec import RunSpec, SpecError, Strategy
 
 ALIGN_BYTES = 16  # torch.distributed.fsdp._flat_param._get_aligned_numel
@@ -90,9 +95,10 @@ def fsdp_param_bytes(precision: str) -> int:
 class Sharding:
     """How FSDP splits a unit: over how many ranks, and whether at all."""
 
-    kind: str  # "none" (single/ddp), "no-shard", "full", "grad-op", "hybrid"
+    kind: str  # "none" (single/ddp), "no-shard", "full", "grad-op", "hybrid"; FSDP2: "fsdp2-<sharding>"
     group: int  # ranks that split one replica (1 when nothing is split)
-    pad_to: int  # the process-group size the flat parameter is padded to
+    pad_to: int  # the process-group size the flat parameter is padded to (FSDP1; 1 for FSDP2)
+    fsdp2: bool = False  # fully_shard: every parameter sharded on its own (see fsdp2_local)
 
     @property
     def fsdp(self) -> bool:
@@ -100,11 +106,25 @@ class Sharding:
 
     @property
     def sharded(self) -> bool:
-        return self.kind in ("full", "grad-op", "hybrid")
+        return self.fsdp2 or self.kind in ("full", "grad-op", "hybrid")
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """Are a layer unit's parameters freed after its forward (all but SHARD_GRAD_OP / fsdp2-grad-op)?"""
+        return self.kind not in ("grad-op", "fsdp2-grad-op")
 
 
 def sharding(strategy: Strategy, world: int) -> Sharding:
     strategy.check_world(world)
+    # torch.compile (fused kernels, fewer saved activations) is not modelled yet: modelled
+    # as eager it would give plausible, wrong numbers. One line, exit 2 (`scaleladder plan`).
+    if strategy.compile:
+        raise SpecError(f"the planner does not model torch.compile yet: no prediction for {str(strategy)!r}")
+    if strategy.is_fsdp2:
+        # fully_shard always shards, over the mesh's shard dimension: the world, or the g
+        # ranks of an HSDP row (hybrid1 included: shards of the whole parameter, replicated).
+        g = int(strategy.group or 1) if strategy.sharding == "hybrid" else world
+        return Sharding("fsdp2-" + str(strategy.sharding), g, 1, fsdp2=True)
     if not strategy.is_fsdp:
         return Sharding("none", 1, 1)
     if strategy.sharding == "hybrid" and strategy.group == 1:
@@ -185,6 +205,8 @@ def local_counts(inv: Inventory, strategy: Strategy, precision: str, world: int,
     if not shard.fsdp:
         tensors = sum(1 for u in inv.units() for p in u.params if p.trainable)
         return LocalCounts(inv.numel, inv.trainable_numel, inv.trainable_numel, tensors)
+    if shard.fsdp2:
+        return _fsdp2_local_counts(inv, shard, precision, rank, counter_bytes)
     ranks = range(shard.group) if rank is None else [rank % shard.group]
     align = aligned_numel(precision)
     # Every layer unit has the same layout, hence the same chunk boundaries: count each
@@ -207,6 +229,55 @@ def local_counts(inv: Inventory, strategy: Strategy, precision: str, world: int,
             best = cur
     assert best is not None
     return best
+
+
+def fsdp2_padded(p: ParamInfo, g: int) -> int:
+    """Elements of ``p``'s padded FSDP2 shard: ceil(rows / g) rows, on EVERY rank.
+
+    torch 2.14 ``FSDPParam._init_sharded_param``: ``chunks = _chunk_with_empty(param, g,
+    dim=0)``; ``padded_sharded_size = chunks[0].size()`` ("0th always padded");
+    ``padded_sharded_param = param_data.new_zeros(padded_sharded_size)`` and the local
+    shard is copied into its front; ``_sharded_param_data`` is that padded storage and the
+    DTensor's local tensor a ``narrow`` of it. So every rank ALLOCATES ceil(rows/g) rows of
+    every parameter, even a rank whose real chunk is short or empty (a (1, N, H) position
+    embedding is held whole by every rank). The reduce-scatter output, hence the sharded
+    gradient, is laid out with the same padded sizes (``foreach_reduce``).
+    """
+    rows = p.rows
+    return -(-rows // g) * (p.numel // rows)
+
+
+def fsdp2_real(p: ParamInfo, g: int, index: int) -> int:
+    """Elements of ``p`` that really belong to shard ``index`` (what ``to_local()``'s shape says)."""
+    rows = p.rows
+    per = -(-rows // g)
+    return max(0, min(per, rows - index * per)) * (p.numel // rows)
+
+
+def _fsdp2_local_counts(inv: Inventory, shard: Sharding, precision: str, rank: int | None,
+                        counter_bytes: int) -> LocalCounts:
+    """FSDP2 (``fully_shard``): per-parameter Shard(0), no flat parameter, no alignment.
+
+    * params: the padded shard of every parameter (:func:`fsdp2_padded`), frozen ones too;
+    * grads: the padded shard of every TRAINABLE parameter only — FSDP2 reduce-scatters the
+      parameters that have a gradient (FSDP1 reduces its whole flat gradient, frozen
+      parts included);
+    * optimizer: AdamW's states are ``zeros_like`` of the DTensor, i.e. of the local
+      (narrowed, unpadded) tensor: the real elements of this rank's chunk; bf16-true's
+      masters are ``to_local().float()``, the same. One step counter per trainable
+      parameter, even one whose local chunk is empty (it still gets a DTensor gradient).
+    """
+    g = shard.group
+    counts: dict[UnitLayout, int] = {}
+    for u in inv.units():
+        counts[u] = counts.get(u, 0) + 1
+    params = sum(n * sum(fsdp2_padded(p, g) for p in u.params) for u, n in counts.items())
+    grads = sum(n * sum(fsdp2_padded(p, g) for p in u.params if p.trainable) for u, n in counts.items())
+    tensors = sum(n * sum(1 for p in u.params if p.trainable) for u, n in counts.items())
+    ranks = range(g) if rank is None else [rank % g]
+    trainable = max(sum(n * sum(fsdp2_real(p, g, r) for p in u.params if p.trainable) for u, n in counts.items())
+                    for r in ranks)  # rank 0 holds the most: every chunk of it is full
+    return LocalCounts(params, grads, trainable, tensors)
 
 
 def static_bytes_for(inv: Inventory, strategy: Strategy, precision: str, world: int, rank: int | None = None,
