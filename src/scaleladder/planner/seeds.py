@@ -175,5 +175,31 @@ def tables() -> str:
     return "\n".join(out)
 
 
+# FSDP1 against FSDP2 (docs/planner.md, "FSDP2 against FSDP1"): the seeds' flavors, 8 ranks.
+FSDP2_CASES = (("flava-2.7b", "a100-40gb", 8), ("flava-4.8b", "a100-40gb", 4), ("flava-10b", "a100-40gb", 1),
+               ("vit-3b", "mi250x-gcd", 32), ("vit-5b", "mi250x-gcd", 32), ("vit-15b", "mi250x-gcd", 8))
+
+
+def fsdp2_table() -> str:
+    """Per-GPU peak / required GiB, fsdp-full vs fsdp2-full (default knobs), with and without AC."""
+    from scaleladder.planner.memory import GIB, predict
+    from scaleladder.spec import RunSpec, default_knobs
+
+    def cell(model: str, strat: str, dev: str, b: int) -> str:
+        st = parse_strategy(strat)
+        p = predict(RunSpec(model, st, "bf16-mixed", default_knobs(st), 1, b), 8, 8, dev)
+        return f"{p.peak_bytes / GIB:.1f} / {p.required_bytes / GIB:.1f} {'fits' if p.fits else '**OOM**'} (max {p.max_batch or '-'})"
+
+    out = [_row(["model", "device", "local batch", "AC", "fsdp-full: peak / required GiB", "fsdp2-full: peak / required GiB"]),
+           _row(["---"] * 6)]
+    for model, dev, b in FSDP2_CASES:
+        for ac in ("", "-ac"):
+            out.append(_row([model, f"8 × {dev}", str(b), "yes" if ac else "no",
+                             *(cell(model, f"{w}-full{ac}", dev, b) for w in ("fsdp", "fsdp2"))]))
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    print(tables())
+    import sys
+
+    print(fsdp2_table() if sys.argv[1:] == ["--fsdp2"] else tables())
