@@ -449,3 +449,50 @@ def test_predicted_vs_measured_plot_from_rung_files(tmp_path: Path) -> None:
     out = tmp_path / "vs.png"
     assert cli(["plan", "--vs-measured", str(out), "--device", A100, "--rungs", str(ok)]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+# -- FSDP2 ---------------------------------------------------------------------------------------
+
+
+def test_fsdp2_pads_every_rank_to_ceil_rows_and_has_no_flat_padding() -> None:
+    from scaleladder.planner.static import fsdp2_padded, fsdp2_real
+
+    cls = ParamInfo("cls_token", 768, True, False, 1)  # (1, 1, 768): every rank allocates it whole
+    assert [fsdp2_padded(cls, 8)] * 2 == [768, 768]
+    assert [fsdp2_real(cls, 8, r) for r in range(8)] == [768] + [0] * 7
+    w = ParamInfo("fc1.weight", 10 * 4, True, True, 10)  # 10 rows of 4 on 4 ranks: 3, 3, 3, 1
+    assert fsdp2_padded(w, 4) == 12
+    assert [fsdp2_real(w, 4, r) for r in range(4)] == [12, 12, 12, 4]
+    assert [fsdp2_real(w, 8, r) for r in range(8)] == [8] * 5 + [0] * 3
+    bias = ParamInfo("b", 7, True, True)  # dim0 unknown (0): taken as 1-D
+    assert fsdp2_padded(bias, 2) == 4
+
+
+def test_fsdp2_static_bytes_rank0_is_the_largest_and_hybrid_shards_over_the_group() -> None:
+    full = spec("vit-3b/fsdp2-full/bf16-mixed/pf0/n1/b8")
+    per_rank = [static_bytes_per_rank(full, 8, r) for r in range(8)]
+    assert static_bytes_per_rank(full, 8) == per_rank[0]
+    hyb = static_bytes_per_rank(spec("vit-3b/fsdp2-hybrid2/bf16-mixed/pf0/n1/b8"), 8)
+    assert hyb["params"] == static_bytes_per_rank(spec("vit-3b/fsdp2-full/bf16-mixed/pf0/n1/b8"), 2)["params"]
+    # Within a few padded rows of FSDP1's flat chunk.
+    fsdp1 = static_bytes_per_rank(spec("vit-3b/fsdp-full/bf16-mixed/pre-lag/n1/b8"), 8)
+    assert abs(per_rank[0]["params"] - fsdp1["params"]) < 0.01 * fsdp1["params"]
+
+
+def test_fsdp2_prefetch_and_grad_op_cost_memory_and_compile_is_refused() -> None:
+    peaks = {k: predict(spec(f"vit-5b/{s}/bf16-mixed/{k}/n1/b8"), 8, 8, "mi250x-gcd").peak_bytes
+             for s, k in (("fsdp2-full", "pf0"), ("fsdp2-full", "pf1"), ("fsdp2-full", "pf2"))}
+    assert peaks["pf0"] <= peaks["pf1"] < peaks["pf2"]
+    grad_op = predict(spec("vit-5b/fsdp2-grad-op/bf16-mixed/pf0/n1/b8"), 8, 8, "mi250x-gcd").peak_bytes
+    assert grad_op > peaks["pf0"]
+    with pytest.raises(SpecError, match="torch.compile"):
+        predict(spec("vit-5b/fsdp2-full-compile/bf16-mixed/pf0/n1/b8"), 8, 8, "mi250x-gcd")
+
+
+def test_fsdp2_fits_flava_10b_on_a100_40gb_with_non_reentrant_ac_where_fsdp1_does_not() -> None:
+    # FSDP2 reshards FLAVA's layers between the two passes (only the first pass's unsharded
+    # gradients pile up); FSDP1 keeps parameters and gradients gathered (docs/planner.md).
+    f1 = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b1"), 8, 8, "a100-40gb")
+    f2 = predict(spec("flava-10b/fsdp2-full-ac/bf16-mixed/pf0/n1/b1"), 8, 8, "a100-40gb")
+    assert not f1.fits and f2.fits
+    assert f1.peak_bytes - f2.peak_bytes > 10 * 2**30

@@ -23,6 +23,13 @@ optimizer fused AdamW updates in place: nothing extra, except under bf16-true, w
           element, freed once the masters are rounded back into the bf16 parameters).
           (The seeds' optimizers, as Variants: foreach AdamW's ``sqrt(v)`` for every
           state at once; the for-loop AdamW's two temporaries of its largest tensor.)
+FSDP2     (``fsdp2-*``, the ``f2`` branches) as FSDP1 but: padded per-parameter sizes (no flat
+          parameter); a copy-out moment per gathered unit (flat all-gather output + the
+          unsharded parameters); ``pf`` explicit prefetch in forward, max(1, pf) in backward;
+          a unit regathered and resharded per backward PASS, its unsharded gradient (param
+          dtype) held from its first pass to its last, reduced once; the fp32 reduce-scatter
+          input kept until the next unit's reduce; FLAVA's codebook regathered in backward.
+          See docs/planner.md, "FSDP2".
 step start a loader's next batch is copied to the device while the previous one is
           still referenced (never the peak in practice, but counted).
 
@@ -62,7 +69,7 @@ from scaleladder.planner.static import (
     step_transient_bytes,
     storage_bytes,
 )
-from scaleladder.spec import Knobs, RunSpec, SpecError, Strategy
+from scaleladder.spec import AnyKnobs, Fsdp2Knobs, Knobs, RunSpec, SpecError, Strategy
 
 GIB = 2**30
 
@@ -243,7 +250,7 @@ class _Setup:
     inv: Inventory
     strategy: Strategy
     precision: str
-    knobs: Knobs
+    knobs: AnyKnobs  # FSDP1's Knobs, or Fsdp2Knobs for fsdp2-*
     world: int
     passes: list[list[Call]]
     backward: list[Call]
@@ -262,7 +269,7 @@ def _lowp_params(fsdp: bool, precision: str, variant: Variant) -> bool:
     return fsdp and (variant.gathered_param_bytes or fsdp_param_bytes(precision)) < storage_bytes(precision)
 
 
-def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: Knobs, world: int,
+def _setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: AnyKnobs, world: int,
            variant: Variant = RUNNER, inputs: InputBatches = InputBatches(SYNTHETIC_POOL)) -> _Setup:
     f = get_flavor(model) if isinstance(model, str) else model
     inv = inventory(f)
@@ -323,7 +330,8 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
     gathered = fsdp and (shard.sharded or pd != s)  # NO_SHARD gathers nothing unless it casts to bf16
     keep_after_fwd = fsdp and not shard.reshard_after_forward  # SHARD_GRAD_OP / fsdp2-grad-op keep units gathered
     f2 = shard.fsdp2
-    pf = int(getattr(st.knobs, "prefetch_layers", 0)) if f2 else 0
+    pf = st.knobs.prefetch_layers if isinstance(st.knobs, Fsdp2Knobs) else 0
+    k1 = st.knobs if isinstance(st.knobs, Knobs) else Knobs()  # FSDP1's knobs (defaults elsewhere)
     layer_copy = st.unit_full["layer"] * pd if gathered else 0.0
     root_copy = st.unit_full["root"] * pd if gathered else 0.0
     # Autocast's weight cache (single/DDP under bf16/fp16-mixed): a copy per trainable Linear/Conv.
@@ -339,8 +347,8 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
         # Backward: FSDP2's implicit prefetch gathers the previous unit (one); pf2 two.
         prefetch_bwd = max(1, pf) * layer_copy if (gathered and not keep_after_fwd) else 0.0
     else:
-        inflight_fwd = (2 if st.knobs.limit_all_gathers else 4) + (1 if st.knobs.forward_prefetch else 0)
-        prefetch_bwd = layer_copy if (gathered and not keep_after_fwd and st.knobs.backward_prefetch != "none") else 0.0
+        inflight_fwd = (2 if k1.limit_all_gathers else 4) + (1 if k1.forward_prefetch else 0)
+        prefetch_bwd = layer_copy if (gathered and not keep_after_fwd and k1.backward_prefetch != "none") else 0.0
     copy_out = layer_copy if f2 else 0.0  # FSDP2's flat all-gather output, alive during the copy-out
 
     # -- forward --------------------------------------------------------------------------
