@@ -338,18 +338,20 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
     cast_layer = 2 * inv.layer.cast_numel if (mixed and not fsdp) else 0.0
     cast_root = 2 * inv.root.cast_numel if (mixed and not fsdp) else 0.0
     if f2:
-        # FSDP2: a layer's unsharded parameters while it runs, plus the flat all-gather
-        # outputs of the pf layers prefetched explicitly (pf0: none in forward, FSDP2 gathers
-        # each unit when it is called). At the copy-out (foreach_all_gather_copy_out) the
-        # unit's own flat all-gather output and its per-parameter unsharded tensors coexist
-        # (one more copy): a separate, activation-free moment below.
-        inflight_fwd = 1 + pf
+        # FSDP2: foreach_all_gather gathers into ONE flat output, copied out into per-parameter
+        # unsharded tensors. In forward, FSDP2 keeps that flat output (all_gather_state) until
+        # the NEXT unit's wait_for_unshard, to overlap the copy-out with the next all-gather
+        # (torch 2.14 FSDPParamGroup.wait_for_unshard): while a layer runs, its unsharded
+        # parameters AND its flat output, plus the flat outputs of the pf layers prefetched
+        # explicitly (pf0: none; FSDP2 gathers each unit when it is called).
+        inflight_fwd = 2 + pf
         # Backward: FSDP2's implicit prefetch gathers the previous unit (one); pf2 two.
         prefetch_bwd = max(1, pf) * layer_copy if (gathered and not keep_after_fwd) else 0.0
     else:
         inflight_fwd = (2 if k1.limit_all_gathers else 4) + (1 if k1.forward_prefetch else 0)
         prefetch_bwd = layer_copy if (gathered and not keep_after_fwd and k1.backward_prefetch != "none") else 0.0
-    copy_out = layer_copy if f2 else 0.0  # FSDP2's flat all-gather output, alive during the copy-out
+    # Backward frees the flat output right after the copy-out: a moment of one more copy.
+    copy_out = layer_copy if f2 else 0.0
 
     # -- forward --------------------------------------------------------------------------
     if f2:
@@ -365,7 +367,6 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
             tl.add("buffers", cb_copy)  # fsdp2-grad-op: not resharded after its forward
     cb_keep, cb_copy = False, 0.0
     seen_fwd: set[int] = set()
-    seen_copy: set[int] = set()
     held = 0.0
     for p in st.passes:
         for c in p:
@@ -378,12 +379,9 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
             if c.is_layer and gathered and not keep_after_fwd:
                 extra = inflight_fwd * layer_copy
             elif c.is_layer and keep_after_fwd:
-                extra = layer_copy * (max(1, pf) if f2 else 1)  # the next unit(s), prefetched/gathered while this one runs
-            if c.is_layer and f2 and gathered and c.unit is not None and (c.unit not in seen_copy or not keep_after_fwd):
-                # The copy-out, before the layer computes: its flat all-gather output and
-                # its unsharded parameters (and whatever is prefetched) side by side.
-                tl.point(f"forward:gather-{c.name}", buffers=extra + copy_out)
-                seen_copy.add(c.unit)
+                # FSDP1: the next unit, gathered while this one runs. FSDP2: this unit's held
+                # flat all-gather output, plus the pf prefetched.
+                extra = layer_copy * ((1 + pf) if f2 else 1)
             tl.point(f"forward:{c.name}", activations=B * c.fwd_transient, buffers=extra)
             tl.add("activations", B * (c.saved + c.held))
             held += B * c.held
@@ -437,7 +435,8 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
                 # (it becomes the sharded gradient, or is added to it and freed); the previous
                 # unit's input is still held.
                 rs_in, rs_out = st.grad_full[kind] * rd, st.grad_chunk[kind] * rd
-                tl.point(f"backward:reduce-{kind}", buffers=rs_in + rs_out)
+                # The previous unit's input is freed first (reduce_scatter_max_input_buffers = 1).
+                tl.point(f"backward:reduce-{kind}", buffers=rs_in + rs_out - rs_held[0])
                 tl.add("grads", -st.grad_full[kind] * pd + (0 if unit in reduced else st.grad_chunk[kind] * s))
                 tl.add("buffers", rs_in - rs_held[0])
                 rs_held[0] = rs_in
