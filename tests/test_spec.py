@@ -2,9 +2,23 @@ from __future__ import annotations
 
 import pytest
 
-from scaleladder.spec import RunSpec, SpecError, parse_batch, parse_knobs, parse_strategy
+from scaleladder.spec import (
+    DEFAULT_KNOBS,
+    Fsdp2Knobs,
+    Knobs,
+    RunSpec,
+    SpecError,
+    Strategy,
+    default_knobs,
+    parse_batch,
+    parse_knobs,
+    parse_strategy,
+)
 
-NAMES = ["single", "ddp", "ddp-ac", "fsdp-full", "fsdp-grad-op-ac", "fsdp-no-shard", "fsdp-hybrid1", "fsdp-hybrid2-ac", "fsdp-hybrid8"]
+NAMES = ["single", "ddp", "ddp-ac", "fsdp-full", "fsdp-grad-op-ac", "fsdp-no-shard", "fsdp-hybrid1", "fsdp-hybrid2-ac", "fsdp-hybrid8",
+         "fsdp2-full", "fsdp2-full-ac", "fsdp2-grad-op", "fsdp2-grad-op-ac", "fsdp2-hybrid1", "fsdp2-hybrid2-ac", "fsdp2-hybrid16",
+         "single-compile", "single-ac-compile", "ddp-compile", "ddp-ac-compile", "fsdp2-full-compile", "fsdp2-full-ac-compile",
+         "fsdp2-grad-op-ac-compile", "fsdp2-hybrid2-ac-compile"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -14,13 +28,34 @@ def test_strategy_names_round_trip(name: str) -> None:
 
 def test_strategy_fields() -> None:
     s = parse_strategy("fsdp-hybrid2-ac")
-    assert (s.wrapper, s.sharding, s.group, s.ac) == ("fsdp", "hybrid", 2, True)
+    assert (s.wrapper, s.sharding, s.group, s.ac, s.compile) == ("fsdp", "hybrid", 2, True, False)
     assert parse_strategy("ddp").sharding is None
+    s2 = parse_strategy("fsdp2-hybrid4-ac-compile")
+    assert (s2.wrapper, s2.sharding, s2.group, s2.ac, s2.compile) == ("fsdp2", "hybrid", 4, True, True)
+    assert s2.is_fsdp and s2.is_fsdp2 and not s2.is_fsdp1
+    assert s.is_fsdp and s.is_fsdp1 and not s.is_fsdp2
+    assert not parse_strategy("ddp-compile").is_fsdp and parse_strategy("ddp-compile").compile
+    assert parse_strategy("fsdp2-grad-op") == Strategy("fsdp2", "grad-op")  # frozen, comparable, hashable
+    assert len({parse_strategy(n) for n in NAMES}) == len(NAMES)
 
 
-@pytest.mark.parametrize("knobs", ["pre-lag", "post-nolag", "none-lag-fwd", "pre-nolag-fwd"])
+@pytest.mark.parametrize("knobs", ["pre-lag", "post-nolag", "none-lag-fwd", "pre-nolag-fwd", "pf0", "pf1", "pf2"])
 def test_knobs_round_trip(knobs: str) -> None:
     assert str(parse_knobs(knobs)) == knobs
+
+
+def test_each_fsdp_generation_has_its_own_knobs_and_default() -> None:
+    assert parse_knobs("pf2") == Fsdp2Knobs(2) and isinstance(parse_knobs("pre-lag"), Knobs)
+    assert str(default_knobs(parse_strategy("fsdp2-full-ac-compile"))) == "pf0"
+    for s in ("single", "ddp-ac", "fsdp-full", "fsdp-hybrid2-ac", "single-compile"):
+        assert str(default_knobs(parse_strategy(s))) == DEFAULT_KNOBS
+    for path in ("vit-base/fsdp2-full/bf16-mixed/pf0/n1/b8", "vit-base/fsdp2-hybrid2-ac-compile/fp16-mixed/pf2/n2/b8",
+                 "vit-base/single-compile/fp32/pre-lag/n1/b8", "vit-base/ddp-ac-compile/fp32/pre-lag/n1/b8"):
+        assert RunSpec.from_path(path).path == path
+    a = RunSpec.from_path("vit-base/fsdp2-full-ac-compile/bf16-mixed/pf1/n1/b8").as_attrs()
+    assert (a["wrapper"], a["sharding"], a["compile"], a["activation_checkpointing"], a["knob_prefetch_layers"]) == \
+        ("fsdp2", "full", True, True, 1)
+    assert RunSpec.from_path("vit-base/fsdp-full/fp32/pre-lag/n1/b8").as_attrs()["wrapper"] == "fsdp"
 
 
 def test_spec_path_round_trips() -> None:
@@ -44,6 +79,23 @@ def test_spec_path_round_trips() -> None:
         ("vit-base/ddp/fp32/pre-lag/n1/b-3", "batch"),
         ("vit-base/fsdp-hybrid0/fp32/pre-lag/n1/b8", "hybrid"),
         ("vit-base/ddp", "model/strategy"),
+        # FSDP2 and compile
+        ("vit-base/fsdp2-full/fp32/pre-lag/n1/b8", "FSDP1 knobs 'pre-lag' given for FSDP2 strategy 'fsdp2-full'"),
+        ("vit-base/fsdp2-full/fp32/post-nolag-fwd/n1/b8", "FSDP1 knobs 'post-nolag-fwd' given for FSDP2"),
+        ("vit-base/fsdp-full/fp32/pf1/n1/b8", "FSDP2 knobs 'pf1' given for FSDP1 strategy 'fsdp-full'"),
+        ("vit-base/ddp/fp32/pf0/n1/b8", "FSDP knobs 'pf0' given for non-FSDP strategy 'ddp'"),
+        ("vit-base/single-compile/fp32/pf0/n1/b8", "non-FSDP strategy 'single-compile'"),
+        ("vit-base/fsdp2-full/fp32/pf3/n1/b8", "pf3"),
+        ("vit-base/fsdp2-full/fp32/pf/n1/b8", "unknown FSDP knobs 'pf'"),
+        ("vit-base/fsdp2-no-shard/fp32/pf0/n1/b8", "FSDP2 has no NO_SHARD"),
+        ("vit-base/fsdp2-hybrid0/fp32/pf0/n1/b8", "hybrid group size must be >= 1"),
+        ("vit-base/fsdp-full-compile/fp32/pre-lag/n1/b8", "torch.compile is not offered with FSDP1"),
+        ("vit-base/fsdp-no-shard-ac-compile/fp32/pre-lag/n1/b8", "use 'ddp-ac-compile'"),
+        ("vit-base/fsdp-hybrid2-compile/fp32/pre-lag/n1/b8", "use 'fsdp2-hybrid2-compile'"),
+        ("vit-base/ddp-ac-ac/fp32/pre-lag/n1/b8", "repeats '-ac'"),
+        ("vit-base/ddp-compile-compile/fp32/pre-lag/n1/b8", "repeats '-compile'"),
+        ("vit-base/fsdp3-full/fp32/pre-lag/n1/b8", "fsdp2-{full,grad-op,hybrid<g>}"),
+        ("vit-base/fsdp2-full-ac-compile-x/fp32/pf0/n1/b8", "unknown strategy"),
     ],
 )
 def test_bad_specs_name_the_culprit(path: str, culprit: str) -> None:
@@ -66,7 +118,10 @@ def test_batch_max() -> None:
 
 @pytest.mark.parametrize(
     "name,canonical",
-    [("fsdp-hybrid02", "fsdp-hybrid2"), ("fsdp-hybrid002-ac", "fsdp-hybrid2-ac"), ("fsdp-hybrid\u0662", "fsdp-hybrid2")],
+    [("fsdp-hybrid02", "fsdp-hybrid2"), ("fsdp-hybrid002-ac", "fsdp-hybrid2-ac"), ("fsdp-hybrid\u0662", "fsdp-hybrid2"),
+     ("fsdp2-hybrid02-ac", "fsdp2-hybrid2-ac"),
+     # the modifiers' one order: base, -ac, -compile
+     ("ddp-compile-ac", "ddp-ac-compile"), ("fsdp2-full-compile-ac", "fsdp2-full-ac-compile")],
 )
 def test_non_canonical_strategies_are_rejected_with_the_canonical_form(name: str, canonical: str) -> None:
     # int() reads "02" and the Arabic-Indic "٢" as 2: accepted, they would name a second file for the same run.
@@ -84,6 +139,9 @@ def test_non_canonical_strategies_are_rejected_with_the_canonical_form(name: str
         ("vit-base/ddp/fp32/pre-lag/n1/b08", "b08", "b8"),
         ("vit-base/ddp/fp32/pre-lag/n1/b1_6", "b1_6", "b16"),
         ("vit-base/ddp/fp32/pre-lag/n 1/b8", "n 1", "n1"),
+        ("vit-base/fsdp2-full/fp32/pf01/n1/b8", "pf01", "pf1"),
+        ("vit-base/fsdp2-full/fp32/pf\u0661/n1/b8", "pf\u0661", "pf1"),
+        ("vit-base/single-compile-ac/fp32/pre-lag/n1/b8", "single-compile-ac", "single-ac-compile"),
     ],
 )
 def test_non_canonical_paths_are_rejected_naming_the_part(path: str, part: str, canonical: str) -> None:
@@ -94,7 +152,8 @@ def test_non_canonical_paths_are_rejected_naming_the_part(path: str, part: str, 
 
 
 def test_every_accepted_path_round_trips() -> None:
-    for path in ["vit-base/fsdp-hybrid16-ac/bf16-mixed/none-nolag-fwd/n12/b128", "flava-debug/single/fp32/pre-lag/n1/bmax"]:
+    for path in ["vit-base/fsdp-hybrid16-ac/bf16-mixed/none-nolag-fwd/n12/b128", "flava-debug/single/fp32/pre-lag/n1/bmax",
+                 "flava-10b/fsdp2-hybrid8-ac-compile/bf16-mixed/pf2/n4/bmax"]:
         assert RunSpec.from_path(path).path == path
 
 
@@ -105,3 +164,15 @@ def test_seed_and_counts_are_checked_by_the_spec_parsers() -> None:
     for bad in ("abc", "-1", "1.5", None):
         with pytest.raises(SpecError, match="seed must be an integer >= 0"):
             parse_nonnegative("seed", bad)  # type: ignore[arg-type]
+
+
+def test_the_planner_refuses_what_it_does_not_model_in_one_line() -> None:
+    """Until the planner models torch.compile, a prediction for a -compile rung is a one-line
+    SpecError (`scaleladder plan` exits 2), not an eager rung's numbers."""
+    from scaleladder.plan import predict, static_bytes_per_rank
+
+    spec = RunSpec.from_path("vit-base/ddp-compile/bf16-mixed/pre-lag/n1/b8")
+    for call in (lambda: predict(spec, 8, 8, "a100-40gb"), lambda: static_bytes_per_rank(spec, 8)):
+        with pytest.raises(SpecError, match="the planner does not model torch.compile yet") as e:
+            call()
+        assert "\n" not in str(e.value)

@@ -7,17 +7,26 @@ Nothing else in the code base re-derives it: everything else calls
 :func:`parse_strategy`, :func:`parse_knobs` or :meth:`RunSpec.from_path`.
 
 Grammar (each part round-trips through ``str()``/``parse_*``; a part that parses but
-is not written canonically, e.g. ``fsdp-hybrid02``, ``n01``, ``b+8``, is an error):
+is not written canonically, e.g. ``fsdp-hybrid02``, ``n01``, ``b+8``, ``pf01``,
+``ddp-compile-ac``, is an error that names the canonical form):
 
-* strategy  ``single | ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>``
-  optionally followed by ``-ac`` (non-reentrant activation checkpointing).
+* strategy  ``<base>[-ac][-compile]``, in that order, with base one of
+  ``single | ddp`` (no sharding), ``fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>``
+  (FSDP1, ``FullyShardedDataParallel``), ``fsdp2-full | fsdp2-grad-op | fsdp2-hybrid<g>``
+  (FSDP2, ``fully_shard`` per parameter on a DeviceMesh; no NO_SHARD — that is DDP).
+  ``-ac``: non-reentrant activation checkpointing of every transformer layer.
+  ``-compile``: ``torch.compile`` of every transformer block (after AC, before the
+  wrapper, as torchtitan does); not with FSDP1 (refused, one line).
   ``single`` is a plain, unwrapped model in one process: the reference every
   other strategy's loss curve must reproduce.
 * precision ``fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true``
-* knobs     ``<prefetch>-<lag|nolag>[-fwd]`` with prefetch ``pre|post|none``:
-  FSDP backward prefetch, ``limit_all_gathers`` on/off, forward prefetch on.
-  Non-FSDP strategies only accept the default ``pre-lag`` (the knobs do not exist
-  there, and a second name for the same run would duplicate results).
+* knobs     FSDP1: ``<prefetch>-<lag|nolag>[-fwd]`` with prefetch ``pre|post|none``:
+  backward prefetch, ``limit_all_gathers`` on/off, forward prefetch on.
+  FSDP2: ``pf0 | pf1 | pf2``, layers prefetched explicitly ahead in forward and backward
+  (``pf0``: none set, FSDP2's implicit behaviour). Each generation takes only its own
+  knobs (:func:`default_knobs` gives its default); non-FSDP strategies only accept the
+  default ``pre-lag`` (the knobs do not exist there, and a second name for the same run
+  would duplicate results).
 * batch     a positive local (per-rank) batch, or ``max`` for the max-batch search.
 """
 
@@ -32,45 +41,88 @@ from scaleladder.errors import SpecError as SpecError
 from scaleladder.models.flavors import get_flavor
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
-SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard", "hybrid")
+WRAPPERS: tuple[str, ...] = ("single", "ddp", "fsdp", "fsdp2")
+SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard", "hybrid")  # FSDP1's ShardingStrategy
+# fully_shard always shards (over the mesh's shard dimension): a NO_SHARD FSDP2 is DDP, and
+# replicating over the world with shard groups of one is fsdp2-hybrid1.
+FSDP2_SHARDINGS: tuple[str, ...] = ("full", "grad-op", "hybrid")
 PREFETCHES: tuple[str, ...] = ("pre", "post", "none")
-DEFAULT_KNOBS = "pre-lag"
+MAX_FSDP2_PREFETCH = 2  # pf0..pf2: layers FSDP2 all-gathers ahead, explicitly
+DEFAULT_KNOBS = "pre-lag"  # FSDP1's default, and the only knobs a non-FSDP rung accepts
+DEFAULT_FSDP2_KNOBS = "pf0"
 
-
-_STRATEGY_RE = re.compile(r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+)))(-ac)?$")
+_STRATEGY_RE = re.compile(
+    r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+))|fsdp2-(full|grad-op|hybrid(\d+)))((?:-ac|-compile)*)$"
+)
 _KNOBS_RE = re.compile(r"^(pre|post|none)-(lag|nolag)(-fwd)?$")
+_FSDP2_KNOBS_RE = re.compile(r"^pf(\d+)$")
+_STRATEGY_NAMES = ("single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}|fsdp2-{full,grad-op,hybrid<g>}, "
+                   "then optionally -ac, then optionally -compile (not with fsdp-*)")
+
+# One line, as every SpecError. Why refuse rather than try: per-block compile is composed,
+# in torchtitan and in PyTorch's own docs, with FSDP2 only; FSDP1 is deprecated upstream.
+FSDP1_COMPILE_REFUSAL = ("strategy {name!r}: torch.compile is not offered with FSDP1 (fsdp-*), which is deprecated "
+                         "upstream and which torchtitan never composes with per-block compile; use {fsdp2!r}")
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """How the model is distributed: wrapper, FSDP sharding, hybrid group size, AC."""
+    """How the model is distributed: wrapper, FSDP sharding, hybrid group size, AC, compile.
 
-    wrapper: Literal["single", "ddp", "fsdp"]
-    sharding: str | None = None  # one of SHARDINGS when wrapper == "fsdp"
+    ``wrapper`` is ``fsdp`` for FSDP1 (``FullyShardedDataParallel``) and ``fsdp2`` for
+    ``fully_shard``. ``is_fsdp`` is true for both (the model is sharded by FSDP and takes
+    FSDP knobs); ``is_fsdp1``/``is_fsdp2`` say which — the knobs, the unit proof, meta
+    init and the grad scaler differ between the two.
+    """
+
+    wrapper: Literal["single", "ddp", "fsdp", "fsdp2"]
+    sharding: str | None = None  # one of SHARDINGS (fsdp) or FSDP2_SHARDINGS (fsdp2)
     group: int | None = None  # hybrid sharding-group size (ranks that shard one replica)
     ac: bool = False
+    compile: bool = False  # torch.compile each transformer block
 
     def __post_init__(self) -> None:
-        if self.wrapper == "fsdp":
-            if self.sharding not in SHARDINGS:
-                raise SpecError(f"unknown FSDP sharding {self.sharding!r}; expected one of {', '.join(SHARDINGS)}")
+        if self.wrapper not in WRAPPERS:
+            raise SpecError(f"unknown wrapper {self.wrapper!r}; expected one of {', '.join(WRAPPERS)}")
+        if self.is_fsdp:
+            allowed = SHARDINGS if self.is_fsdp1 else FSDP2_SHARDINGS
+            if self.sharding not in allowed:
+                raise SpecError(f"unknown {self.wrapper} sharding {self.sharding!r}; expected one of {', '.join(allowed)}")
             if (self.sharding == "hybrid") != (self.group is not None):
                 raise SpecError("a hybrid group size is given exactly when sharding is 'hybrid'")
             if self.group is not None and self.group < 1:
                 raise SpecError(f"hybrid group size must be >= 1, got {self.group}")
         elif self.sharding is not None or self.group is not None:
             raise SpecError(f"strategy {self.wrapper!r} takes no sharding")
+        if self.compile and self.is_fsdp1:
+            # The nearest compiled rung: the FSDP2 analogue, or DDP for NO_SHARD.
+            near = (Strategy("ddp", None, None, self.ac, True) if self.sharding == "no-shard"
+                    else Strategy("fsdp2", self.sharding, self.group, self.ac, True))
+            raise SpecError(FSDP1_COMPILE_REFUSAL.format(name=self._name(), fsdp2=str(near)))
 
-    def __str__(self) -> str:
-        if self.wrapper == "fsdp":
-            base = f"fsdp-hybrid{self.group}" if self.sharding == "hybrid" else f"fsdp-{self.sharding}"
+    def _name(self) -> str:
+        if self.is_fsdp:
+            prefix = "fsdp-" if self.is_fsdp1 else "fsdp2-"
+            base = f"{prefix}hybrid{self.group}" if self.sharding == "hybrid" else f"{prefix}{self.sharding}"
         else:
             base = self.wrapper
-        return base + ("-ac" if self.ac else "")
+        return base + ("-ac" if self.ac else "") + ("-compile" if self.compile else "")
+
+    def __str__(self) -> str:
+        return self._name()
 
     @property
     def is_fsdp(self) -> bool:
+        """Sharded by FSDP, either generation."""
+        return self.wrapper in ("fsdp", "fsdp2")
+
+    @property
+    def is_fsdp1(self) -> bool:
         return self.wrapper == "fsdp"
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.wrapper == "fsdp2"
 
     def check_world(self, world: int) -> None:
         """Raise SpecError when this strategy cannot run on ``world`` ranks."""
@@ -83,18 +135,30 @@ class Strategy:
 def parse_strategy(name: str) -> Strategy:
     m = _STRATEGY_RE.match(name)
     if not m:
-        raise SpecError(
-            f"unknown strategy {name!r}; expected single|ddp|fsdp-full|fsdp-grad-op|fsdp-no-shard|fsdp-hybrid<g>, optionally with -ac"
-        )
-    head, sharding, group, ac = m.groups()
+        if name.startswith("fsdp2-no-shard"):
+            raise SpecError(f"unknown strategy {name!r}: FSDP2 has no NO_SHARD (fully_shard always shards); "
+                            "use ddp, or fsdp2-hybrid1 to replicate over the world")
+        raise SpecError(f"unknown strategy {name!r}; expected {_STRATEGY_NAMES}")
+    head, sharding1, group1, sharding2, group2, tail = m.groups()
+    modifiers = re.findall(r"-(ac|compile)", tail)
+    for mod in ("ac", "compile"):
+        if modifiers.count(mod) > 1:
+            raise SpecError(f"strategy {name!r} repeats '-{mod}'")
+    ac, compiled = "ac" in modifiers, "compile" in modifiers
     if head in ("single", "ddp"):
-        strategy = Strategy(wrapper=head, ac=bool(ac))  # type: ignore[arg-type]
-    elif group is not None:
-        strategy = Strategy("fsdp", "hybrid", int(group), bool(ac))
+        strategy = Strategy(wrapper=head, ac=ac, compile=compiled)  # type: ignore[arg-type]
+    elif head.startswith("fsdp2-"):
+        strategy = _fsdp_strategy("fsdp2", sharding2, group2, ac, compiled)
     else:
-        strategy = Strategy("fsdp", sharding, None, bool(ac))
+        strategy = _fsdp_strategy("fsdp", sharding1, group1, ac, compiled)
     _require_canonical("strategy", name, str(strategy))
     return strategy
+
+
+def _fsdp_strategy(wrapper: Literal["fsdp", "fsdp2"], sharding: str, group: str | None, ac: bool, compiled: bool) -> Strategy:
+    if group is not None:
+        return Strategy(wrapper, "hybrid", int(group), ac, compiled)
+    return Strategy(wrapper, sharding, None, ac, compiled)
 
 
 def _require_canonical(what: str, given: str, canonical: str) -> None:
@@ -107,7 +171,7 @@ def _require_canonical(what: str, given: str, canonical: str) -> None:
 
 @dataclass(frozen=True)
 class Knobs:
-    """FSDP communication knobs (ViT seed, Figure 1)."""
+    """FSDP1 communication knobs (ViT seed, Figure 1)."""
 
     backward_prefetch: str = "pre"
     limit_all_gathers: bool = True
@@ -118,11 +182,49 @@ class Knobs:
         return s + ("-fwd" if self.forward_prefetch else "")
 
 
-def parse_knobs(name: str) -> Knobs:
+@dataclass(frozen=True)
+class Fsdp2Knobs:
+    """FSDP2's one communication knob: explicit prefetching, ``pf<n>``.
+
+    ``prefetch_layers`` = n: each transformer layer's unit all-gathers the next n layers of
+    its stack in forward (``set_modules_to_forward_prefetch``) and the previous n in
+    backward (``set_modules_to_backward_prefetch``). ``pf0`` sets neither: FSDP2's implicit
+    behaviour (forward: each unit gathers when it is called; backward: the unit before it
+    in the recorded forward order is prefetched). FSDP1's backward_prefetch,
+    limit_all_gathers and forward_prefetch do not exist in FSDP2.
+    """
+
+    prefetch_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.prefetch_layers <= MAX_FSDP2_PREFETCH:
+            raise SpecError(f"FSDP2 knobs 'pf{self.prefetch_layers}': explicit prefetch of 0 to "
+                            f"{MAX_FSDP2_PREFETCH} layers, pf0..pf{MAX_FSDP2_PREFETCH}")
+
+    def __str__(self) -> str:
+        return f"pf{self.prefetch_layers}"
+
+
+AnyKnobs = Knobs | Fsdp2Knobs
+
+
+def parse_knobs(name: str) -> AnyKnobs:
     m = _KNOBS_RE.match(name)
-    if not m:
-        raise SpecError(f"unknown FSDP knobs {name!r}; expected <pre|post|none>-<lag|nolag>[-fwd], e.g. pre-lag")
-    return Knobs(m.group(1), m.group(2) == "lag", m.group(3) is not None)
+    if m:
+        return Knobs(m.group(1), m.group(2) == "lag", m.group(3) is not None)
+    m = _FSDP2_KNOBS_RE.match(name)
+    if m:
+        knobs = Fsdp2Knobs(int(m.group(1)))
+        _require_canonical("knobs", name, str(knobs))  # pf01, pf٢: int() reads both
+        return knobs
+    raise SpecError(f"unknown FSDP knobs {name!r}; expected FSDP1's <pre|post|none>-<lag|nolag>[-fwd] "
+                    f"(e.g. pre-lag) or FSDP2's pf0|pf1|pf2")
+
+
+def default_knobs(strategy: Strategy) -> AnyKnobs:
+    """The knobs a rung of ``strategy`` gets when none are named: ``pf0`` for FSDP2,
+    ``pre-lag`` for everything else (FSDP1's default; the only value non-FSDP rungs take)."""
+    return parse_knobs(DEFAULT_FSDP2_KNOBS if strategy.is_fsdp2 else DEFAULT_KNOBS)
 
 
 def parse_precision(name: str) -> str:
@@ -174,7 +276,7 @@ class RunSpec:
     model: str
     strategy: Strategy
     precision: str = "fp32"
-    knobs: Knobs = field(default_factory=Knobs)
+    knobs: AnyKnobs = field(default_factory=Knobs)  # an FSDP2 rung must name Fsdp2Knobs (default_knobs)
     nodes: int = 1
     batch: int | Literal["max"] = 8
 
@@ -183,8 +285,15 @@ class RunSpec:
         parse_precision(self.precision)
         parse_positive("nodes", self.nodes)
         parse_batch(self.batch)
-        if not self.strategy.is_fsdp and str(self.knobs) != DEFAULT_KNOBS:
-            raise SpecError(f"FSDP knobs {str(self.knobs)!r} given for non-FSDP strategy {str(self.strategy)!r}")
+        strategy, knobs = str(self.strategy), str(self.knobs)
+        if self.strategy.is_fsdp2 and not isinstance(self.knobs, Fsdp2Knobs):
+            raise SpecError(f"FSDP1 knobs {knobs!r} given for FSDP2 strategy {strategy!r}: fully_shard has no backward "
+                            f"prefetch or limit_all_gathers; its knob is explicit prefetch, pf0|pf1|pf2")
+        if self.strategy.is_fsdp1 and not isinstance(self.knobs, Knobs):
+            raise SpecError(f"FSDP2 knobs {knobs!r} given for FSDP1 strategy {strategy!r}: FSDP1's knobs are "
+                            f"<pre|post|none>-<lag|nolag>[-fwd], e.g. {DEFAULT_KNOBS}")
+        if not self.strategy.is_fsdp and knobs != DEFAULT_KNOBS:
+            raise SpecError(f"FSDP knobs {knobs!r} given for non-FSDP strategy {strategy!r}")
 
     # -- the one canonical string form -------------------------------------------------
     @property
@@ -222,8 +331,10 @@ class RunSpec:
             "knobs": str(self.knobs),
             "nodes": self.nodes,
             "batch": str(self.batch),
+            "wrapper": self.strategy.wrapper,
             "sharding": self.strategy.sharding or "",
             "hybrid_group": self.strategy.group or 0,
             "activation_checkpointing": self.strategy.ac,
+            "compile": self.strategy.compile,
             **{f"knob_{k}": v for k, v in asdict(self.knobs).items()},
         }
