@@ -219,6 +219,28 @@ def test_bf16_true_keeps_bf16_weights_and_fp32_masters() -> None:
     assert model.weight.grad is None
 
 
+def test_bf16_true_masters_work_on_fsdp2_shards() -> None:
+    """FSDP2's parameters are DTensors, and DTensor has no rule for the _foreach_copy_ that
+    rounds the masters back ("does not have a sharding strategy registered"): the masters
+    are plain fp32 tensors over each local shard, and the bf16 shards move."""
+    from torch.distributed.tensor import DTensor
+
+    flavor, prec = get_flavor("vit-debug"), policy("bf16-true")
+    with one_rank_group():
+        torch.manual_seed(0)
+        model = build_model(flavor, CPU).to(dtype=torch.bfloat16)
+        strategy = parse_strategy("fsdp2-full")
+        wrapped, _ = ladder.apply_strategy(model, strategy, default_knobs(strategy), prec, CPU)
+        opt = make_optimizer(wrapped.parameters(), 1e-3, "bf16-true")
+        before = [p.to_local().clone() for p in wrapped.parameters()]
+        m = loop.train_loop(wrapped, opt, SyntheticBatches(flavor, 4, 0, 3, 0, CPU, dtype=torch.bfloat16), 3, 1, prec, CPU)
+    assert all(isinstance(p, DTensor) and p.dtype == torch.bfloat16 for p in wrapped.parameters())
+    assert not any(isinstance(master, DTensor) for master in opt.masters)
+    assert all(master.dtype == torch.float32 for master in opt.masters)
+    assert sum(not torch.equal(b, p.to_local()) for b, p in zip(before, wrapped.parameters())) > len(before) // 2
+    assert np.all(np.isfinite(m.loss))
+
+
 # -- the loss scaler's inf flag under FSDP1 and FSDP2 ----------------------------------------
 
 

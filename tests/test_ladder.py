@@ -1,13 +1,17 @@
 """The ladder in one process: proof that wrapping happened (a wrong layer class is an
-error), and a meta-device build that keeps the codebook weights it was given."""
+error) for FSDP1 and FSDP2, compiled blocks, FSDP2's prefetch lists and how it gathers
+FLAVA's repeated encoder passes, and a meta-device build that keeps the codebook weights
+it was given."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import torch._dynamo
 from torch import nn
 
 from helpers.gloo import one_rank_group
@@ -16,7 +20,7 @@ from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
 from scaleladder.rung.ladder import apply_strategy
 from scaleladder.rung.precision import policy
-from scaleladder.spec import Knobs, SpecError, parse_strategy
+from scaleladder.spec import SpecError, default_knobs, parse_knobs, parse_strategy
 
 CPU = torch.device("cpu")
 
@@ -37,13 +41,19 @@ def _wrong_layer_cls(flavor: str) -> type[nn.Module]:
     return TransformerEncoderLayer
 
 
-def _ladder(flavor: str, strategy: str, model: nn.Module | None = None) -> tuple[nn.Module, ladder.LadderReport]:
+def _ladder(flavor: str, strategy: str, model: nn.Module | None = None, knobs: str | None = None,
+            backend: str = "aot_eager") -> tuple[nn.Module, ladder.LadderReport]:
+    # aot_eager: these tests look at structure, not kernels; inductor's code generation
+    # would add tens of seconds per compiled case on the CPU (tests/test_parity.py runs it).
     torch.manual_seed(0)
     model = model if model is not None else build_model(get_flavor(flavor))
-    return apply_strategy(model, parse_strategy(strategy), Knobs(), policy("fp32"), CPU)  # type: ignore[arg-type]
+    s = parse_strategy(strategy)
+    return apply_strategy(model, s, parse_knobs(knobs) if knobs else default_knobs(s), policy("fp32"), CPU,  # type: ignore[arg-type]
+                          compile_backend=backend)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-grad-op-ac", "ddp-ac"])
+@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-grad-op-ac", "ddp-ac", "fsdp2-full", "fsdp2-grad-op-ac",
+                                      "single-compile"])
 @pytest.mark.parametrize("flavor", ["vit-debug", "flava-debug"])
 def test_a_wrong_layer_class_is_an_error(flavor: str, strategy: str) -> None:
     # FLAVA under plain FSDP is the case a unit count misses: root + the codebook's own
@@ -55,23 +65,208 @@ def test_a_wrong_layer_class_is_an_error(flavor: str, strategy: str) -> None:
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp2-full"])
 @pytest.mark.parametrize("flavor", ["vit-debug", "flava-debug"])
-def test_a_policy_that_misses_the_layers_is_an_error(flavor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_policy_that_misses_the_layers_is_an_error(flavor: str, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The right class, but a policy that gives layers no unit (FLAVA still gets 2 units;
     # ViT, with nothing else to wrap, gets LayerNorm units instead).
     real = ladder._unit_classes
     monkeypatch.setattr(ladder, "_unit_classes", lambda m, ac: {c for c in real(m, ac) if c is not m.layer_cls} or {nn.LayerNorm})
     with pytest.raises(SpecError, match=r"gave 0 of the \d+ .*TransformerEncoderLayer"):
-        _ladder(flavor, "fsdp-full")
+        _ladder(flavor, strategy)
 
 
 @pytest.mark.parametrize("flavor,layers,other_units", [("vit-debug", 2, 1), ("flava-debug", 5, 2)])
-@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-hybrid1-ac"])
+@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-hybrid1-ac", "fsdp2-full", "fsdp2-hybrid1-ac", "fsdp2-grad-op-ac-compile"])
 def test_every_layer_gets_its_own_unit_and_the_count_is_reported(flavor: str, layers: int, other_units: int, strategy: str) -> None:
-    _, report = _ladder(flavor, strategy)
+    wrapped, report = _ladder(flavor, strategy)
     assert report.fsdp_layer_units == layers  # root (+ FLAVA's codebook) are the other units
     assert report.fsdp_units == layers + other_units
-    assert report.ac_layers == (layers if strategy.endswith("-ac") else 0)
+    assert report.ac_layers == (layers if "-ac" in strategy else 0)
+    assert report.compiled_layers == (layers if strategy.endswith("-compile") else 0)
+    assert report.compile_backend == ("aot_eager" if strategy.endswith("-compile") else "")
+    if strategy.startswith("fsdp2"):
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+
+        # FSDP2 swaps each unit's class and turns every parameter into a DTensor: the root too
+        # (without fully_shard on the root its own parameters would never be reduced).
+        assert isinstance(wrapped, FSDPModule)
+        assert all(isinstance(p, DTensor) for p in wrapped.parameters())
+
+
+@pytest.mark.parametrize("strategy", ["single-compile", "ddp-ac-compile", "fsdp2-full-ac-compile"])
+def test_compile_wraps_each_block_after_ac_and_before_the_wrapper(strategy: str) -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    wrapped, report = _ladder("flava-debug", strategy)
+    blocks = [m for m in wrapped.modules() if isinstance(m, OptimizedModule)]
+    assert len(blocks) == report.compiled_layers == 5
+    # AC, then compile: the compiled module is the checkpoint wrapper, not the bare layer
+    ac = "-ac" in strategy
+    assert all(isinstance(b._orig_mod, CheckpointWrapper) == ac for b in blocks)
+    if strategy.startswith("fsdp2"):
+        from torch.distributed.fsdp import FSDPModule
+
+        assert all(isinstance(b, FSDPModule) for b in blocks)  # then shard: the unit is the compiled block
+
+
+def test_fsdp1_is_never_compiled() -> None:
+    with pytest.raises(SpecError, match="not offered with FSDP1.*fsdp2-full-compile") as e:
+        parse_strategy("fsdp-full-compile")
+    assert "\n" not in str(e.value)
+
+
+def test_a_disabled_dynamo_is_refused_not_run_eager() -> None:
+    # TRAP (tests): not monkeypatch.setattr — Dynamo's config module serves its keys through
+    # __getattr__, and monkeypatch's undo then DELETES the key for the rest of the session.
+    with torch._dynamo.config.patch(disable=True), pytest.raises(SpecError, match="TORCH_COMPILE_DISABLE"):
+        _ladder("vit-debug", "single-compile")
+
+
+def test_a_graph_break_is_a_one_line_compile_error() -> None:
+    """fullgraph=True: a block Dynamo cannot capture whole fails the rung at its first step,
+    in one line, instead of running partly eager under a compiled label."""
+    from scaleladder.rung.batches import SyntheticBatches
+    from scaleladder.rung.loop import CompileError, train_loop
+
+    flavor = get_flavor("vit-debug")
+    torch.manual_seed(0)
+    model = build_model(flavor)
+    for layer in [m for m in model.modules() if isinstance(m, model.layer_cls)]:
+        real = layer.forward
+
+        def broken(*a: object, _real=real, **k: object) -> object:
+            torch._dynamo.graph_break()
+            return _real(*a, **k)
+
+        layer.forward = broken  # type: ignore[method-assign]
+    wrapped, _ = _ladder("vit-debug", "single-compile", model)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    with pytest.raises(CompileError, match="failed to compile at step 0") as e:
+        train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 2, 0, CPU), 2, 1, policy("fp32"), CPU, compiled=True)
+    assert "\n" not in str(e.value)
+
+
+def test_a_recompile_inside_the_window_is_an_error() -> None:
+    """Compile time must never enter the throughput: a shape change after the warm-up makes
+    Dynamo recompile, which the window refuses."""
+    from scaleladder.rung.loop import CompileError, train_loop
+
+    flavor = get_flavor("vit-debug")
+    wrapped, _ = _ladder("vit-debug", "single-compile")
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    from scaleladder.rung.batches import synthetic_batch
+
+    # the measured step gets a batch of another size than the warm-up's: a new graph
+    batches = [synthetic_batch(flavor, 2, 0, 0, 0), synthetic_batch(flavor, 3, 0, 1, 0)]
+    with pytest.raises(CompileError, match="recompiled inside the measured window at step 1"):
+        train_loop(wrapped, opt, batches, 2, 1, policy("fp32"), CPU, compiled=True)
+    assert torch._dynamo.config.error_on_recompile is False  # the window's rule does not outlive it
+
+
+def test_a_compiled_loop_needs_a_warmup_and_records_its_compile() -> None:
+    from scaleladder.rung.batches import SyntheticBatches
+    from scaleladder.rung.loop import CompileError, train_loop
+
+    flavor = get_flavor("vit-debug")
+    wrapped, _ = _ladder("vit-debug", "single-compile")
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    with pytest.raises(CompileError, match="warmup >= 1"):
+        train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 3, 0, CPU), 3, 0, policy("fp32"), CPU, compiled=True)
+    m = train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 4, 0, CPU), 4, 1, policy("fp32"), CPU, compiled=True)
+    assert m.compile_graphs >= 1
+    # the definition (rung/loop.py, docs/metrics.md), from the step times it keeps
+    assert m.compile_s == pytest.approx(m.step_time_s[0] - np.median(m.step_time_s[1:]))
+
+
+# -- FSDP2: explicit prefetch, and FLAVA's repeated passes ----------------------------------
+
+
+def _names(wrapped: nn.Module, targets: list[nn.Module]) -> list[str]:
+    names = {id(m): n for n, m in wrapped.named_modules()}
+    return [names[id(t)] for t in targets]
+
+
+def test_fsdp2_prefetch_stays_within_each_encoder() -> None:
+    """pf2 on FLAVA: each layer names the next two layers of ITS encoder for forward and the
+    previous two (nearest first) for backward; nothing crosses encoders, whose order
+    differs between FLAVA's two passes; pf0 sets nothing (FSDP2's implicit prefetch)."""
+    wrapped, _ = _ladder("flava-debug", "fsdp2-full", knobs="pf2")
+    layers = {n: m for n, m in wrapped.named_modules() if isinstance(m, wrapped.layer_cls)}  # type: ignore[arg-type]
+    state = {n: m._get_fsdp_state() for n, m in layers.items()}  # type: ignore[operator]
+
+    def targets(name: str, which: str) -> list[str]:
+        return [s._modules[0] for s in getattr(state[name], f"_states_to_{which}_prefetch")]
+
+    img = "flava.model.image_encoder.encoder.layer."
+    assert _names(wrapped, targets(img + "0", "forward")) == [img + "1"]  # ViT/FLAVA-debug stacks hold 2 layers
+    assert targets(img + "0", "backward") == []  # the first of its stack: FSDP2's implicit backward prefetch stays on
+    assert _names(wrapped, targets(img + "1", "backward")) == [img + "0"]
+    assert targets(img + "1", "forward") == []  # the last of its stack: never the text encoder's first
+    assert targets("flava.model.mm_encoder.encoder.layer.0", "forward") == []
+    plain, _ = _ladder("vit-debug", "fsdp2-full")
+    assert all(not m._get_fsdp_state()._states_to_forward_prefetch and not m._get_fsdp_state()._states_to_backward_prefetch
+               for m in plain.modules() if isinstance(m, plain.layer_cls))  # type: ignore[arg-type,union-attr]
+    vit2, _ = _ladder("vit-debug", "fsdp2-full", knobs="pf2")
+    first = next(m for m in vit2.modules() if isinstance(m, vit2.layer_cls))  # type: ignore[arg-type]
+    assert len(first._get_fsdp_state()._states_to_forward_prefetch) == 1  # ViT-debug has 2 layers: one ahead
+
+
+def _fsdp2_gathers(strategy: str) -> tuple[dict[str, int], int]:
+    """One FLAVA step under FSDP2 on one rank: (unshards per unit, max units gathered when
+    a layer's backward starts). fully_shard tracks a unit's state on one rank too."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as pg
+    from torch.distributed.fsdp import FSDPModule
+
+    from scaleladder.rung.batches import synthetic_batch
+
+    wrapped, _ = _ladder("flava-debug", strategy)
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in wrapped.modules() if isinstance(m, FSDPModule)]
+    unshards: dict[str, int] = {}
+    real = pg.FSDPParamGroup._to_unsharded
+
+    def counted(self: pg.FSDPParamGroup) -> None:
+        if not self.is_unsharded:
+            unshards[self._module_fqn] = unshards.get(self._module_fqn, 0) + 1
+        real(self)
+
+    seen: list[int] = []
+    for m in wrapped.modules():
+        if isinstance(m, wrapped.layer_cls):  # type: ignore[arg-type]
+            m.register_full_backward_pre_hook(lambda *_: seen.append(sum(g.is_unsharded for g in groups)))
+    pg.FSDPParamGroup._to_unsharded = counted  # type: ignore[method-assign]
+    try:
+        wrapped(synthetic_batch(get_flavor("flava-debug"), 10, 0, 0, 0)).backward()
+    finally:
+        pg.FSDPParamGroup._to_unsharded = real  # type: ignore[method-assign]
+    assert not any(g.is_unsharded for g in groups)  # all resharded after backward
+    return unshards, max(seen)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2-full", "fsdp2-full-ac"])
+def test_fsdp2_reshards_flava_layers_between_the_two_passes(strategy: str) -> None:
+    """docs/strategies.md, "FLAVA's repeated passes under FSDP2". FSDP1 keeps every image and
+    text unit gathered from the masked pass's backward to the unmasked one's (1 + 2 x layers
+    units at once, tests/test_plan_exact.py). FSDP2 reshards a unit after each pass's
+    backward and gathers it again for the other: each image/text layer is gathered 4 times
+    a step (2 forward, 2 backward), the multimodal layer 2, the root once; when a layer's
+    backward starts only the root (and, under AC, the layer itself) is gathered."""
+    unshards, most = _fsdp2_gathers(strategy)
+    layers = {k: v for k, v in unshards.items() if ".encoder.layer." in k}
+    assert {k: v for k, v in layers.items() if "mm_encoder" not in k} == {
+        f"flava.model.{e}_encoder.encoder.layer.{i}": 4 for e in ("image", "text") for i in range(2)}
+    assert layers["flava.model.mm_encoder.encoder.layer.0"] == 2
+    assert unshards[""] == 1  # the root: gathered once, kept from forward into backward
+    assert most <= 2
+
+
+def test_fsdp2_grad_op_keeps_units_gathered_through_the_forward() -> None:
+    unshards, most = _fsdp2_gathers("fsdp2-grad-op")
+    # gathered once in forward (both passes) and again after the first pass's backward resharded it
+    assert unshards["flava.model.image_encoder.encoder.layer.0"] == 2
+    assert most == 7  # root + codebook + 5 layers: everything stays gathered from forward
 
 
 # -- --init meta with --codebook-weights -------------------------------------------------
@@ -82,7 +277,8 @@ def _cfg(tmp_path: Path, strategy: str, weights: Path) -> object:
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    a = p.parse_args(["--spec", f"flava-debug/{strategy}/fp32/pre-lag/n1/b10", "--out", str(tmp_path / "r.h5"),
+    knobs = default_knobs(parse_strategy(strategy))
+    a = p.parse_args(["--spec", f"flava-debug/{strategy}/fp32/{knobs}/n1/b10", "--out", str(tmp_path / "r.h5"),
                       "--init", "meta", "--codebook-weights", str(weights), "--seed", "3"])
     return config_from_args(a)
 
@@ -91,13 +287,16 @@ def _codebook_params(wrapped: nn.Module) -> dict[str, torch.Tensor]:
     """The DALL-E encoder's parameters after wrapping, under their state-dict names."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+    from torch.distributed.tensor import DTensor
+
     marker = "image_codebook.encoder."
     ctx = FSDP.summon_full_params(wrapped) if isinstance(wrapped, FSDP) else torch.no_grad()
-    with ctx:
-        return {n[n.index(marker) + len(marker):]: p.detach().clone() for n, p in wrapped.named_parameters() if marker in n}
+    with ctx:  # FSDP2: each parameter is a DTensor; full_tensor() gathers it
+        return {n[n.index(marker) + len(marker):]: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                for n, p in wrapped.named_parameters() if marker in n}
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp-full", "fsdp-full-ac"])
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp-full", "fsdp-full-ac", "fsdp2-full", "fsdp2-full-ac"])
 def test_meta_init_loads_the_codebook_weights(tmp_path: Path, strategy: str) -> None:
     from scaleladder.rung.run import build_wrapped
 

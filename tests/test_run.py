@@ -81,6 +81,12 @@ def test_record_schema(tmp_path: Path) -> None:
         (["--spec", "vit-debug/fsdp-hybrid02/fp32/pre-lag/n1/b4"], "'fsdp-hybrid2'"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n01/b4"], "'n1'"),
         (["--model", "vit-debug", "--strategy", "fsdp-hybrid01", "--batch", "4"], "not canonical"),
+        # FSDP2 and compile (issue 12)
+        (["--spec", "vit-debug/fsdp2-full/fp32/pre-lag/n1/b4"], "FSDP1 knobs 'pre-lag' given for FSDP2"),
+        (["--model", "vit-debug", "--strategy", "fsdp-full", "--knobs", "pf1", "--batch", "4"], "FSDP2 knobs 'pf1'"),
+        (["--spec", "vit-debug/fsdp-full-compile/fp32/pre-lag/n1/b4"], "not offered with FSDP1"),
+        (["--spec", "vit-debug/single-compile/fp32/pre-lag/n1/b4", "--steps", "3", "--warmup", "0"], "--warmup >= 1"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--compile-backend", "aot_eager"], "--compile-backend applies"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_and_no_file(tmp_path: Path, args: list[str], culprit: str) -> None:
@@ -297,3 +303,71 @@ def test_launch_plan_only_records_the_planners_verdict(tmp_path: Path, spec: str
             assert f.attrs.get("max_batch", -1) == (0 if spec.endswith("bmax") else -1)
     else:
         assert_bad_input(p, "predicted to fit", tmp_path)
+
+
+# -- FSDP2 and compiled rungs from the CLI (issue 12) ------------------------------------------
+
+
+def test_an_fsdp2_rung_records_its_units_and_knobs(tmp_path: Path) -> None:
+    out = tmp_path / "r.h5"
+    p = sl("run", "--spec", "vit-debug/fsdp2-full/fp32/pf1/n1/b4", "--steps", "3", "--warmup", "1", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out) as f:
+        a = f.attrs
+        assert a["status"] == "ok" and a["wrapper"] == "fsdp2" and a["knobs"] == "pf1" and a["knob_prefetch_layers"] == 1
+        assert a["fsdp_layer_units"] == 2 and a["fsdp_units"] == 3  # each layer, and the root
+        assert a["compile"] == False and a["compile_backend"] == "" and "compile_s" not in a  # noqa: E712
+    # --strategy without --knobs takes the generation's default
+    out2 = tmp_path / "r2.h5"
+    p = sl("run", "--model", "vit-debug", "--strategy", "fsdp2-grad-op-ac", "--batch", "4", "--steps", "2", "--warmup", "1",
+           "--out", str(out2))
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out2) as f:
+        assert f.attrs["spec"] == "vit-debug/fsdp2-grad-op-ac/fp32/pf0/n1/b4" and f.attrs["ac_layers"] == 2
+
+
+def _compiled_record(out: Path, layers: int, units: int) -> None:
+    with h5py.File(out) as f:
+        a = f.attrs
+        assert a["status"] == "ok" and a["compile"] == True and a["compile_backend"] == "inductor"  # noqa: E712
+        assert a["compiled_layers"] == layers and a["fsdp_units"] == units and a["compile_graphs"] >= 1
+        steps = f["step_time_s"][:]
+        w = int(a["warmup"])
+        # compile_s: the warm-up's time beyond steady state (rung/loop.py), max over ranks,
+        # so at least this rank's; and never in the window that throughput is taken over
+        assert a["compile_s"] >= steps[:w].sum() - w * np.median(steps[w:]) - 1e-9
+        assert a["compile_s"] > 0.5 * steps[:w].sum()  # the first step is mostly compiling
+        assert a["samples_per_s"] == pytest.approx(int(a["batch"]) * a["world_size"] * (len(steps) - w) / a["window_s"])
+        assert a["window_s"] < steps.sum() - 0.5 * steps[0]  # the window starts after the compiling step
+
+
+@pytest.mark.slow
+def test_a_compiled_rung_runs_from_the_cli_in_one_process(tmp_path: Path) -> None:
+    out = tmp_path / "r.h5"
+    p = sl("run", "--spec", "vit-debug/single-ac-compile/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    _compiled_record(out, layers=2, units=0)
+    with h5py.File(out) as f:
+        assert f.attrs["ac_layers"] == 2
+
+
+@pytest.mark.slow
+def test_a_compiled_fsdp2_rung_runs_under_torchrun(tmp_path: Path) -> None:
+    out = tmp_path / "r.h5"
+    p = subprocess.run([*TORCHRUN, "run", "--spec", "vit-debug/fsdp2-full-ac-compile/fp32/pf1/n1/b4", "--steps", "4",
+                        "--warmup", "1", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    _compiled_record(out, layers=2, units=3)
+    with h5py.File(out) as f:
+        assert f.attrs["world_size"] == 2 and f.attrs["fsdp_layer_units"] == 2 and f.attrs["knobs"] == "pf1"
+        assert np.all(np.isfinite(f["loss"][:]))
+
+
+@pytest.mark.parametrize("spec", ["vit-base/ddp-compile/bf16-mixed/pre-lag/n1/b8", "vit-base/fsdp2-full-compile/bf16-mixed/pf0/n1/b8"])
+def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spec: str) -> None:
+    p = sl("plan", "--spec", spec, "--device", "a100-40gb")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "does not model" in p.stderr, p.stderr
+    p = sl("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
+           "--launcher", "false", "--out", str(tmp_path / "r.h5"))
+    assert_bad_input(p, "the planner does not model", tmp_path)

@@ -1,19 +1,30 @@
 """The ladder: one function applies a strategy to a model.
 
-Order is fixed (torchtitan's): activation checkpointing first, then the data-
-parallel wrapper. With FSDP the auto-wrap policy then wraps each *checkpointed*
-layer, giving ``FSDP(CheckpointWrapper(layer))`` — the structure PyTorch's own
-FSDP+AC tests use: the recompute in backward runs inside an FSDP unit whose
-parameters the pre-backward hook has already gathered.
+Order is fixed (torchtitan's ``parallelize``): activation checkpointing first, then
+``torch.compile`` of each transformer block, then the data-parallel wrapper.
 
-Proof that wrapping happened is part of the result: the number of FSDP units,
-of units that hold a transformer layer, and of checkpointed layers is recorded,
-and a policy that misses any layer raises. Counting all units is not enough:
-FLAVA's codebook is always a unit of its own, so a wrong layer class (the trap
-of the FLAVA blog's class name) still gives root + codebook = 2 units — an
-"FSDP" that shards nothing per layer. So every layer_cls instance must sit in
-its own unit (``FSDP(layer)``, or ``FSDP(CheckpointWrapper(layer))`` under AC),
-and under AC every one must be checkpointed.
+* AC wraps each layer: ``CheckpointWrapper(layer)``.
+* Compile replaces each block (the layer, or its checkpoint wrapper) by
+  ``torch.compile(block, fullgraph=True)`` — an ``OptimizedModule`` — as torchtitan's
+  ``apply_compile`` does; the wrapper's hooks then run eagerly around the compiled block.
+* FSDP1 (``fsdp-*``): the auto-wrap policy wraps each *checkpointed* layer, giving
+  ``FSDP(CheckpointWrapper(layer))`` — the structure PyTorch's own FSDP+AC tests use: the
+  recompute in backward runs inside an FSDP unit whose parameters the pre-backward hook
+  has already gathered.
+* FSDP2 (``fsdp2-*``): ``fully_shard`` on each block, on FLAVA's codebook, and on the
+  root, bottom-up (torchtitan's ``apply_fsdp``). TRAP: without the root call the root's
+  own parameters (embeddings, heads, norms) are never reduced: the rung trains, but its
+  loss leaves the single-process reference from the third step (anchors.md).
+
+Proof that wrapping happened is part of the result: the number of FSDP units (FSDP1
+instances, or modules ``fully_shard`` turned into an ``FSDPModule``), of units that hold
+a transformer layer, of checkpointed and of compiled layers is recorded, and a policy
+that misses any layer raises. Counting all units is not enough: FLAVA's codebook is
+always a unit of its own, so a wrong layer class (the trap of the FLAVA blog's class
+name) still gives root + codebook = 2 units — an "FSDP" that shards nothing per layer.
+So every layer_cls instance must sit in its own unit (``FSDP(layer)``,
+``FSDP(CheckpointWrapper(layer))``, or the FSDP2 class-swapped block, compiled or not),
+and under AC / compile every one must be checkpointed / compiled.
 
 FLAVA and DDP: FLAVA pretraining never uses some parameters (the unimodal
 MLM/MIM heads, the encoders' poolers when the multimodal path is taken).
@@ -25,6 +36,7 @@ is unchanged; their count is recorded as ``frozen_unused_params``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -35,7 +47,9 @@ from torch import nn
 
 from scaleladder.models.build import TrainModule
 from scaleladder.rung.precision import PrecisionPolicy
-from scaleladder.spec import Knobs, SpecError, Strategy
+from scaleladder.spec import AnyKnobs, Fsdp2Knobs, Knobs, SpecError, Strategy
+
+COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager")
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,8 @@ class LadderReport:
     fsdp_layer_units: int  # FSDP units whose module is a transformer layer (or its checkpoint wrapper)
     ac_layers: int
     frozen_unused_params: int
+    compiled_layers: int = 0  # transformer blocks replaced by a torch.compile'd OptimizedModule
+    compile_backend: str = ""  # the torch.compile backend that compiled them ("" when not compiled)
 
 
 def _checkpoint(model: TrainModule) -> int:
@@ -70,41 +86,86 @@ def count_checkpointed(model: nn.Module) -> int:
 
 
 def count_fsdp_units(model: nn.Module) -> int:
+    """FSDP1 instances plus FSDP2 units (modules fully_shard swapped to an FSDPModule class)."""
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    return sum(isinstance(m, FSDP) for m in model.modules())
+    return sum(isinstance(m, (FSDP, FSDPModule)) for m in model.modules())
 
 
 def count_layers(model: nn.Module, layer_cls: type[nn.Module]) -> int:
     return sum(isinstance(m, layer_cls) for m in model.modules())
 
 
-def count_fsdp_layer_units(model: nn.Module, layer_cls: type[nn.Module]) -> int:
-    """FSDP units that wrap exactly one transformer layer, bare or checkpointed."""
+def count_compiled(model: nn.Module) -> int:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return sum(isinstance(m, OptimizedModule) for m in model.modules())
+
+
+def _uncompiled(m: nn.Module) -> nn.Module:
+    """The module torch.compile wrapped (``OptimizedModule._orig_mod``), else ``m``."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return m._orig_mod if isinstance(m, OptimizedModule) else m
+
+
+def _block_layer(m: nn.Module) -> nn.Module:
+    """What a block holds: through compile's OptimizedModule, then AC's CheckpointWrapper."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    inner = _uncompiled(m)
+    if isinstance(inner, CheckpointWrapper):
+        inner = inner._checkpoint_wrapped_module
+    return inner
+
+
+def count_fsdp_layer_units(model: nn.Module, layer_cls: type[nn.Module]) -> int:
+    """FSDP units that wrap exactly one transformer layer, bare, checkpointed or compiled.
+
+    FSDP1: ``FSDP(layer)`` / ``FSDP(CheckpointWrapper(layer))``, the layer is ``unit.module``.
+    FSDP2: fully_shard keeps the module and swaps its class (``FSDP<Class>``), so the unit
+    IS the block: the layer, its checkpoint wrapper, or compile's OptimizedModule.
+    """
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     n = 0
     for m in model.modules():
-        if not isinstance(m, FSDP):
-            continue
-        inner = m.module
-        if isinstance(inner, CheckpointWrapper):
-            inner = inner._checkpoint_wrapped_module
-        n += isinstance(inner, layer_cls)
+        if isinstance(m, FSDP):
+            n += isinstance(_block_layer(m.module), layer_cls)
+        elif isinstance(m, FSDPModule):
+            n += isinstance(_block_layer(m), layer_cls)
     return n
 
 
+def _outermost(root: nn.Module, match: Callable[[nn.Module], bool]) -> Iterator[tuple[nn.Module, str, nn.Module]]:
+    """(parent, name, module) for every outermost module that matches, in registration
+    order, without descending into a match (a compiled block's ``_orig_mod`` is the same
+    block again, and a checkpoint wrapper holds its layer)."""
+    for name, child in root.named_children():
+        if match(child):
+            yield root, name, child
+        else:
+            yield from _outermost(child, match)
+
+
 def _unit_classes(model: TrainModule, ac: bool) -> set[type[nn.Module]]:
-    """Modules that become their own FSDP unit."""
+    """Modules that become their own FSDP unit (FSDP1's wrap policy; FSDP2 shards the
+    outermost module of each of these classes, looking through compile's wrapper)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     classes: set[type[nn.Module]] = {CheckpointWrapper if ac else model.layer_cls}
     if model.flavor.family == "flava":
         from torchmultimodal.models.flava.model import DalleVAEEncoder
 
-        # The frozen codebook is a unit of its own: FSDP1 flattens a unit's parameters
-        # into one tensor, which must not mix frozen and trained parameters.
+        # The frozen codebook is a unit of its own. FSDP1 must: it flattens a unit's
+        # parameters into one tensor, which must not mix frozen and trained parameters.
+        # FSDP2 need not (it shards per parameter and reduce-scatters only parameters that
+        # got a gradient, so a unit may mix them) but we still do, for two reasons: in the
+        # root unit the 54M-parameter DALL-E encoder would stay gathered all step long
+        # (FSDP2 never reshards the root after forward), and the same unit structure keeps
+        # FSDP1 and FSDP2 rungs comparable, memory included.
         classes.add(DalleVAEEncoder)
     return classes
 
@@ -120,7 +181,7 @@ def _hybrid_mesh(world: int, group: int, device: torch.device) -> Any:
 def wrap_fsdp(
     model: TrainModule,
     strategy: Strategy,
-    knobs: Knobs,
+    knobs: Knobs,  # FSDP1's (apply_strategy checks the generation)
     prec: PrecisionPolicy,
     device: torch.device,
     param_init_fn: Callable[[nn.Module], None] | None = None,
@@ -162,6 +223,150 @@ def wrap_fsdp(
         device_id=device,
         **extra,
     )
+
+
+def wrap_fsdp2(
+    model: TrainModule,
+    strategy: Strategy,
+    knobs: Fsdp2Knobs,
+    prec: PrecisionPolicy,
+    device: torch.device,
+    param_init_fn: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """FSDP2: ``fully_shard`` each block, FLAVA's codebook, then the root (bottom-up).
+
+    * Mesh: 1-D over the world (``full``, ``grad-op``), or HSDP's 2-D ``(world/g, g)``
+      mesh ``("replicate", "shard")`` for ``hybrid<g>``: parameters are sharded over
+      the g ranks of a row and gradients all-reduced across rows. Unlike FSDP1, a shard
+      dimension of 1 needs no workaround (FSDP2 keeps the replicate all-reduce); the
+      parity test runs fsdp2-hybrid1 to prove it.
+    * ``reshard_after_forward``: True (``full``, ``hybrid``), False (``grad-op``, the
+      SHARD_GRAD_OP analogue) for the blocks and the codebook; the root keeps FSDP2's
+      default, which never reshards it after forward (torchtitan's apply_fsdp does the same).
+    * Precision: the mixed modes gather parameters in the autocast dtype and reduce
+      gradients in fp32 (``MixedPrecisionPolicy``), as FSDP1's MixedPrecision does here;
+      fp32 and bf16-true gather what is stored.
+    * Meta init (``param_init_fn``): each unit's modules are materialised on the device
+      just before fully_shard shards them, so at most one unit exists unsharded at once.
+    * Scalar parameters: fully_shard rejects 0-dim parameters ("fully_shard doesn't
+      support scalar parameters"), as FSDP1 does; FLAVA's ``logit_scale`` is already a
+      1-element parameter (models/build.py), so nothing is needed here.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    world = dist.get_world_size()
+    if strategy.sharding == "hybrid":
+        mesh = _hybrid_mesh(world, strategy.group or 1, device)
+    else:
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    if prec.autocast_dtype is not None:
+        mp = MixedPrecisionPolicy(param_dtype=prec.autocast_dtype, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    shard = partial(fully_shard, mesh=mesh, mp_policy=mp)
+    reshard = strategy.sharding != "grad-op"
+
+    def materialize(module: nn.Module) -> None:
+        if param_init_fn is None:
+            return
+        for m in module.modules():
+            # Only modules still on meta: a unit sharded before holds DTensors, and the init
+            # function's codebook-weights copy into one would mix a plain tensor and a DTensor.
+            if any(t.is_meta for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]):
+                param_init_fn(m)
+
+    classes = tuple(_unit_classes(model, strategy.ac))
+    units = list(_outermost(model, lambda m: isinstance(_uncompiled(m), classes)))
+    for _, _, unit in units:
+        materialize(unit)
+        shard(unit, reshard_after_forward=reshard)
+    materialize(model)
+    # TRAP: the root keeps reshard_after_forward=None. Only then does FSDP2 keep the root
+    # gathered from forward into backward (it would be all-gathered again at once); an
+    # explicit True, as for the blocks, reshards it after forward and gathers it twice.
+    shard(model)
+    _set_prefetch([[u for p, _, u in units if p is parent and isinstance(_block_layer(u), model.layer_cls)]
+                   for parent in _unique(p for p, _, _ in units)], knobs.prefetch_layers)
+    return model
+
+
+def _unique(items: Iterator[nn.Module]) -> list[nn.Module]:
+    seen: dict[int, nn.Module] = {}
+    for m in items:
+        seen.setdefault(id(m), m)
+    return list(seen.values())
+
+
+def _set_prefetch(stacks: list[list[nn.Module]], depth: int) -> None:
+    """Explicit FSDP2 prefetch, ``depth`` layers ahead, within each stack of layers.
+
+    A stack is the layers of one encoder (ViT has one; FLAVA three: image, text,
+    multimodal). Within a stack, layer i gathers layers i+1..i+depth when its forward
+    starts and, in backward, layers i-1..i-depth (nearest first: FSDP2 issues them in
+    list order). Why not across stacks: FLAVA runs the image and text encoders twice per
+    step (unmasked, then masked), so the last text layer is followed once by the first
+    image layer and once by the first multimodal layer; a static list would gather the
+    wrong one half the time and hold it gathered until it runs. Where a layer has no
+    explicit backward target (the first of each stack) FSDP2's implicit backward prefetch
+    stays on: it prefetches the unit before it in the forward order it recorded, with
+    repeated passes counted. ``depth`` 0 sets nothing at all (pf0: FSDP2's defaults).
+    """
+    if depth == 0:
+        return
+    for stack in stacks:
+        for i, layer in enumerate(stack):
+            ahead = stack[i + 1:i + 1 + depth]
+            behind = stack[max(0, i - depth):i][::-1]
+            if ahead:
+                layer.set_modules_to_forward_prefetch(ahead)  # type: ignore[operator]
+            if behind:
+                layer.set_modules_to_backward_prefetch(behind)  # type: ignore[operator]
+
+
+def _compile_blocks(model: TrainModule, backend: str, device: torch.device) -> int:
+    """Replace each transformer block (the layer, or its checkpoint wrapper) by
+    ``torch.compile(block, backend=backend, fullgraph=True)``; return how many.
+
+    As torchtitan's ``apply_compile``: the block becomes an ``OptimizedModule`` in its
+    parent, so a wrapper applied afterwards (DDP's hooks, FSDP2's unit hooks) runs
+    eagerly around the compiled region and never inside it.
+
+    NEVER a silent eager run labelled compiled. The ways torch.compile falls back to
+    eager without an error, and what closes each:
+    * a graph break: ``fullgraph=True`` makes it an error;
+    * a compile error: ``suppress_errors`` (``TORCHDYNAMO_SUPPRESS_ERRORS``) would run the
+      frame eagerly; forced off here;
+    * the recompile limit: past it Dynamo runs the frame eagerly; made an error;
+    * Dynamo disabled (``TORCH_COMPILE_DISABLE=1``): refused, one line;
+    * inductor without a C++ compiler on the CPU: refused up front, one line.
+    Dynamo's caches are reset so the rung compiles from scratch: its compile time and
+    graph count are its own (rung.loop records ``compile_s``, ``compile_graphs``).
+    """
+    import torch._dynamo
+
+    if backend not in COMPILE_BACKENDS:
+        raise SpecError(f"compile backend {backend!r}: expected one of {', '.join(COMPILE_BACKENDS)}")
+    if torch._dynamo.config.disable:
+        raise SpecError("torch.compile is disabled in this process (TORCH_COMPILE_DISABLE=1): a -compile rung would run eager")
+    if backend == "inductor" and device.type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as e:  # InvalidCxxCompiler: no g++/clang++ on PATH
+            raise SpecError(f"inductor needs a C++ compiler on the CPU ({type(e).__name__}); install g++, "
+                            f"or run --compile-backend aot_eager (graph capture without code generation)") from None
+    torch._dynamo.reset()
+    torch._dynamo.config.suppress_errors = False
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    # DDP's graph splitting (DDPOptimizer) is for a model compiled whole under DDP; here
+    # each block is its own graph and DDP's reducer hooks run between blocks, eagerly.
+    torch._dynamo.config.optimize_ddp = False
+    blocks = list(_outermost(model, lambda m: isinstance(_block_layer(m), model.layer_cls)))
+    for parent, name, block in blocks:
+        setattr(parent, name, torch.compile(block, backend=backend, fullgraph=True))
+    return count_compiled(model)
 
 
 def freeze_unused(model: TrainModule) -> int:
@@ -212,33 +417,47 @@ def unused_parameter_names(family: str) -> frozenset[str]:
 def apply_strategy(
     model: TrainModule,
     strategy: Strategy,
-    knobs: Knobs,
+    knobs: AnyKnobs,
     prec: PrecisionPolicy,
     device: torch.device,
     param_init_fn: Callable[[nn.Module], None] | None = None,
+    compile_backend: str = "inductor",
 ) -> tuple[nn.Module, LadderReport]:
-    """AC, then DDP or FSDP. The process group must be initialised."""
+    """AC, then compile, then DDP or FSDP1/FSDP2. The process group must be initialised.
+
+    ``compile_backend`` is used only by ``-compile`` strategies (and then recorded)."""
     world = dist.get_world_size()
     strategy.check_world(world)
+    if strategy.is_fsdp2 and not isinstance(knobs, Fsdp2Knobs) or strategy.is_fsdp1 and not isinstance(knobs, Knobs):
+        raise SpecError(f"knobs {str(knobs)!r} are not {str(strategy)!r}'s generation of FSDP (spec.default_knobs)")
     layers = count_layers(model, model.layer_cls)
-    if layers == 0 and (strategy.ac or strategy.is_fsdp):
-        raise SpecError(f"{model.flavor.name} has no {_qualname(model.layer_cls)} to checkpoint or wrap: wrong layer class")
+    if layers == 0 and (strategy.ac or strategy.is_fsdp or strategy.compile):
+        raise SpecError(f"{model.flavor.name} has no {_qualname(model.layer_cls)} to checkpoint, compile or wrap: wrong layer class")
     frozen = freeze_unused(model)
     ac_layers = _checkpoint(model) if strategy.ac else 0
     if ac_layers != (layers if strategy.ac else 0):
         raise SpecError(f"activation checkpointing wrapped {ac_layers} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
+    compiled = _compile_blocks(model, compile_backend, device) if strategy.compile else 0
+    if compiled != (layers if strategy.compile else 0):
+        raise SpecError(f"torch.compile wrapped {compiled} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
+    backend = compile_backend if strategy.compile else ""
     if strategy.wrapper == "single":
-        return model.to(device), LadderReport(0, 0, ac_layers, frozen)
+        return model.to(device), LadderReport(0, 0, ac_layers, frozen, compiled, backend)
     if strategy.wrapper == "ddp":
         model = model.to(device)
         ids = [device.index] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids), LadderReport(0, 0, ac_layers, frozen)
-    wrapped = wrap_fsdp(model, strategy, knobs, prec, device, param_init_fn)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids), LadderReport(0, 0, ac_layers, frozen, compiled, backend)
+    if strategy.is_fsdp2:
+        # No model.to(device) first: like FSDP1 with device_id, fully_shard moves each unit
+        # to the mesh's device as it shards it, so the model never sits there whole.
+        wrapped = wrap_fsdp2(model, strategy, knobs, prec, device, param_init_fn)  # type: ignore[arg-type]
+    else:
+        wrapped = wrap_fsdp(model, strategy, knobs, prec, device, param_init_fn)  # type: ignore[arg-type]
     layer_units = count_fsdp_layer_units(wrapped, model.layer_cls)
     if layer_units != layers:
         raise SpecError(f"the FSDP wrap policy gave {layer_units} of the {layers} {_qualname(model.layer_cls)} "
                         f"in {model.flavor.name} a unit of their own")
-    return wrapped, LadderReport(count_fsdp_units(wrapped), layer_units, ac_layers, frozen)
+    return wrapped, LadderReport(count_fsdp_units(wrapped), layer_units, ac_layers, frozen, compiled, backend)
 
 
 def _qualname(cls: type) -> str:

@@ -25,6 +25,16 @@ Definitions (also in docs/metrics.md; the tests check them):
   These see only the caching allocator. ``peak_device_used_bytes`` is what the device
   itself reports in use (``mem_get_info``) at the window's peak: see
   :func:`device_peak_used`.
+* **Compile** (``-compile`` rungs): Dynamo and the backend compile each block lazily,
+  in the first forward and backward, so compile time lands in the warm-up, which a
+  compiled rung must have (``warmup >= 1``). ``compile_s`` = the warm-up steps' time
+  beyond steady state: ``sum(step_time_s[:warmup]) - warmup × median(step_time_s[warmup:])``,
+  the MAX over ranks — computable from the record's own datasets. It also holds the
+  warm-up's other one-off costs (allocator growth, communicator setup), which an eager
+  rung of the same spec shows by the same formula. Inside the measured window a
+  recompile is an error (``torch._dynamo.config.error_on_recompile``), so compile time
+  never enters the throughput; and a compiled rung whose warm-up compiled no graph is an
+  error (``compile_graphs`` = graphs Dynamo captured, recorded as proof).
 * **Host syncs**: none inside the loop from the harness or the optimizer (fused AdamW,
   rung/optim.py); loader batches reach the device one step ahead on a side stream
   (rung/feed.py). The window's two ends sync on purpose. FLAVA's loss itself syncs a few
@@ -47,6 +57,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from scaleladder.errors import SpecError
 from scaleladder.rung.optim import backward_and_step
 from scaleladder.rung.precision import PrecisionPolicy
 
@@ -64,6 +75,14 @@ class Measurement:
     warmup_peak_active_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     peak_device_used_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [world], see device_peak_used
     device_total_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    compile_s: float = float("nan")  # compiled rungs: the warm-up's excess over steady state, max over ranks
+    compile_graphs: int = 0  # graphs Dynamo captured during this loop (compiled rungs)
+
+
+class CompileError(SpecError):
+    """A -compile rung that cannot compile as asked (a graph break under fullgraph, a
+    backend failure, a recompile inside the measured window): one line, exit 2 — never
+    an eager run recorded as compiled."""
 
 
 class OOMDuringStep(RuntimeError):
@@ -198,6 +217,20 @@ def _gather_ints(values: list[int], device: torch.device) -> np.ndarray:
     return torch.stack(out).cpu().numpy()
 
 
+def _graphs_captured() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _compile_failure(e: BaseException) -> bool:
+    """Did torch.compile fail (not the model, not memory)? Dynamo's own exceptions, and
+    the recompile limit (made an error by rung.ladder._compile_blocks)."""
+    import torch._dynamo.exc as dynamo_exc
+
+    return isinstance(e, (dynamo_exc.TorchDynamoException, dynamo_exc.FailOnRecompileLimitHit))
+
+
 def train_loop(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -207,9 +240,36 @@ def train_loop(
     prec: PrecisionPolicy,
     device: torch.device,
     scaler: "torch.amp.GradScaler | None" = None,
+    compiled: bool = False,
 ) -> Measurement:
     if not 0 <= warmup < steps:
         raise ValueError(f"warm-up ({warmup}) must be smaller than steps ({steps})")
+    if compiled and warmup < 1:
+        raise CompileError("a -compile rung needs warmup >= 1: its first step compiles, and compile time must stay out of the measured window")
+    if not compiled:
+        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, False)
+    from torch._dynamo import config as dynamo_config  # not `import torch._dynamo`: it would make `torch` local
+
+    recompile_was = dynamo_config.error_on_recompile
+    try:
+        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, True)
+    finally:
+        dynamo_config.error_on_recompile = recompile_was  # the window's rule only
+
+
+def _train_loop(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[dict[str, Tensor]],
+    steps: int,
+    warmup: int,
+    prec: PrecisionPolicy,
+    device: torch.device,
+    scaler: "torch.amp.GradScaler | None",
+    compiled: bool,
+) -> Measurement:
+    graphs0 = _graphs_captured() if compiled else 0
+    graphs = 0
     cuda = device.type == "cuda"
     losses = torch.zeros(steps, device=device)
     events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
@@ -230,6 +290,14 @@ def train_loop(
             # reset_peak_memory_stats leaves these two counting from process start:
             # the window's counts are differences from here.
             retries0, ooms0 = _mem_counters(device)
+            if compiled:
+                graphs = _graphs_captured() - graphs0
+                if graphs == 0:  # fullgraph and no suppression leave only this: nothing was compiled
+                    raise CompileError(f"the -compile rung's {warmup} warm-up step(s) compiled no graph: torch.compile did not run")
+                from torch._dynamo import config as dynamo_config
+
+                # From here a recompile would put compile time into the throughput: an error.
+                dynamo_config.error_on_recompile = True
             dist.barrier()
             t_window = time.perf_counter()
         try:
@@ -245,9 +313,12 @@ def train_loop(
                 loss = model(batch)
             backward_and_step(loss, optimizer, scaler)
         except Exception as e:
-            if not is_oom(e):
-                raise
-            raise OOMDuringStep(step, oom_line(e)) from None
+            if is_oom(e):
+                raise OOMDuringStep(step, oom_line(e)) from None
+            if compiled and _compile_failure(e):
+                where = "recompiled inside the measured window" if step >= warmup else "failed to compile"
+                raise CompileError(f"-compile rung {where} at step {step}: {type(e).__name__}: {first_line(e)}") from None
+            raise
         losses[step] = loss.detach().float()
     if cuda:
         events[steps].record()
@@ -261,10 +332,13 @@ def train_loop(
         step_times = np.diff(host_times)
     dist.all_reduce(losses)  # sum over ranks, then / world: the mean the wrappers optimise
     losses /= dist.get_world_size()
-    window_t = torch.tensor([window], dtype=torch.float64, device=device)
-    dist.all_reduce(window_t, op=dist.ReduceOp.MAX)
+    # The warm-up's excess over steady state (the module docstring's compile_s), NaN unless compiled.
+    excess = float(step_times[:warmup].sum() - warmup * np.median(step_times[warmup:])) if compiled else float("nan")
+    window_t = torch.tensor([window, excess], dtype=torch.float64, device=device)
+    dist.all_reduce(window_t, op=dist.ReduceOp.MAX)  # NaN stays NaN on every rank alike
 
-    m = Measurement(step_times, losses.cpu().numpy(), float(window_t.item()), steps - warmup)
+    window_max, excess_max = window_t.tolist()
+    m = Measurement(step_times, losses.cpu().numpy(), window_max, steps - warmup, compile_s=excess_max, compile_graphs=graphs)
     retries, ooms = _mem_counters(device)
     active_peak, reserved_peak = _mem_peaks(device)
     used_now, reserved_now, total = _device_memory(device)

@@ -22,8 +22,22 @@ optimizer that supports AMP scaling checks for infs with the base class's
 ``_check_inf_per_device``, which does NOT all-reduce the flag over the ranks. Each
 rank then sees infs only in its own gradient shard, and the ranks disagree on whether
 to skip the step: the shards silently diverge. ``ShardedGradScaler.unscale_`` does the
-all-reduce (asynchronously, no host sync), so :func:`scaled_step` always calls
+all-reduce (asynchronously, no host sync), so :func:`backward_and_step` always calls
 ``unscale_`` before ``step``; ``step`` then passes the reduced flag to the fused kernel.
+
+TRAP 2 (the same pair): that all-reduce SUMS the flags, so when k ranks find an inf
+the flag is k. The fused AdamW kernel skips the update only when the flag is exactly
+1.0 (torch 2.14, CPU and CUDA): with two or more ranks seeing infs (an overflow in the
+loss reaches every rank) it applies the inf/NaN update and subtracts k from every step
+counter. Measured on 2 gloo ranks before the fix: weights NaN, step counter -1. The
+reduced flags are clamped to 1 (in place, on the device, no sync).
+
+FSDP2 (``fully_shard``) gradients are DTensors, and DTensor runs the inf check
+(``_amp_foreach_non_finite_check_and_unscale_``) on each rank's shard and then reduces
+the flag with a MAX over the gradient's mesh (torch.distributed.tensor._dispatch's
+``found_inf_reduce_handler``): the plain ``GradScaler`` already gives every rank the same
+0/1 flag, as a 0-dim tensor the fused kernel accepts. So FSDP2 takes the plain scaler
+(:func:`make_scaler`); tests/test_gpu_faults.py checks both generations on 2 ranks.
 
 bf16-true trains through fp32 master weights (:class:`MasterWeightAdamW`), see its
 docstring and docs/strategies.md.
@@ -36,6 +50,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from scaleladder.spec import Strategy
 
 
 class MasterWeightAdamW:
@@ -52,15 +68,20 @@ class MasterWeightAdamW:
     the bf16 parameters. Compensated (Kahan) or stochastic rounding would save the
     master copy; fp32 masters are the standard, simplest to verify, choice.
 
-    Works on the local views FSDP1 (``use_orig_params=True``) exposes: each rank's
-    masters cover its own shard only.
+    Works on each rank's shard: the local views FSDP1 (``use_orig_params=True``) exposes,
+    and the local tensors of FSDP2's DTensor parameters and gradients. TRAP: DTensor has no
+    sharding rule for ``_foreach_copy_`` ("Operator aten._foreach_copy_.default does not
+    have a sharding strategy registered"), and the update is elementwise anyway, so the
+    masters are plain tensors over the local shard and every copy goes through
+    :func:`_local`. The local tensors are looked up at each step, not kept: FSDP2 may
+    re-point a parameter's local tensor after its lazy init.
     """
 
     _step_supports_amp_scaling = False  # bf16-true has no grad scaler
 
     def __init__(self, params: Iterable[Tensor], lr: float) -> None:
         self.params = list(params)
-        self.masters = [p.detach().float() for p in self.params]
+        self.masters = [_local(p).detach().float() for p in self.params]
         self.inner = torch.optim.AdamW(self.masters, lr=lr, fused=True)
 
     @property
@@ -77,10 +98,10 @@ class MasterWeightAdamW:
         if not live:
             return
         for p, m in live:
-            m.grad = p.grad.float()
+            m.grad = _local(p.grad).float()
         self.inner.step()
         params, masters = zip(*live)
-        torch._foreach_copy_(list(params), list(masters))  # rounds fp32 -> bf16 in one launch
+        torch._foreach_copy_([_local(p) for p in params], list(masters))  # rounds fp32 -> bf16 in one launch
         for m in masters:
             m.grad = None  # the fp32 gradient copies live only for the step
 
@@ -90,6 +111,14 @@ class MasterWeightAdamW:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
+
+
+def _local(t: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (FSDP2's parameters and gradients), else ``t``.
+    ``_local_tensor`` is the shard itself: writing into it updates the parameter."""
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def make_optimizer(params: Iterable[Tensor], lr: float, precision: str) -> Any:
@@ -116,7 +145,9 @@ def _sharded_scaler(device: torch.device) -> Any:
         def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
             super().unscale_(optimizer)
             state = self._per_optimizer_states[id(optimizer)]
-            state["found_inf_per_device"] = {d: f.reshape(()) for d, f in state["found_inf_per_device"].items()}
+            # 0-dim (see above), and at most 1: the all-reduce summed the ranks' flags, and
+            # the fused kernel skips only on exactly 1.0 (module docstring, TRAP 2).
+            state["found_inf_per_device"] = {d: f.reshape(()).clamp_(max=1.0) for d, f in state["found_inf_per_device"].items()}
 
         def _amp_update_scale_cpu_(self, found_inf: torch.Tensor) -> None:
             # On the CPU ShardedGradScaler.update takes a Python path that reads the flag
@@ -129,11 +160,17 @@ def _sharded_scaler(device: torch.device) -> Any:
     return ShardedScalerForFused(device=device.type)
 
 
-def make_scaler(precision: str, fsdp: bool, device: torch.device) -> Any:
-    """fp16-mixed's loss scaler (the sharded one under FSDP1), else None."""
+def make_scaler(precision: str, strategy: Strategy, device: torch.device) -> Any:
+    """fp16-mixed's loss scaler, else None.
+
+    FSDP1: the sharded scaler (its unscale_ all-reduces the inf flag; each rank holds
+    plain tensors over its shard, which the base scaler would check alone). FSDP2, DDP,
+    single: the plain scaler. Under FSDP2 the gradients are DTensors whose inf check is
+    itself a MAX over the mesh (module docstring), so every rank gets the same flag.
+    """
     if precision != "fp16-mixed":
         return None
-    if fsdp:
+    if strategy.is_fsdp1:
         return _sharded_scaler(device)
     return torch.amp.GradScaler(device.type)
 

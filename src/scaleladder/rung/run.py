@@ -26,9 +26,11 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.rung.feed import DeviceFeed
+from scaleladder.rung.ladder import COMPILE_BACKENDS
 from scaleladder.spec import (
     RunSpec,
     SpecError,
+    default_knobs,
     parse_batch,
     parse_knobs,
     parse_nonnegative,
@@ -57,6 +59,7 @@ class RunConfig:
     codebook_weights: str | None
     peak_tflops: float | None
     init: str
+    compile_backend: str = ""  # the torch.compile backend of a -compile rung ("" otherwise)
 
     def argv(self, **override: Any) -> list[str]:
         """The `run` arguments that reproduce this config (used by launch and maxbatch)."""
@@ -69,19 +72,24 @@ class RunConfig:
             args += ["--codebook-weights", self.codebook_weights]
         if self.peak_tflops is not None:
             args += ["--peak-tflops", repr(self.peak_tflops)]
+        if self.compile_backend:
+            args += ["--compile-backend", self.compile_backend]
         return args
 
     def attrs(self) -> dict[str, Any]:
-        return {**self.spec.as_attrs(), "steps": self.steps, "warmup": self.warmup, "data": self.data, "seed": self.seed, "lr": self.lr}
+        return {**self.spec.as_attrs(), "steps": self.steps, "warmup": self.warmup, "data": self.data, "seed": self.seed, "lr": self.lr,
+                "compile_backend": self.compile_backend}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("the rung (either --spec, or the parts)")
     g.add_argument("--spec", help="model/strategy/precision/knobs/n<nodes>/b<batch>, e.g. vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b32")
     g.add_argument("--model")
-    g.add_argument("--strategy", default=None, help="single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}[-ac]")
+    g.add_argument("--strategy", default=None,
+                   help="single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}|fsdp2-{full,grad-op,hybrid<g>}, then [-ac], then [-compile] (not fsdp-*)")
     g.add_argument("--precision", default=None, help="fp32|tf32|bf16-mixed|fp16-mixed|bf16-true (default fp32)")
-    g.add_argument("--knobs", default=None, help="<pre|post|none>-<lag|nolag>[-fwd] (FSDP only; default pre-lag)")
+    g.add_argument("--knobs", default=None,
+                   help="FSDP1: <pre|post|none>-<lag|nolag>[-fwd] (default pre-lag); FSDP2: pf0|pf1|pf2 (default pf0)")
     g.add_argument("--nodes", default=None, help="nodes the run spans (default 1; checked against the launcher)")
     g.add_argument("--batch", default=None, help="local (per-rank) batch")
     p.add_argument("--steps", default="1000", help="steps in all, warm-up included (default 1000, the FLAVA seed's)")
@@ -95,6 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", default="auto", choices=["auto", "device", "meta"], help="build on the device, or on meta then materialise per FSDP unit")
     p.add_argument("--codebook-weights", default=None, help="local DALL-E encoder weights for FLAVA (default: random init)")
     p.add_argument("--peak-tflops", default=None, type=float, help="peak TFLOP/s of one rank's device, for a device not in the table")
+    p.add_argument("--compile-backend", default=None, choices=list(COMPILE_BACKENDS),
+                   help="torch.compile backend of a -compile rung (default inductor; aot_eager captures graphs without code generation)")
 
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
@@ -109,9 +119,16 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     else:
         if a.model is None or a.strategy is None or a.batch is None:
             raise SpecError("--model, --strategy and --batch are required without --spec")
-        spec = RunSpec(a.model, parse_strategy(a.strategy), parse_precision(a.precision or "fp32"), parse_knobs(a.knobs or "pre-lag"),
+        strategy = parse_strategy(a.strategy)
+        spec = RunSpec(a.model, strategy, parse_precision(a.precision or "fp32"),
+                       parse_knobs(a.knobs) if a.knobs else default_knobs(strategy),
                        parse_positive("nodes", a.nodes or 1), parse_batch(a.batch))
     steps, warmup = parse_steps_warmup(a.steps, a.warmup)
+    if spec.strategy.compile and warmup < 1:
+        raise SpecError(f"{spec.strategy} needs --warmup >= 1: its first step compiles, and compile time must stay out of the measured window")
+    if a.compile_backend and not spec.strategy.compile:
+        raise SpecError(f"--compile-backend applies to -compile strategies only, not {str(spec.strategy)!r}")
+    backend = (a.compile_backend or "inductor") if spec.strategy.compile else ""
     if a.data != "synthetic":
         from scaleladder.data.manifest import MANIFEST_FILE, resolve  # the loader's own rule: file, or the directory holding it
 
@@ -132,7 +149,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     if out.suffix != ".h5":
         raise SpecError(f"--out {a.out!r} must end in .h5")
     return RunConfig(spec, steps, warmup, a.data, parse_nonnegative("workers", a.workers), parse_nonnegative("seed", a.seed),
-                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init)
+                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend)
 
 
 def oom_marker(out: Path, rank: int) -> Path:
@@ -277,7 +294,7 @@ def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Any) ->
     if init == "meta":
         model = build_model(flavor, "meta")
         loaded = _codebook_state(model, cfg.codebook_weights)  # copied in as each module is allocated
-        if spec.strategy.is_fsdp:
+        if spec.strategy.is_fsdp:  # both generations materialise per unit, just before sharding it
             param_init_fn = make_param_init_fn(model, device, loaded)
         else:
             materialize(model, device, loaded)
@@ -286,7 +303,8 @@ def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Any) ->
     params = count_parameters(model)
     if prec.storage_dtype != torch.float32:
         model = model.to(dtype=prec.storage_dtype)
-    wrapped, report = apply_strategy(model, spec.strategy, spec.knobs, prec, device, param_init_fn)
+    wrapped, report = apply_strategy(model, spec.strategy, spec.knobs, prec, device, param_init_fn,
+                                     cfg.compile_backend or "inductor")
     return wrapped, report, params
 
 
@@ -318,11 +336,11 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     init = _init_mode(cfg, flavor, device)
     wrapped, report, params = build_wrapped(cfg, init, device, prec)
     optimizer = make_optimizer(wrapped.parameters(), cfg.lr, spec.precision)
-    scaler = make_scaler(spec.precision, spec.strategy.is_fsdp, device)
+    scaler = make_scaler(spec.precision, spec.strategy, device)
 
     first, batches = _peek(source)
     flops = _flops(flavor, spec, batch * env.world, first)
-    m = train_loop(wrapped, optimizer, batches, cfg.steps, cfg.warmup, prec, device, scaler)
+    m = train_loop(wrapped, optimizer, batches, cfg.steps, cfg.warmup, prec, device, scaler, compiled=spec.strategy.compile)
     if env.rank != 0:
         return 0
 
@@ -340,6 +358,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "fsdp_units": report.fsdp_units,
         "fsdp_layer_units": report.fsdp_layer_units,
         "ac_layers": report.ac_layers,
+        "compiled_layers": report.compiled_layers,
         "init": init,
         **data_attrs,
         **provenance.collect(where["device_name"]),
@@ -366,6 +385,9 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "alloc_retries": int(m.alloc_retries.sum()),
         "ooms": int(m.ooms.sum()),
     }
+    if spec.strategy.compile:  # absent, not NaN, on eager rungs: they compiled nothing
+        attrs["compile_s"] = m.compile_s
+        attrs["compile_graphs"] = m.compile_graphs
     datasets = {
         "step_time_s": m.step_time_s,
         "loss": m.loss,
@@ -390,6 +412,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
 def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
     if cfg.init != "auto":
         return cfg.init
+    # FSDP1 and FSDP2 both materialise a meta model one unit at a time (rung.ladder).
     if device.type != "cuda" or not cfg.spec.strategy.is_fsdp:
         return "device"
     from scaleladder.models.build import meta_parameter_count
