@@ -500,3 +500,17 @@ def test_each_profiles_dry_run_plans_the_pinned_jobs(wf_copy: Path, profile: str
     assert job_counts(out) == PINNED[profile]
     embedded = job_counts(snakemake(wf_copy, "--profile", f"profiles/{profile}", "-n", SCALELADDER_SLURM_ACCOUNT="x").stdout)
     assert embedded == dict(PINNED[profile], shard=SHARDS[profile], total=PINNED[profile]["total"] + SHARDS[profile])
+
+
+def test_each_fsdp_generation_takes_its_own_knobs() -> None:
+    """A block's knobs apply to the strategies of their generation; a strategy whose
+    generation the block names no knob of (and every non-FSDP rung) gets its default."""
+    block = {"models": ["vit-debug"], "strategies": ["ddp", "fsdp-full", "fsdp2-full"], "precisions": ["fp32"],
+             "knobs": ["post-nolag", "pf1"], "nodes": [1], "batches": [4]}
+    specs, skipped = wf.expand_ladder([block], 2)
+    assert sorted(s.path for s in specs) == [
+        "vit-debug/ddp/fp32/pre-lag/n1/b4",
+        "vit-debug/fsdp-full/fp32/post-nolag/n1/b4", "vit-debug/fsdp2-full/fp32/pf1/n1/b4",
+    ] and not skipped
+    only_fsdp1 = {**block, "knobs": ["post-nolag"]}  # FSDP2 rungs then get their default, pf0
+    assert "vit-debug/fsdp2-full/fp32/pf0/n1/b4" in [s.path for s in wf.expand_ladder([only_fsdp1], 2)[0]]

@@ -40,9 +40,13 @@ import yaml  # type: ignore[import-untyped]
 
 from scaleladder.models.flavors import get_flavor
 from scaleladder.spec import (
-    DEFAULT_KNOBS,
+    AnyKnobs,
+    Fsdp2Knobs,
+    Knobs,
     RunSpec,
     SpecError,
+    Strategy,
+    default_knobs,
     parse_batch,
     parse_knobs,
     parse_precision,
@@ -51,7 +55,7 @@ from scaleladder.spec import (
 )
 
 __all__ = [
-    "ConfigError", "Ladder", "prepare", "validate_config", "coerce_config_strings", "expand_ladder",
+    "ConfigError", "Ladder", "prepare", "validate_config", "coerce_config_strings", "expand_ladder", "knobs_for",
     "resolve_ranks_per_node", "ranks_of", "rank_args", "is_selected", "planned_not_to_fit", "rung_path",
     "result_path", "rung_data_path", "rung_inputs", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
     "device_arg", "plan_args", "maxbatch_args", "shard_sources", "provenance_json", "wildcard_constraints",
@@ -241,31 +245,43 @@ def rank_args(spec: RunSpec, ranks_per_node: int) -> tuple[int, int]:
     return world, min(ranks_per_node, world)
 
 
+def knobs_for(strategy: Strategy, names: Sequence[str]) -> list[str]:
+    """The knobs a block's ``knobs`` list gives ``strategy``: FSDP1's to FSDP1 rungs, FSDP2's
+    ``pf<k>`` to FSDP2 rungs. A block that names none of the strategy's generation (and any
+    non-FSDP rung) gets its one default: knobs mean nothing across generations, and a
+    second name for the same run would be a duplicate result."""
+    def mine(knobs: AnyKnobs) -> bool:
+        return strategy.is_fsdp1 and isinstance(knobs, Knobs) or strategy.is_fsdp2 and isinstance(knobs, Fsdp2Knobs)
+
+    own = [k for k in names if mine(parse_knobs(k))]
+    return own or [str(default_knobs(strategy))]
+
+
 def expand_ladder(blocks: Sequence[Mapping[str, Any]], ranks_per_node: int) -> tuple[list[RunSpec], list[str]]:
     """All rungs of all blocks, in config order, without duplicates; plus what was skipped.
 
     Expects validated blocks (defaults filled). A block is a cross product, so some of its
-    combinations do not exist: FSDP knobs mean nothing to DDP (those collapse onto the one
-    default-knob rung, not a skip), ``single`` runs on one node, a hybrid group must
-    divide the world size. Those are skipped with the reason, not errors.
+    combinations do not exist: knobs apply per FSDP generation (:func:`knobs_for`; DDP
+    collapses onto the one default-knob rung, not a skip), ``single`` runs on one node, a
+    hybrid group must divide the world size. Those are skipped with the reason, not errors.
     """
     specs: dict[str, RunSpec] = {}
     skipped: list[str] = []
     for block in blocks:
-        for m, s, p, k, n, b in itertools.product(
-            block["models"], block["strategies"], block["precisions"], block["knobs"], block["nodes"], block["batches"]
+        for m, s, p, n, b in itertools.product(
+            block["models"], block["strategies"], block["precisions"], block["nodes"], block["batches"]
         ):
             strategy = parse_strategy(s)
-            knobs = parse_knobs(k) if strategy.is_fsdp else parse_knobs(DEFAULT_KNOBS)
-            try:
-                spec = RunSpec(model=m, strategy=strategy, precision=p, knobs=knobs, nodes=int(n), batch=parse_batch(b))
-                if strategy.wrapper == "single" and spec.nodes != 1:
-                    raise SpecError("strategy 'single' runs in one process on one node")
-                strategy.check_world(ranks_of(spec, ranks_per_node))
-            except SpecError as e:
-                skipped.append(f"{m}/{s}/{p}/{k}/n{n}/b{b}: {e}")
-                continue
-            specs.setdefault(spec.path, spec)  # first block wins: its place in the order
+            for k in knobs_for(strategy, block["knobs"]):
+                try:
+                    spec = RunSpec(model=m, strategy=strategy, precision=p, knobs=parse_knobs(k), nodes=int(n), batch=parse_batch(b))
+                    if strategy.wrapper == "single" and spec.nodes != 1:
+                        raise SpecError("strategy 'single' runs in one process on one node")
+                    strategy.check_world(ranks_of(spec, ranks_per_node))
+                except SpecError as e:
+                    skipped.append(f"{m}/{s}/{p}/{k}/n{n}/b{b}: {e}")
+                    continue
+                specs.setdefault(spec.path, spec)  # first block wins: its place in the order
     return list(specs.values()), skipped
 
 
