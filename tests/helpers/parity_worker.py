@@ -4,6 +4,10 @@ process group and print each strategy's per-step losses as JSON (rank 0).
 One launch for all strategies keeps the parity test fast: process start-up and
 torch import dominate a debug rung. Each strategy gets a freshly built model
 from the same seed, so the only difference between runs is the wrapper.
+
+argv: flavor, global batch, steps, strategies (comma-separated), and the torch.compile
+backend of the -compile strategies (default inductor). Each strategy runs with its
+generation's default knobs (spec.default_knobs); ``name:knobs`` names others (pf2).
 """
 
 from __future__ import annotations
@@ -21,19 +25,26 @@ from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
 from scaleladder.rung.ladder import apply_strategy
 from scaleladder.rung.precision import policy
-from scaleladder.spec import Knobs, parse_strategy
+from scaleladder.spec import default_knobs, parse_knobs, parse_strategy
 
 
 GROUPS: dict[str, list[int]] = {}  # hybrid strategy -> [replicas, ranks per shard group], as FSDP built them
 
 
 def _groups(wrapped: torch.nn.Module) -> list[int]:
+    from torch.distributed.tensor import DTensor
+
+    param = next(wrapped.parameters())
+    if isinstance(param, DTensor):
+        # FSDP2: every parameter is a DTensor on the (replicate, shard) mesh.
+        return list(param.device_mesh.shape)
     # FSDP1 HYBRID_SHARD keeps the shard group as process_group and the replicate group as
     # _inter_node_pg (its name from the one-node-per-replica case).
     return [dist.get_world_size(wrapped._inter_node_pg), dist.get_world_size(wrapped.process_group)]  # type: ignore[arg-type]
 
 
-def losses(flavor_name: str, strategy_name: str, local_batch: int, steps: int) -> list[float]:
+def losses(flavor_name: str, name: str, local_batch: int, steps: int, backend: str) -> list[float]:
+    strategy_name, _, knobs = name.partition(":")
     flavor = get_flavor(flavor_name)
     prec = policy("fp32")
     device = torch.device("cpu")
@@ -51,23 +62,28 @@ def losses(flavor_name: str, strategy_name: str, local_batch: int, steps: int) -
                        auto_wrap_policy=ModuleWrapPolicy({model.layer_cls}), use_orig_params=True)
     else:
         strategy = parse_strategy(strategy_name)
-        wrapped, _ = apply_strategy(model, strategy, Knobs(), prec, device)
+        wrapped, _ = apply_strategy(model, strategy, parse_knobs(knobs) if knobs else default_knobs(strategy), prec, device,
+                                    compile_backend=backend)
         if strategy.sharding == "hybrid" and strategy.group != 1:
-            GROUPS[strategy_name] = _groups(wrapped)
+            GROUPS[name] = _groups(wrapped)
     opt = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-3)
     rank = dist.get_rank()
-    m = train_loop(wrapped, opt, SyntheticBatches(flavor, local_batch, rank, steps, 0, device), steps, 0, prec, device)
+    compiled = name != "raw-hybrid1" and parse_strategy(strategy_name).compile
+    # A compiled loop needs a warm-up step (its compile); every step's loss is kept either way.
+    m = train_loop(wrapped, opt, SyntheticBatches(flavor, local_batch, rank, steps, 0, device), steps, int(compiled), prec, device,
+                   compiled=compiled)
     return [float(x) for x in m.loss]
 
 
 def main() -> None:
     flavor, global_batch, steps, strategies = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
+    backend = sys.argv[5] if len(sys.argv) > 5 else "inductor"
     env = launch.detect()
     from scaleladder.rung.ladder import unused_parameter_names
 
     unused_parameter_names(get_flavor(flavor).family)  # before the group, as the runner does
     launch.init(env, torch.device("cpu"))
-    out = {s: losses(flavor, s, global_batch // env.world, steps) for s in strategies}
+    out = {s: losses(flavor, s, global_batch // env.world, steps, backend) for s in strategies}
     if env.rank == 0:
         print("PARITY " + json.dumps(out))
         print("GROUPS " + json.dumps(GROUPS))
