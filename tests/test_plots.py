@@ -108,3 +108,13 @@ def test_report_html_and_markdown(seed_ladder: tuple[Path, list[Path]]) -> None:
     assert rows["flava-10b"]["fastest"].startswith("FSDP FULL_SHARD + AC")
     assert "DDP" in rows["flava-10b"]["out of memory"]
     assert cli(["report", "--ladder", str(ladder), "--plots", "x"]) == 2  # no output asked for
+
+
+def test_fsdp2_and_compiled_rungs_are_named_and_sit_beside_fsdp1() -> None:
+    from scaleladder.figures.style import knobs_label, strategy_label, strategy_sort_key
+
+    assert strategy_label("fsdp2-full-ac-compile") == "FSDP2 FULL_SHARD + AC + compile"
+    assert strategy_label("fsdp2-hybrid2") == "HSDP 2 GPUs" and strategy_label("fsdp-hybrid2") == "HYBRID 2 GPUs"
+    assert knobs_label("pf0") == "implicit prefetch" and knobs_label("pf2") == "prefetch 2 layers"
+    order = sorted(["fsdp2-full", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp2-grad-op"], key=strategy_sort_key)
+    assert order == ["ddp", "fsdp-grad-op", "fsdp2-grad-op", "fsdp-full", "fsdp2-full"]

@@ -39,23 +39,28 @@ def throughput_label(fam: str) -> str:
 
 
 def strategy_label(s: str) -> str:
-    ac = s.endswith("-ac")
-    base = s.removesuffix("-ac")
-    if base.startswith("fsdp-hybrid"):
-        g = base.removeprefix("fsdp-hybrid")
-        text = f"HYBRID {g} GPU{'s' if g != '1' else ''}"
+    """A rung's strategy as the seeds' figures name it; FSDP2 rungs say "FSDP2" so a reader
+    tells the two generations apart at a glance (issue 12)."""
+    compiled = s.endswith("-compile")
+    base = s.removesuffix("-compile")
+    ac = base.endswith("-ac")
+    base = base.removesuffix("-ac")
+    gen = "FSDP2" if base.startswith("fsdp2-") else "FSDP"
+    sharding = base.removeprefix("fsdp2-").removeprefix("fsdp-")
+    if base.startswith(("fsdp-hybrid", "fsdp2-hybrid")):
+        g = sharding.removeprefix("hybrid")
+        text = f"{'HSDP' if gen == 'FSDP2' else 'HYBRID'} {g} GPU{'s' if g != '1' else ''}"
+    elif base.startswith(("fsdp-", "fsdp2-")):
+        text = f"{gen} " + {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}.get(sharding, sharding)
     else:
-        text = {
-            "single": "single process",
-            "ddp": "DDP",
-            "fsdp-full": "FSDP FULL_SHARD",
-            "fsdp-grad-op": "FSDP SHARD_GRAD_OP",
-            "fsdp-no-shard": "FSDP NO_SHARD",
-        }.get(base, base)
-    return text + (" + AC" if ac else "")
+        text = {"single": "single process", "ddp": "DDP"}.get(base, base)
+    return text + (" + AC" if ac else "") + (" + compile" if compiled else "")
 
 
 def knobs_label(k: str) -> str:
+    if k.startswith("pf"):  # FSDP2: explicit prefetch of the next k layers
+        n = k.removeprefix("pf")
+        return "implicit prefetch" if n == "0" else f"prefetch {n} layer{'s' if n != '1' else ''}"
     parts = k.split("-") + ["lag"]
     prefetch = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": "no prefetch"}.get(parts[0], parts[0])
     lag = "limit_all_gathers" if parts[1] == "lag" else "no limit_all_gathers"
@@ -99,8 +104,9 @@ def note(ax: Axes, text: str) -> None:
 
 
 def strategy_sort_key(s: str) -> tuple[int, int, str]:
-    """From least to most sharded, the order of every legend and axis."""
-    base = s.removesuffix("-ac")
+    """From least to most sharded, the order of every legend and axis; an FSDP2 rung sits
+    right after its FSDP1 counterpart, so the two generations stand side by side."""
+    base = s.removesuffix("-compile").removesuffix("-ac").replace("fsdp2-", "fsdp-")
     rank = ["single", "ddp", "fsdp-no-shard", "fsdp-grad-op", "fsdp-full"]
     if base.startswith("fsdp-hybrid"):
         return (len(rank), int(base.removeprefix("fsdp-hybrid") or 0), s)
