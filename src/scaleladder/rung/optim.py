@@ -94,13 +94,13 @@ class MasterWeightAdamW:
 
     @torch.no_grad()
     def step(self) -> None:
-        live = [(p, m) for p, m in zip(self.params, self.masters) if p.grad is not None]
+        live = [(p, g, m) for p, m in zip(self.params, self.masters) if (g := p.grad) is not None]
         if not live:
             return
-        for p, m in live:
-            m.grad = _local(p.grad).float()
+        for _, g, m in live:
+            m.grad = _local(g).float()
         self.inner.step()
-        params, masters = zip(*live)
+        params, _, masters = zip(*live)
         torch._foreach_copy_([_local(p) for p in params], list(masters))  # rounds fp32 -> bf16 in one launch
         for m in masters:
             m.grad = None  # the fp32 gradient copies live only for the step
@@ -154,6 +154,7 @@ def _sharded_scaler(device: torch.device) -> Any:
             # (.item()); GPUs take torch._amp_update_scale_, which runs on the CPU as well
             # (GradScaler("cpu") uses it). Taking it here keeps the CPU on the GPU's path,
             # so the tests' sync counter sees what a GPU would.
+            assert self._scale is not None and self._growth_tracker is not None  # made by scale() before any update
             torch._amp_update_scale_(self._scale, self._growth_tracker, found_inf, self._growth_factor,
                                      self._backoff_factor, self._growth_interval)
 
