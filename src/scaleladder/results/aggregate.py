@@ -12,6 +12,14 @@ temporary file and renamed over the old one, so running it twice gives the same 
 and a crash half way leaves the previous file intact. Never SWMR or in-place appends:
 those are unreliable on NFS and Lustre (docs/design.md).
 
+Repeats (``repeats: R`` in the config): repeat 0 of a rung is ``<spec>.h5`` as ever, repeat
+k ≥ 1 is ``<spec>.r<k>.h5`` beside it. With R > 1 every repeat's file is copied whole to
+``/rungs/<spec>/repeats/r<k>``, and the rung's own group is repeat 0's record (or, when
+some repeat ran out of memory, the first such record: a batch that fits only sometimes
+does not fit) with the headline replaced by the between-run summary of
+``results.stats.between_runs``. A rung file without the within-run interval (written
+before it existed) gets it here, from its own ``step_time_s``.
+
 Provenance: the root records when and from what it was built (each source file with
 its SHA-256), the scaleladder version and git commit, and the workflow's own JSON
 description of the ladder (``--provenance``).
@@ -25,7 +33,9 @@ import argparse
 import glob
 import hashlib
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -36,6 +46,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from scaleladder.results.stats import between_runs, within_run
 from scaleladder.spec import RunSpec, SpecError
 
 FORMAT = "scaleladder-ladder/1"
@@ -74,19 +85,67 @@ def _version() -> str:
         return ""
 
 
+_REPEAT = re.compile(r"^(?P<stem>.*)\.r(?P<k>[1-9][0-9]*)\.h5$")
+
+
+def split_repeat(path: str) -> tuple[str, int]:
+    """``.../b8.r2.h5`` -> (``.../b8.h5``, 2); a path without a repeat suffix is repeat 0."""
+    m = _REPEAT.match(path)
+    return (f"{m['stem']}.h5", int(m["k"])) if m else (path, 0)
+
+
+def repeat_path(path: str, k: int) -> str:
+    """Repeat ``k`` of the rung file ``path`` (repeat 0 is ``path`` itself)."""
+    return path if k == 0 else f"{path.removesuffix('.h5')}.r{k}.h5"
+
+
 def spec_of_file(path: str) -> str:
     """The canonical spec path a rung file's location names (SpecError if it names none)."""
-    return RunSpec.from_path(os.path.abspath(path)).path
+    return RunSpec.from_path(os.path.abspath(split_repeat(path)[0])).path
+
+
+def _fill_within(g: h5py.Group) -> None:
+    """Give an ok record that lacks it the within-run interval, from its own step times."""
+    if _str(g.attrs.get("status")) != "ok" or "items_per_s_ci_low" in g.attrs or "step_time_s" not in g:
+        return
+    ips = float(g.attrs.get("items_per_s", math.nan))
+    for k, v in within_run(g["step_time_s"][()], int(g.attrs.get("warmup", 0)), ips).items():
+        g.attrs[k] = v
+
+
+def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> None:
+    """The between-run summary of a rung's repeats, onto its own group ``g``."""
+    statuses = [_str(repeats[k].attrs.get("status", "unknown")) for k in sorted(repeats)]
+    g.attrs["repeats"] = len(repeats)
+    g.attrs["repeat_statuses"] = json.dumps(statuses)
+    ok = [repeats[k] for k in sorted(repeats) if statuses[k] == "ok"]
+    if _str(g.attrs.get("status")) != "ok" or len(ok) < 2:
+        return
+    values = [float(r.attrs.get("items_per_s", math.nan)) for r in ok]
+    within = [(float(r.attrs.get("items_per_s", math.nan)), float(r.attrs.get("items_per_s_ci_low", math.nan)),
+               float(r.attrs.get("items_per_s_ci_high", math.nan))) for r in ok]
+    summary = between_runs(values, within)
+    # samples/s follows items/s: one sample is items_per_sample items in every repeat.
+    ratio = float(g.attrs.get("samples_per_s", math.nan)) / float(g.attrs.get("items_per_s", math.nan) or math.nan)
+    summary["samples_per_s"] = summary["items_per_s"] * ratio
+    for k, v in summary.items():
+        g.attrs[k] = v
 
 
 def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None = None) -> dict[str, int]:
     """(Re)write ``out`` from ``rung_files``; return the count of rungs per status."""
-    by_spec: dict[str, str] = {}
+    by_spec: dict[str, dict[int, str]] = {}
     for f in rung_files:
-        spec = spec_of_file(f)
-        if spec in by_spec and os.path.abspath(by_spec[spec]) != os.path.abspath(f):
-            raise SpecError(f"two rung files name the same spec {spec!r}: {by_spec[spec]} and {f}")
-        by_spec[spec] = f
+        spec, k = spec_of_file(f), split_repeat(f)[1]
+        seen = by_spec.setdefault(spec, {})
+        if k in seen and os.path.abspath(seen[k]) != os.path.abspath(f):
+            raise SpecError(f"two rung files name the same spec {spec!r} (repeat {k}): {seen[k]} and {f}")
+        seen[k] = f
+    for spec, reps in by_spec.items():
+        if sorted(reps) != list(range(len(reps))):
+            missing = sorted(set(range(max(reps) + 1)) - set(reps))
+            raise SpecError(f"rung {spec!r}: repeat(s) {missing} missing beside {[reps[k] for k in sorted(reps)]} "
+                            "(repeat 0 is <spec>.h5, repeat k is <spec>.r<k>.h5)")
 
     counts: Counter[str] = Counter()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +155,9 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
             rungs = dst.create_group("rungs")
             sources = []
             for spec in sorted(by_spec):  # sorted: the same inputs give the same file
-                path = by_spec[spec]
+                reps = by_spec[spec]
+                lead = _lead(reps)
+                path = reps[lead]
                 with h5py.File(path, "r") as src:
                     parent = rungs.require_group(os.path.dirname(spec))
                     # Group.copy of the source's root: attributes and every dataset, as is.
@@ -105,9 +166,22 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
                 digest = _sha256(path)
                 g.attrs["source_file"] = os.path.relpath(path)
                 g.attrs["source_sha256"] = digest
+                _fill_within(g)
+                if len(reps) > 1:
+                    copies = {}
+                    for k in sorted(reps):
+                        with h5py.File(reps[k], "r") as src:
+                            src.copy(src["/"], g.require_group("repeats"), name=f"r{k}")
+                        copies[k] = g[f"repeats/r{k}"]
+                        copies[k].attrs["source_file"] = os.path.relpath(reps[k])
+                        copies[k].attrs["source_sha256"] = _sha256(reps[k])
+                        _fill_within(copies[k])
+                    _summarize_repeats(g, copies)
                 status = _str(g.attrs.get("status", "unknown"))
                 counts[status] += 1
-                sources.append({"spec": spec, "file": os.path.relpath(path), "sha256": digest, "status": status})
+                for k in sorted(reps):
+                    sources.append({"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]),
+                                    "sha256": _sha256(reps[k]) if k != lead else digest, "status": status})
             dst.attrs["format"] = FORMAT
             dst.attrs["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             dst.attrs["scaleladder_version"] = _version()
@@ -121,6 +195,16 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
         if os.path.exists(tmp):
             os.unlink(tmp)
     return dict(counts)
+
+
+def _lead(reps: dict[int, str]) -> int:
+    """The repeat whose record the rung's group is: repeat 0, unless a repeat ran out of
+    memory (then the first that did: a batch that fits only sometimes does not fit)."""
+    for k in sorted(reps):
+        with h5py.File(reps[k], "r") as f:
+            if _str(f.attrs.get("status", "")) != "ok":
+                return k
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -167,7 +251,8 @@ def read_ladder(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         root = {k: _plain(v) for k, v in f.attrs.items()}
 
         def visit(name: str, obj: Any) -> None:
-            if isinstance(obj, h5py.Group) and "status" in obj.attrs:
+            # a rung's repeats (<spec>/repeats/r<k>) are read through the rung, not as rungs
+            if isinstance(obj, h5py.Group) and "status" in obj.attrs and "/repeats/r" not in f"/{name}":
                 r = {k: _plain(v) for k, v in obj.attrs.items()}
                 r["spec"] = name
                 for ds in ("step_time_s", "loss"):

@@ -325,6 +325,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     from scaleladder.models.flavors import get_flavor
     from scaleladder.rung.optim import make_optimizer, make_scaler
     from scaleladder.rung.precision import policy
+    from scaleladder.results.stats import within_run
     from scaleladder.results.store import write_record
 
     spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
@@ -373,6 +374,8 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "step_time_mean_s": float(measured.mean()),
         "step_time_median_s": float(np.median(measured)),
         "step_time_p90_s": float(np.percentile(measured, 90)),
+        # the interval of items_per_s over the window's steps (results/stats.py, docs/metrics.md)
+        **within_run(m.step_time_s, cfg.warmup, samples_per_s * items_per_sample),
         "tflops_per_device": per_device / 1e12,
         "peak_tflops_per_device": peak / 1e12,
         "mfu": per_device / peak,

@@ -1,0 +1,127 @@
+"""How sure a rung's throughput is: the interval of one run, and the spread between runs.
+
+Torch-free (numpy and the standard library), so the rung, the aggregate and ``compare``
+share one definition; docs/metrics.md states it for readers.
+
+**Within a run** (:func:`within_run`): the measured window is ``step_time_s[warmup:]``.
+Consecutive steps are not independent (a slow step is often followed by a slow step:
+clock boosts, a neighbour's job, the allocator growing), so the i.i.d. interval
+``mean ± t·sd/√n`` is too narrow; on an AR(1) series with φ = 0.7 it covers the true
+mean about 60% of the time instead of 95% (tests/test_stats.py). We use **batch means**
+(Flegal & Jones 2010): cut the window into ``b = ⌊√n⌋`` contiguous batches of
+``m = ⌊n/b⌋`` steps (the first ``n − b·m`` steps, the ones nearest the warm-up, are
+dropped), treat the batch means as the sample, and take Student's t with ``b − 1``
+degrees of freedom. Batches long enough to swallow the correlation make the batch
+means nearly independent; √n batches of √n steps is the usual consistent choice.
+
+The step-time interval becomes a throughput interval by the same window throughput:
+``items_per_s × mean / [hi, lo]`` (throughput is items over mean step time, so the
+bounds swap). Below :data:`MIN_STEPS` measured steps there are fewer than 3 batches of
+3 steps; then the interval is NaN and ``ci_note`` says why, never a narrow interval
+made of too little data.
+
+**Between runs** (:func:`between_runs`): ``repeats: R`` runs each rung R times in fresh
+processes. The rung's headline becomes the mean of the R throughputs, and its interval
+``mean ± t(R−1)·sd/√R``: the spread of whole runs, which includes what one run cannot
+see (placement, clocks, the node's neighbours). Within-run spread is kept beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: Two-sided confidence of every interval scaleladder records.
+CONFIDENCE = 0.95
+#: Fewest measured steps that give an interval: 3 batches of 3 steps.
+MIN_STEPS = 9
+
+# Student's t quantile at 0.975 for 1..30 degrees of freedom (scipy is not a dependency);
+# above 30 the normal's 1.96 is within 2%.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(dof: int) -> float:
+    """Student's t 97.5% quantile (two-sided 95%) for ``dof`` degrees of freedom."""
+    if dof < 1:
+        raise ValueError(f"t quantile needs at least 1 degree of freedom, got {dof}")
+    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+def batch_means(x: Sequence[float] | np.ndarray) -> tuple[float, float, str, str]:
+    """The mean of ``x`` and its 95% interval's half-width by batch means, the method in
+    words, and why there is no interval ('' when there is one; the half-width is then NaN)."""
+    a = np.asarray(x, dtype=float)
+    n = a.size
+    if n == 0:
+        return math.nan, math.nan, "", "no measured steps"
+    mean = float(a.mean())
+    if not np.all(np.isfinite(a)):
+        return mean, math.nan, "", "a measured step time is not finite"
+    if n < MIN_STEPS:
+        return mean, math.nan, "", f"{n} measured steps: an interval needs at least {MIN_STEPS} (3 batches of 3)"
+    b = math.isqrt(n)
+    m = n // b
+    batches = a[n - b * m:].reshape(b, m).mean(axis=1)  # drop the oldest leftover steps
+    half = t975(b - 1) * float(batches.std(ddof=1)) / math.sqrt(b)
+    return mean, half, f"batch means: {b} batches of {m} steps, t({b - 1}), {CONFIDENCE:.0%}", ""
+
+
+def within_run(step_time_s: Sequence[float] | np.ndarray, warmup: int, items_per_s: float) -> dict[str, Any]:
+    """The record attributes of one run's uncertainty (docs/metrics.md):
+    ``items_per_s_median`` (throughput at the median step), ``items_per_s_ci_low`` /
+    ``_high`` (95% interval of ``items_per_s``), ``ci_method``, ``ci_note`` (why the
+    interval is NaN; '' otherwise), ``ci_level`` and ``ci_steps`` (steps it rests on)."""
+    measured = np.asarray(step_time_s, dtype=float)[int(warmup):]
+    mean, half, method, note = batch_means(measured)
+    attrs: dict[str, Any] = {"ci_level": CONFIDENCE, "ci_steps": int(measured.size), "ci_method": method, "ci_note": note}
+    ok = measured.size > 0 and math.isfinite(mean) and mean > 0 and math.isfinite(items_per_s)
+    median = float(np.median(measured)) if measured.size else math.nan
+    attrs["items_per_s_median"] = items_per_s * mean / median if ok and median > 0 else math.nan
+    if ok and math.isfinite(half):
+        lo, hi = mean - half, mean + half
+        attrs["items_per_s_ci_low"] = items_per_s * mean / hi
+        # A lower step-time bound at or below 0 bounds the throughput from below only.
+        attrs["items_per_s_ci_high"] = items_per_s * mean / lo if lo > 0 else math.inf
+    else:
+        attrs["items_per_s_ci_low"] = attrs["items_per_s_ci_high"] = math.nan
+    return attrs
+
+
+def between_runs(values: Sequence[float], within: Sequence[tuple[float, float, float]] = ()) -> dict[str, Any]:
+    """The summary of R ≥ 2 repeats' throughputs ``values``: the headline ``items_per_s``
+    (their mean), its t interval, ``items_per_s_repeats``, ``between_run_cv`` (sd/mean), and
+    ``within_run_rel_halfwidth``: the median over repeats of each run's own interval
+    half-width relative to its value (``within``: (value, ci_low, ci_high) per repeat; NaN
+    where no repeat has an interval)."""
+    x = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    r = int(x.size)
+    attrs: dict[str, Any] = {"repeats": len(values), "items_per_s_repeats": [float(v) for v in values], "ci_level": CONFIDENCE}
+    if r < 2:
+        raise ValueError(f"between-run spread needs at least 2 measured repeats, got {r}")
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    half = t975(r - 1) * sd / math.sqrt(r)
+    attrs.update({
+        "items_per_s": mean,
+        "items_per_s_ci_low": mean - half,
+        "items_per_s_ci_high": mean + half,
+        "items_per_s_median": float(np.median(x)),
+        "ci_method": f"between runs: t({r - 1}) over {r} repeats, {CONFIDENCE:.0%}",
+        "ci_note": "",
+        "between_run_cv": sd / mean if mean > 0 else math.nan,
+    })
+    rel = [(hi - lo) / 2 / v for v, lo, hi in within if v > 0 and math.isfinite(lo) and math.isfinite(hi)]
+    attrs["within_run_rel_halfwidth"] = float(np.median(rel)) if rel else math.nan
+    return attrs
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool | None:
+    """Whether two intervals overlap; None when either is unknown (NaN), so a caller
+    cannot mistake 'no interval' for 'distinct'."""
+    if any(math.isnan(v) for v in (*a, *b)):
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
