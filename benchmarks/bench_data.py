@@ -44,12 +44,17 @@ from scaleladder.models.flavors import get_flavor
 from gpu_check import cpu_model  # benchmarks/ is on sys.path: this runs as a script beside it
 
 
-def _make_folder(folder: Path, n: int, size: int) -> int:
-    """n synthetic JPEGs with sidecar captions and labels; returns their total bytes."""
+def _make_folder(folder: Path, n: int, sides: tuple[int, int]) -> int:
+    """n synthetic JPEGs with sidecar captions and labels; returns their total bytes.
+
+    Sides are spread evenly over ``sides``: 300..940 px gives JPEGs of about 20 to
+    200 KB (the issue's range: web images), about 100 KB on average.
+    """
     folder.mkdir(parents=True)
     total = 0
+    lo, hi = sides
     for i in range(n):
-        s = synthetic.make_sample(0, i, size)
+        s = synthetic.make_sample(0, i, lo + (hi - lo) * i // max(n - 1, 1))
         for suffix, data in ((".jpg", s.jpeg), (".txt", s.caption.encode()), (".cls", str(s.label).encode())):
             (folder / f"{i:06d}{suffix}").write_bytes(data)
             total += len(data)
@@ -61,10 +66,11 @@ def _rates(times: list[float], amount: float) -> str:
     return f"median {statistics.median(rates):7.1f}, best {rates[-1]:7.1f}"
 
 
-def bench_shard_writing(work: Path, n: int, size: int, repeats: int) -> Path:
+def bench_shard_writing(work: Path, n: int, sides: tuple[int, int], repeats: int) -> None:
     folder = work / "images"
-    nbytes = _make_folder(folder, n, size)
+    nbytes = _make_folder(folder, n, sides)
     mb = nbytes / 1e6
+    sizes = sorted(p.stat().st_size for p in folder.glob("*.jpg"))
     shard_times, tar_times = [], []
     for r in range(repeats):
         out = work / f"shards{r}"
@@ -74,11 +80,24 @@ def bench_shard_writing(work: Path, n: int, size: int, repeats: int) -> Path:
         t = time.perf_counter()
         subprocess.run(["tar", "cf", str(work / "plain.tar"), "-C", str(folder), "."], check=True)
         tar_times.append(time.perf_counter() - t)
+        if r:
+            shutil.rmtree(out)
     out_mb = sum(p.stat().st_size for p in (work / "shards0").glob("*.tar")) / 1e6
-    print(f"shard writing: {n} samples (jpg+txt+cls files), {mb:.1f} MB in, {out_mb:.1f} MB of shards out; {repeats} runs")
+    print(f"shard writing: {n} samples (jpg+txt+cls files; JPEGs {sizes[0] / 1e3:.0f}-{sizes[-1] / 1e3:.0f} KB, "
+          f"median {statistics.median(sizes) / 1e3:.0f} KB), {mb:.1f} MB in, {out_mb:.1f} MB of shards out; "
+          f"{repeats} runs, files in the page cache")
     print(f"  scaleladder shard --images : MB/s {_rates(shard_times, mb)}   samples/s {_rates(shard_times, n)}")
     print(f"  tar cf (ceiling)           : MB/s {_rates(tar_times, mb)}   samples/s {_rates(tar_times, n)}")
-    return work / "shards0"
+    ratio = statistics.median(tar_times) / statistics.median(shard_times)
+    print(f"  shard / tar (medians)      : {ratio:.2f}x")
+    shutil.rmtree(work / "shards0")
+
+
+def make_loader_shards(work: Path, n: int, size: int) -> Path:
+    """The loader's input: the embedded synthetic set at ``size`` px (18 KB JPEGs at 256)."""
+    out = work / "loader-shards"
+    assert shard(["--out", str(out), "--samples", str(n), "--image-size", str(size), "--per-shard", "128", "--quiet"]) == 0
+    return out
 
 
 def bench_checksums(shards: Path, repeats: int) -> None:
@@ -115,7 +134,11 @@ def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, wor
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=768, help="samples in the benchmark shard set")
-    p.add_argument("--source-size", type=int, default=256, help="side of the JPEGs in the shards (px)")
+    p.add_argument("--source-size", type=int, default=256, help="side of the JPEGs in the loader's shards (px)")
+    p.add_argument("--shard-samples", type=int, default=768, help="images for the shard-writing benchmark")
+    p.add_argument("--shard-sides", type=int, nargs=2, default=[300, 940], metavar=("MIN", "MAX"),
+                   help="image sides for the shard-writing benchmark (px; 300 940 gives 20-200 KB JPEGs)")
+    p.add_argument("--skip-loader", action="store_true", help="only the shard-writing benchmark")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--batches", type=int, default=12, help="timed batches per window")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
@@ -128,7 +151,10 @@ def main() -> int:
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     work = Path(tempfile.mkdtemp(prefix="bench_data-"))
     try:
-        manifest = bench_shard_writing(work, args.samples, args.source_size, args.repeats)
+        bench_shard_writing(work, args.shard_samples, tuple(args.shard_sides), args.repeats)
+        if args.skip_loader:
+            return 0
+        manifest = make_loader_shards(work, args.samples, args.source_size)
         bench_checksums(manifest, args.repeats)
         print(f"loader: batch {args.batch}, {args.repeats} x {args.batches} timed batches after 3 warm-up, "
               f"{args.source_size} px JPEG shards")

@@ -48,6 +48,12 @@ def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
     tg = tok.add_mutually_exclusive_group()
     tg.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N", help=f"train a WordPiece vocabulary of at most N tokens on the captions (default {DEFAULT_VOCAB_SIZE}, fits flava-debug)")
     tg.add_argument("--vocab", type=Path, default=None, metavar="VOCAB_TXT", help="use this BERT vocab.txt instead (e.g. bert-base-uncased for the real FLAVA flavors)")
+    par = parser.add_argument_group("parallel sharding (N jobs over slices of the input; the result does not depend on N)")
+    par.add_argument("--parts", type=Path, default=None, metavar="DIR",
+                     help="where slices are written and gathered from; alone: every slice in this process, then the gather")
+    pg = par.add_mutually_exclusive_group()
+    pg.add_argument("--slice", default=None, metavar="K/N", help="write slice K of N (0 <= K < N) into --parts, nothing else")
+    pg.add_argument("--gather", type=int, default=None, metavar="N", help="make --out from the N slices in --parts")
     parser.add_argument("--skip-bad", action="store_true", help="skip bad samples (counted in the manifest) instead of failing")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (no progress lines, no summary)")
 
@@ -86,6 +92,10 @@ def _validate(args: argparse.Namespace) -> None:
         value = getattr(args, what)
         if value is not None and value < 1:
             raise DataError(f"--{what.replace('_', '-')} must be >= 1, got {value}")
+    if (args.slice is not None or args.gather is not None) and args.parts is None:
+        raise DataError("--slice and --gather need --parts DIR (where the slices go)")
+    if args.gather is not None and args.gather < 1:
+        raise DataError(f"--gather must be >= 1, got {args.gather}")
     if args.name is not None and not _NAME_RE.match(args.name):
         raise DataError(f"--name {args.name!r} may only hold letters, digits, '-' and '_' (no dots: WebDataset splits keys at dots)")
 
@@ -98,7 +108,8 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def shard_main(args: argparse.Namespace) -> int:
-    from scaleladder.data.shard import ShardOptions, write_shard_set  # webdataset/PIL only when needed
+    from scaleladder.data import slices  # webdataset/PIL only when needed
+    from scaleladder.data.shard import ShardOptions, write_shard_set
 
     # SIGTERM (Slurm time limit, Snakemake cancel) must run the cleanup below too;
     # Python's default for SIGTERM is to die without unwinding.
@@ -124,7 +135,16 @@ def shard_main(args: argparse.Namespace) -> int:
             "vocab": str(args.vocab) if args.vocab else None,
             "skip_bad": args.skip_bad,
         }
-        source = _source(args, samples, image_size)
+        if args.parts is not None:
+            # Sliced sharding lays samples out by input index (see slices.py), which
+            # differs from the one-process layout once a bad sample is skipped: so it is
+            # part of the command that reproduces the set (but N is not: it changes nothing).
+            options["parts"] = str(args.parts)
+        if args.slice is not None:
+            k, n = slices.parse_slice(args.slice)  # before the source is read: a bad K/N fails at once
+        # The gather step reads no source: what it needs (the source's description,
+        # the class names) is in the slice records.
+        source = _source(args, samples, image_size) if args.gather is None else None
         opts = ShardOptions(
             name=name,
             per_shard=args.per_shard,
@@ -135,11 +155,27 @@ def shard_main(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             overwrite=args.overwrite,
             samples=samples,
-            expected=source.candidates,
-            classes=source.classes,
+            expected=source.candidates if source else None,
+            classes=source.classes if source else None,
         )
-        provenance = {"command": _canonical_command(args, options), "options": options, "source": source.describe}
-        manifest = write_shard_set(source.items, out, opts, provenance)
+        provenance = {"command": _canonical_command(args, options), "options": options,
+                      "source": source.describe if source else None}
+        if args.slice is not None:
+            assert source is not None
+            record = slices.write_slice(source, args.parts, opts, k, n)
+            if not args.quiet:
+                print(f"wrote slice {k}/{n} to {args.parts} ({record.name})")
+            return 0
+        if args.parts is not None:
+            n = args.gather
+            if n is None:  # no --slice, no --gather: every slice here (one), then the gather
+                n = 1
+                assert source is not None
+                slices.write_slice(source, args.parts, opts, 0, 1)
+            manifest = slices.gather(args.parts, n, out, opts, provenance)
+        else:
+            assert source is not None
+            manifest = write_shard_set(source.items, out, opts, provenance)
     except DataError as e:
         print(f"scaleladder shard: error: {e}", file=sys.stderr)
         return 2

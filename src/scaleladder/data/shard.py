@@ -19,7 +19,6 @@ Keys here are zero-padded sample numbers: no dots, and they sort in write order.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -31,25 +30,18 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import webdataset as wds  # type: ignore[import-untyped]
-from PIL import Image
+from typing import Any
 
 from scaleladder.data import tokenizer as tokmod
 from scaleladder.data.errors import DataError
+from scaleladder.data.jpeg import MAX_BYTES_AFTER_EOI, check_jpeg_end  # noqa: F401 - re-exported (tests, callers)
 from scaleladder.data.manifest import write_manifest
-from scaleladder.data.sources import BadSample, Item, RawSample
+from scaleladder.data.prepare import JPEG_QUALITY, Prepared, prepare_image, prepared_stream  # noqa: F401 - re-exported
+from scaleladder.data.sources import BadSample, Item, Pending
+from scaleladder.data.tarout import ShardFile
 
-JPEG_QUALITY = 90
 MAX_SKIP_EXAMPLES = 20
 PROGRESS_EVERY_S = 2.0
-# Bytes allowed after a JPEG's last end-of-image marker: some encoders and cameras
-# leave a little padding there. A partly downloaded file cut short and padded with
-# zeros (PIL decodes those zeros as image data without complaint) has no marker
-# after its last scan at all.
-MAX_BYTES_AFTER_EOI = 1024
-_SOI, _SOS, _EOI = b"\xff\xd8", b"\xff\xda", b"\xff\xd9"
 
 
 @dataclass
@@ -66,84 +58,19 @@ class ShardOptions:
     expected: int | None = None  # how many items the source holds, when known (progress total / ETA)
     classes: list[str] | None = None  # class names when the source's labels are names (id = index)
     progress_every: float = PROGRESS_EVERY_S
+    threads: int | None = None  # reader/validator threads (None: a default from the core count; 0: none)
 
 
-class _HashingWriter:
-    """A write-only file wrapper that hashes and counts what passes through.
-
-    Saves re-reading every shard to checksum it.
-    """
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f = f
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def check_jpeg_end(data: bytes) -> None:
-    """Raise ValueError unless the JPEG ends with an end-of-image marker after its last scan.
-
-    The marker must follow the last start-of-scan (an EXIF thumbnail carries its own
-    FF D9 before the main image's scans), and at most ``MAX_BYTES_AFTER_EOI`` bytes may
-    follow the last one. Entropy-coded data cannot hold FF D9 (a coded FF is always
-    followed by 00 or a restart marker), so a marker there is a real end.
-    """
-    eoi, sos = data.rfind(_EOI), data.rfind(_SOS)
-    if eoi < 0 or eoi < sos:
-        raise ValueError("corrupt or truncated image (no JPEG end-of-image marker FF D9 after the last scan: "
-                         "cut short, or padded with zeros after a cut)")
-    trailing = len(data) - eoi - len(_EOI)
-    if trailing > MAX_BYTES_AFTER_EOI:
-        raise ValueError(f"corrupt or truncated image ({trailing} bytes after the JPEG end-of-image marker, "
-                         f"at most {MAX_BYTES_AFTER_EOI} allowed)")
-
-
-def prepare_image(data: bytes, image_size: int | None) -> tuple[bytes, int, int]:
-    """Validate and, if needed, re-encode an image as JPEG. Returns (jpeg, width, height).
-
-    Validation is a decode plus, for JPEGs, :func:`check_jpeg_end`. Only a decode is
-    a reliable test: ``Image.verify()`` misses truncated JPEGs, which PIL notices
-    when it runs out of data for the last scanlines. JPEGs are decoded in "draft"
-    mode (DCT-scaled, 1/8 or just above the target size), not fully: every byte of
-    entropy-coded data is still read, so truncation is still caught, at about half
-    the cost of a full decode. Trap: a file cut short and then padded with zeros
-    (a preallocated, partly downloaded file) decodes without error, the zeros read
-    as image data; only the missing end-of-image marker shows it.
-    """
-    if data[:2] == _SOI:
-        check_jpeg_end(data)
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            fmt, (w, h) = img.format, img.size
-            needs_resize = image_size is not None and min(w, h) > image_size
-            if fmt == "JPEG" and img.mode in ("RGB", "L") and not needs_resize:
-                img.draft(img.mode, (max(1, w // 8), max(1, h // 8)))
-                img.load()
-                return data, w, h  # pass through: no generation loss, and fast
-            if needs_resize:
-                assert image_size is not None
-                scale = image_size / min(w, h)  # shorter side -> image_size; never upscale
-                size = (max(1, round(w * scale)), max(1, round(h * scale)))
-                img.draft("RGB", size)
-            else:
-                size = (w, h)
-            img.load()
-            rgb = img.convert("RGB")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ValueError(f"corrupt or truncated image ({e})") from None
-    if rgb.size != size:
-        rgb = rgb.resize(size, Image.Resampling.BICUBIC)
-    buf = io.BytesIO()
-    rgb.save(buf, format="JPEG", quality=JPEG_QUALITY)
-    return buf.getvalue(), rgb.width, rgb.height
+def sample_members(key: str, p: Prepared) -> list[tuple[str, bytes]]:
+    """A sample's tar members, in sorted order (``cls jpg json txt``, as WebDataset's TarWriter writes them)."""
+    item = p.sample
+    members = []
+    if item.label is not None:
+        members.append((f"{key}.cls", str(item.label).encode("ascii")))
+    members.append((f"{key}.jpg", p.jpeg))
+    members.append((f"{key}.json", json.dumps({**item.meta, "width": p.width, "height": p.height}, sort_keys=True).encode("utf-8")))
+    members.append((f"{key}.txt", item.caption.encode("utf-8")))
+    return members
 
 
 class _Progress:
@@ -186,7 +113,7 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
 
 
 @dataclass
-class _Stats:
+class Stats:
     widths: list[float] = field(default_factory=list)
     heights: list[float] = field(default_factory=list)
     words: list[float] = field(default_factory=list)
@@ -229,7 +156,7 @@ def _publishable(staging: Path) -> None:
     os.chmod(staging, 0o777 & ~umask)
 
 
-def write_shard_set(items: Iterable[Item], out: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
+def write_shard_set(items: Iterable[Item | Pending], out: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
     """Write every good sample of ``items`` into a new shard set at ``out``; return its manifest path.
 
     ``provenance`` (command, options, source) is stored in the manifest as given.
@@ -255,28 +182,24 @@ def write_shard_set(items: Iterable[Item], out: Path, opts: ShardOptions, proven
 INTERRUPTED = threading.Event()  # set by the CLI's SIGTERM handler
 
 
-def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
+def _write(items: Iterable[Item | Pending], staging: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
     shards: list[dict[str, Any]] = []
     captions: list[str] = []
-    stats = _Stats()
+    stats = Stats()
     known = [x for x in (opts.samples, opts.expected) if x is not None]
     progress = _Progress(opts.progress, opts.progress_every, min(known) if known else None)
     total_bytes = 0
-    sink: _HashingWriter | None = None
-    raw: BinaryIO | None = None
-    writer: wds.TarWriter | None = None
+    tar: ShardFile | None = None
     in_shard = 0
 
     def close_shard() -> None:
-        nonlocal sink, raw, writer, in_shard, total_bytes
-        if writer is None or sink is None or raw is None:
+        nonlocal tar, in_shard, total_bytes
+        if tar is None:
             return
-        writer.close()  # writes the end-of-archive blocks through ``sink``
-        raw.close()
-        name = f"{opts.name}-{len(shards):06d}.tar"
-        shards.append({"url": name, "nsamples": in_shard, "filesize": sink.size, "sha256": sink.sha.hexdigest()})
-        total_bytes += sink.size
-        writer, sink, raw, in_shard = None, None, None, 0
+        size, sha = tar.close()  # end-of-archive blocks, padded to a record, as tarfile writes them
+        shards.append({"url": tar.path.name, "nsamples": in_shard, "filesize": size, "sha256": sha})
+        total_bytes += size
+        tar, in_shard = None, 0
 
     def skip(bad: BadSample) -> None:
         if not opts.skip_bad:
@@ -286,60 +209,57 @@ def _write(items: Iterable[Item], staging: Path, opts: ShardOptions, provenance:
             stats.examples.append(bad.message)
 
     n = 0
+    stream = prepared_stream(items, opts.image_size, opts.threads)
     try:
-        for item in items:
+        for p in stream:
             if INTERRUPTED.is_set():
                 # The signal handler's KeyboardInterrupt can be swallowed when it fires
                 # inside a __del__ or a library callback ("Exception ignored in ...");
                 # the flag makes the stop certain.
                 raise KeyboardInterrupt("interrupted by a signal")
-            if isinstance(item, BadSample):
-                skip(item)
+            if isinstance(p, BadSample):
+                skip(p)
                 continue
-            assert isinstance(item, RawSample)
-            try:
-                jpeg, w, h = prepare_image(item.image, opts.image_size)
-            except ValueError as e:
-                skip(BadSample(item.origin, "corrupt_image", f"{item.origin}: {e}"))
-                continue
-            if writer is None:
-                raw = (staging / f"{opts.name}-{len(shards):06d}.tar").open("wb")
-                sink = _HashingWriter(raw)
-                writer = wds.TarWriter(sink, encoder=False, user="", group="", mode=0o444, mtime=0)
-            sample: dict[str, Any] = {
-                "__key__": f"{n:09d}",
-                "jpg": jpeg,
-                "txt": item.caption.encode("utf-8"),
-                "json": json.dumps({**item.meta, "width": w, "height": h}, sort_keys=True).encode("utf-8"),
-            }
+            if tar is None:
+                tar = ShardFile(staging / f"{opts.name}-{len(shards):06d}.tar")
+            for name, data in sample_members(f"{n:09d}", p):
+                tar.add(name, data)
+            item = p.sample
             if item.label is not None:
-                sample["cls"] = str(item.label).encode("ascii")
                 stats.labels[item.label] += 1
-            writer.write(sample)
             captions.append(item.caption)
-            stats.widths.append(w)
-            stats.heights.append(h)
+            stats.widths.append(p.width)
+            stats.heights.append(p.height)
             stats.words.append(len(item.caption.split()))
             n += 1
             in_shard += 1
             if in_shard == opts.per_shard:
                 close_shard()
-            progress.update(n, len(shards), total_bytes + (sink.size if sink else 0))
+            progress.update(n, len(shards), total_bytes + (tar.size if tar else 0))
             if n == opts.samples:
                 break  # counted after validation, so --samples N --skip-bad still writes N good ones
         close_shard()
     finally:
+        stream.close()  # stops the reader threads before the staging directory is removed
         close_items = getattr(items, "close", None)
         if close_items is not None:
             close_items()  # a source generator stopped early holds an open tar or table
-        # Failed mid-shard: release the half-written tar before the staging cleanup
-        # (closing the tar stream first, or its __del__ later writes to a closed file).
-        if writer is not None:
-            writer.close()
-        if raw is not None:
-            raw.close()
+        if tar is not None:
+            tar.abort()  # failed mid-shard: stop its sink thread before the staging cleanup
     progress.update(n, len(shards), total_bytes, final=n > 0 and time.monotonic() - progress.start > progress.every)
 
+    return finish_set(staging, opts, provenance, shards, captions, stats)
+
+
+def finish_set(staging: Path, opts: ShardOptions, provenance: dict[str, Any], shards: list[dict[str, Any]],
+               captions: list[str], stats: Stats) -> Path:
+    """Tokenizer + manifest for the shards already in ``staging``; returns the manifest path.
+
+    Shared by the one-process writer and the gather step of sliced sharding (:mod:`slices`),
+    so that both describe a set the same way.
+    """
+    n = len(captions)
+    total_bytes = sum(s["filesize"] for s in shards)
     if n == 0:
         first = f"; first: {stats.examples[0]}" if stats.examples else ""
         raise DataError(f"no samples to write ({sum(stats.skipped.values())} skipped as bad{first})")

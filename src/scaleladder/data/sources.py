@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -61,15 +63,31 @@ class BadSample:
 
 
 Item = RawSample | BadSample
+# An item whose files are not read yet: the writer calls it on a reader thread, so
+# reads overlap with writing (see :mod:`prepare`). Everything that touches the disk
+# per item (sidecar captions and labels, the image) happens inside the call.
+Pending = Callable[[], Item]
 INTEGER_LABELS = Labels(())  # sidecar .cls files: integers only
+
+
+# Sliced sharding (:mod:`slices`): an item tagged with where it stands in the whole
+# source, (index, input tar, phase). ``index`` is the global sample index for a sample
+# (phase 1); a source-level problem (a truncated or empty input tar: phase 0 before
+# the tar's samples, 2 after) carries the index of the sample it precedes. Slices sort
+# their skipped-sample reports by this tag, so the report does not depend on N.
+Tag = tuple[int, int, int]
+Tagged = tuple[Tag, Item | Pending]
 
 
 @dataclass
 class Source:
-    items: Iterator[Item]
+    items: Iterator[Item | Pending]
     describe: dict[str, Any]  # the manifest's "source"
     candidates: int | None = None  # items to expect, when known up front (progress total and ETA)
     classes: list[str] | None = None  # when labels are class names: label id = index
+    # The items with global indices lo..hi-1 (``last``: also what comes after the last
+    # one); only the slice's own input is read. None: the source cannot be sliced.
+    indexed: Callable[[int, int, bool], Iterator[Tagged]] | None = None
 
 
 # -- synthetic --------------------------------------------------------------------------
@@ -81,8 +99,17 @@ def iter_synthetic(samples: int, seed: int, image_size: int) -> Iterator[Item]:
         yield RawSample(f"synthetic sample {i}", s.jpeg, s.caption, s.label, {"index": i})
 
 
+def _synthetic_item(seed: int, i: int, image_size: int) -> Item:
+    s = synthetic.make_sample(seed, i, image_size)
+    return RawSample(f"synthetic sample {i}", s.jpeg, s.caption, s.label, {"index": i})
+
+
 def synthetic_source(samples: int, seed: int, image_size: int) -> Source:
-    return Source(iter_synthetic(samples, seed, image_size), {"kind": "synthetic", "seed": seed}, samples)
+    def indexed(lo: int, hi: int, last: bool) -> Iterator[Tagged]:
+        for i in range(lo, min(hi, samples)):
+            yield (i, 0, 1), partial(_synthetic_item, seed, i, image_size)  # made on a writer thread
+
+    return Source(iter_synthetic(samples, seed, image_size), {"kind": "synthetic", "seed": seed}, samples, indexed=indexed)
 
 
 # -- a folder of images with sidecar captions ------------------------------------------
@@ -91,7 +118,12 @@ def synthetic_source(samples: int, seed: int, image_size: int) -> Source:
 def list_images(folder: Path) -> list[Path]:
     if not folder.is_dir():
         raise DataError(f"{folder}: image folder does not exist")
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    # os.walk's scandir knows the file type from the directory entry (no stat per
+    # file, unlike Path.rglob + is_file). Sorted as Paths (by their parts), the order
+    # the shuffle and every earlier shard set started from.
+    images = [Path(root, name) for root, _dirs, files in os.walk(folder, followlinks=True) for name in files
+              if os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES]
+    images.sort(key=lambda p: p.parts)
     if not images:
         raise DataError(f"{folder}: no images found (looked for {' '.join(IMAGE_SUFFIXES)})")
     return images
@@ -107,27 +139,65 @@ def _shuffled(items: list[Any], seed: int) -> list[Any]:
 
 def folder_source(folder: Path, seed: int) -> Source:
     images = _shuffled(list_images(folder), seed)
-    return Source(_iter_folder(folder, images), {"kind": "folder", "images": str(folder)}, len(images))
+
+    def indexed(lo: int, hi: int, last: bool) -> Iterator[Tagged]:
+        for i in range(lo, min(hi, len(images))):
+            yield (i, 0, 1), partial(_load_folder_item, folder, images[i])
+
+    return Source(_iter_folder(folder, images), {"kind": "folder", "images": str(folder)}, len(images), indexed=indexed)
 
 
-def _iter_folder(folder: Path, images: list[Path]) -> Iterator[Item]:
+def _iter_folder(folder: Path, images: list[Path]) -> Iterator[Pending]:
     for path in images:
-        rel = path.relative_to(folder).as_posix()
-        txt = path.with_suffix(".txt")
-        if not txt.is_file():
-            yield BadSample(rel, "no_caption", f"{path}: no caption (expected sidecar {txt.name})")
-            continue
-        caption = txt.read_text(encoding="utf-8", errors="replace").strip()
-        if not caption:
-            yield BadSample(rel, "no_caption", f"{txt}: caption file is empty")
-            continue
-        cls = path.with_suffix(".cls")
-        try:
-            label = INTEGER_LABELS(cls.read_text()) if cls.is_file() else None
-        except ValueError:
-            yield BadSample(rel, "bad_label", f"{cls}: label is not a non-negative integer")
-            continue
-        yield RawSample(str(path), path.read_bytes(), caption, label, {"source": rel})
+        yield partial(_load_folder_item, folder, path)
+
+
+def read_file(path: Path) -> bytes:
+    """A file's bytes with as few system calls as a C program would make.
+
+    On the dev VM under load a system call cost 50-150 us, and Python's ``open()``
+    makes several per file (open, fstat, an isatty ioctl for text mode, lseek, read,
+    read at EOF, close); a folder source reads three files per sample. Here: open,
+    fstat, read, close. Raises FileNotFoundError / IsADirectoryError like ``open``.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size) if size else b""
+        if len(data) < size or not size:  # a short read, or a file whose size stat does not know (procfs, FUSE)
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data
+    finally:
+        os.close(fd)
+
+
+def _load_folder_item(folder: Path, path: Path) -> Item:
+    # Open, and catch what is missing, rather than stat first: each system call counts
+    # (see read_file).
+    rel = path.relative_to(folder).as_posix()
+    txt = path.with_suffix(".txt")
+    try:
+        # As read_text would (universal newlines), so captions match earlier shard sets.
+        caption = read_file(txt).decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n").strip()
+    except (FileNotFoundError, IsADirectoryError):
+        return BadSample(rel, "no_caption", f"{path}: no caption (expected sidecar {txt.name})")
+    if not caption:
+        return BadSample(rel, "no_caption", f"{txt}: caption file is empty")
+    cls = path.with_suffix(".cls")
+    try:
+        label = INTEGER_LABELS(read_file(cls).decode("utf-8", errors="replace"))
+    except (FileNotFoundError, IsADirectoryError):
+        label = None
+    except ValueError:
+        return BadSample(rel, "bad_label", f"{cls}: label is not a non-negative integer")
+    try:
+        image = read_file(path)
+    except (FileNotFoundError, IsADirectoryError):  # a dangling link, or a file removed since the listing
+        return BadSample(rel, "missing_file", f"{path}: file does not exist (a dangling link, or removed while sharding)")
+    return RawSample(str(path), image, caption, label, {"source": rel})
 
 
 # -- a folder of images with a CSV / JSONL table ---------------------------------------
@@ -183,33 +253,41 @@ def table_source(table: Path, images: Path | None, seed: int) -> Source:
         raise DataError(f"{table}: no caption column (expected one of {', '.join(CAPTION_COLUMNS)})")
     labels = Labels(row.get(label_col) for _n, row, _e in rows if row is not None) if label_col else INTEGER_LABELS
     describe = {"kind": "table", "table": str(table), "images": str(images) if images else None}
-    items = _iter_table(table, base, _shuffled(rows, seed), path_col, cap_col, label_col, labels)
-    return Source(items, describe, len(rows), labels.classes)
+    shuffled = _shuffled(rows, seed)
+    items = _iter_table(table, base, shuffled, path_col, cap_col, label_col, labels)
+
+    def indexed(lo: int, hi: int, last: bool) -> Iterator[Tagged]:
+        for i in range(lo, min(hi, len(shuffled))):
+            n, row, err = shuffled[i]
+            yield (i, 0, 1), partial(_table_item, table, base, n, row, err, path_col, cap_col, label_col, labels)
+
+    return Source(items, describe, len(rows), labels.classes, indexed=indexed)
 
 
 def _iter_table(table: Path, base: Path, rows: list[tuple[int, dict[str, Any] | None, str]], path_col: str, cap_col: str,
-                label_col: str | None, labels: Labels) -> Iterator[Item]:
+                label_col: str | None, labels: Labels) -> Iterator[Pending]:
     for n, row, err in rows:
-        where = f"{table.name}:{n}"
-        if row is None:
-            yield BadSample(where, "bad_row", f"{table}:{n}: {err}")
-            continue
-        rel = str(row.get(path_col) or "").strip()
-        path = base / rel
-        if not rel or not path.is_file():
-            yield BadSample(where, "missing_file", f"{table}:{n} ({path_col}={rel!r}): file {path} does not exist")
-            continue
-        caption = str(row.get(cap_col) or "").strip()
-        if not caption:
-            yield BadSample(where, "no_caption", f"{table}:{n} ({path_col}={rel!r}): empty {cap_col!r}")
-            continue
-        raw = row.get(label_col) if label_col else None
-        try:
-            label = labels(raw)
-        except ValueError as e:
-            yield BadSample(where, "bad_label", f"{table}:{n} ({label_col}={raw!r}): bad label ({e})")
-            continue
-        yield RawSample(f"{table}:{n} ({path_col}={rel!r})", path.read_bytes(), caption, label, {"source": rel})
+        yield partial(_table_item, table, base, n, row, err, path_col, cap_col, label_col, labels)
+
+
+def _table_item(table: Path, base: Path, n: int, row: dict[str, Any] | None, err: str, path_col: str, cap_col: str,
+                label_col: str | None, labels: Labels) -> Item:
+    where = f"{table.name}:{n}"
+    if row is None:
+        return BadSample(where, "bad_row", f"{table}:{n}: {err}")
+    rel = str(row.get(path_col) or "").strip()
+    path = base / rel
+    if not rel or not path.is_file():
+        return BadSample(where, "missing_file", f"{table}:{n} ({path_col}={rel!r}): file {path} does not exist")
+    caption = str(row.get(cap_col) or "").strip()
+    if not caption:
+        return BadSample(where, "no_caption", f"{table}:{n} ({path_col}={rel!r}): empty {cap_col!r}")
+    raw = row.get(label_col) if label_col else None
+    try:
+        label = labels(raw)
+    except ValueError as e:
+        return BadSample(where, "bad_label", f"{table}:{n} ({label_col}={raw!r}): bad label ({e})")
+    return RawSample(f"{table}:{n} ({path_col}={rel!r})", read_file(path), caption, label, {"source": rel})
 
 
 # -- existing WebDataset shards ---------------------------------------------------------
@@ -292,28 +370,92 @@ def _has_end_marker(shard: Path) -> bool:
         return f.read(1024) == bytes(1024)
 
 
-def _scan_wds(shards: list[Path]) -> tuple[int, Labels]:
-    """(samples, labels) of the input shards, reading only tar headers and the small cls/json members.
+def _scan_wds(shards: list[Path]) -> tuple[list[int], Labels]:
+    """(samples per shard, labels) of the input shards, reading only tar headers and the small cls/json members.
 
     Costs a second pass over the headers (the image data is skipped, not read): the
-    label ids must be fixed before the first sample is written.
+    label ids must be fixed before the first sample is written. The counts also fix
+    every sample's global index for sliced sharding.
     """
-    samples, raw = 0, []
+    counts, raw = [], []
     for shard in shards:
+        count = 0
         try:
             for _key, group in _tar_groups(shard, "r:*", frozenset({"cls", "json"})):
-                samples += 1
+                count += 1
                 raw.append(_raw_label(group, _meta(group)))
         except (tarfile.TarError, EOFError, OSError):
             pass  # the reading pass reports the damage, naming the shard
-    return samples, Labels(raw)
+        counts.append(count)
+    return counts, Labels(raw)
 
 
 def wds_source(specs: list[str]) -> Source:
     shards = expand_shards(specs)
-    samples, labels = _scan_wds(shards)
+    counts, labels = _scan_wds(shards)
     describe = {"kind": "webdataset", "shards": [str(s) for s in shards]}
-    return Source(_iter_wds(shards, labels), describe, samples, labels.classes)
+
+    def indexed(lo: int, hi: int, last: bool) -> Iterator[Tagged]:
+        return _iter_wds_indexed(shards, counts, labels, lo, hi, last)
+
+    return Source(_iter_wds(shards, labels), describe, sum(counts), labels.classes, indexed=indexed)
+
+
+def _wds_item(shard: Path, key: str, group: dict[str, bytes], labels: Labels) -> Item:
+    where = f"{shard}: key {key}"
+    image_ext = next((e for e in IMAGE_MEMBERS if e in group), None)
+    if image_ext is None:
+        return BadSample(where, "no_image", f"{shard}: key {key} has no image member ({'/'.join(IMAGE_MEMBERS)})")
+    meta = _meta(group)
+    caption = group["txt"].decode("utf-8", "replace").strip() if "txt" in group else str(meta.get("caption") or "").strip()
+    if not caption:
+        return BadSample(where, "no_caption", f"{shard}: key {key} has no caption (no txt member, no 'caption' in json)")
+    raw = _raw_label(group, meta)
+    try:
+        label = labels(raw)
+    except ValueError as e:
+        return BadSample(where, "bad_label", f"{shard}: key {key} label {raw!r}: bad label ({e})")
+    keep: dict[str, Any] = {k: meta[k] for k in ("url", "key", "width", "height") if k in meta}
+    return RawSample(where, group[image_ext], caption, label, {"source": f"{shard.name}:{key}", **keep})
+
+
+def _iter_wds_indexed(shards: list[Path], counts: list[int], labels: Labels, lo: int, hi: int,
+                      last: bool) -> Iterator[Tagged]:
+    """The samples with global indices lo..hi-1, and the tar-level problems this slice reports.
+
+    Indices come from the header scan (``counts``): tar t's samples are
+    ``offset[t] .. offset[t] + counts[t] - 1``, whatever N is; samples the reading pass
+    finds past the scanned count are not written. Only tars that overlap the slice are
+    read. A tar-level problem (truncated, corrupt, empty) is reported by exactly one
+    slice: the one holding the tar's last scanned sample (an empty tar: the one holding
+    the index where it stands, the last slice for the end), which reads the tar to its end.
+    """
+    offset = 0
+    for t, (shard, count) in enumerate(zip(shards, counts)):
+        o, offset = offset, offset + count
+        anchor = o + count - 1 if count else o
+        reports = lo <= anchor < hi or (last and count == 0 and o == hi)  # empty tars at the very end: the last slice
+        if not reports and (o + count <= lo or o >= hi):
+            continue  # no sample of this slice and nothing to report: not read at all
+        if reports and not _has_end_marker(shard):
+            yield (o, t, 0), BadSample(shard.name, "corrupt_tar", f"{shard}: truncated tar (no end-of-archive blocks)")
+        j = 0
+        try:
+            for key, group in _tar_groups(shard):
+                i = o + j
+                j += 1
+                if j > count or i >= hi:
+                    if reports:
+                        continue  # read to the end: the damage (if any) is this slice's to report
+                    break
+                if i >= lo:
+                    yield (i, t, 1), _wds_item(shard, key, group, labels)
+        except (tarfile.TarError, EOFError, OSError) as e:
+            if reports:
+                yield (o + min(j, count), t, 2), BadSample(shard.name, "corrupt_tar", f"{shard}: truncated or corrupt tar ({e})")
+            continue
+        if reports and j == 0:
+            yield (o, t, 2), BadSample(shard.name, "empty_tar", f"{shard}: tar holds no samples")
 
 
 def _iter_wds(shards: list[Path], labels: Labels) -> Iterator[Item]:
@@ -326,24 +468,7 @@ def _iter_wds(shards: list[Path], labels: Labels) -> Iterator[Item]:
         try:
             for key, group in _tar_groups(shard):
                 groups += 1
-                where = f"{shard}: key {key}"
-                image_ext = next((e for e in IMAGE_MEMBERS if e in group), None)
-                if image_ext is None:
-                    yield BadSample(where, "no_image", f"{shard}: key {key} has no image member ({'/'.join(IMAGE_MEMBERS)})")
-                    continue
-                meta = _meta(group)
-                caption = group["txt"].decode("utf-8", "replace").strip() if "txt" in group else str(meta.get("caption") or "").strip()
-                if not caption:
-                    yield BadSample(where, "no_caption", f"{shard}: key {key} has no caption (no txt member, no 'caption' in json)")
-                    continue
-                raw = _raw_label(group, meta)
-                try:
-                    label = labels(raw)
-                except ValueError as e:
-                    yield BadSample(where, "bad_label", f"{shard}: key {key} label {raw!r}: bad label ({e})")
-                    continue
-                keep: dict[str, Any] = {k: meta[k] for k in ("url", "key", "width", "height") if k in meta}
-                yield RawSample(where, group[image_ext], caption, label, {"source": f"{shard.name}:{key}", **keep})
+                yield _wds_item(shard, key, group, labels)
         except (tarfile.TarError, EOFError, OSError) as e:
             # A truncated or corrupt tar: what was read before the damage is kept.
             yield BadSample(shard.name, "corrupt_tar", f"{shard}: truncated or corrupt tar ({e})")

@@ -66,8 +66,13 @@ def train_wordpiece(captions: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZ
     # not be reproducible). Declaring every "##x" up front, sorted, fixes their ids.
     assert tok.normalizer is not None and tok.pre_tokenizer is not None
     continuing: set[str] = set()
-    for caption in captions:
-        for word, _span in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(caption)):
+    unique = sorted(set(captions))
+    for i in range(0, len(unique), 512):
+        # Many captions per call (the per-call cost dominated for short captions): BERT's
+        # normaliser turns the newline into a space and the pre-tokenizer splits there,
+        # so the words, and their letters, are those of the captions one by one.
+        text = tok.normalizer.normalize_str("\n".join(unique[i:i + 512]))
+        for word, _span in tok.pre_tokenizer.pre_tokenize_str(text):
             continuing.update(word[1:])
     seeded = list(SPECIAL_TOKENS) + [f"##{ch}" for ch in sorted(continuing)]
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=seeded, show_progress=False)
