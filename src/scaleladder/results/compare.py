@@ -1,0 +1,315 @@
+"""`scaleladder compare BASE NEW`: what changed between two runs of the ladder, with noise.
+
+BASE and NEW are each a ladder file (``results/ladder.h5``) or a folder of rung files
+(``results/rungs``; aggregated on the fly, repeats included). For every rung in either:
+
+* throughput: the change NEW/BASE − 1, its 95% interval, and a verdict. The interval
+  combines both rungs' intervals (``items_per_s_ci_low/high``, results/stats.py) on the
+  log scale, ``exp(d ± 1.96·√(s_b² + s_n²)) − 1`` with ``s = ln(hi/lo) / 3.92``. A rung is
+  **slower** (a regression) only when the whole interval is below 0 *and* the change is
+  beyond ``--tolerance``; **faster** likewise; otherwise **same**, "within noise" (the
+  interval holds 0) or "within tolerance". Where a rung has no interval (a window under
+  9 steps, say) the verdict rests on the tolerance alone and says "noise unknown".
+* peak memory (``peak_reserved_gib``) and max batch: a peak more than
+  ``--memory-tolerance`` higher, or a smaller max batch, is a regression too.
+* **new** / **missing**: in one run only; **oom-changed**: fitted in one run and ran out
+  of memory (or was predicted to) in the other; ok → OOM is a regression.
+
+It refuses (exit 2, one line naming the rung and the field) to compare rungs whose
+provenance says they measured different things: the device, the world (ranks, ranks
+per node) or the data. ``--allow-provenance-change`` compares them anyway and says so.
+
+``--reference profiles/<site>/references.yaml`` checks NEW against per-site reference
+values, as ReFrame does per system and partition: ``[value, lower, upper]`` per metric,
+bounds as fractions of the value (``-0.3``: not below 70%; ``null``: unbounded).
+
+Prints a table, writes a figure (``--figure``, PNG) and exits 1 when anything regressed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped]
+
+from scaleladder.errors import SpecError
+from scaleladder.results.aggregate import FORMAT, aggregate, read_ladder
+from scaleladder.results.stats import CONFIDENCE
+from scaleladder.results.store import atomic_path
+
+Rung = dict[str, Any]
+#: What must match for two rungs to measure the same thing: device, world, data.
+PROVENANCE = ("device_name", "world_size", "ranks_per_node", "data", "tokenizer_vocab_size")
+OOM = ("oom", "predicted-oom")
+Z = 1.959964  # two-sided 95% (stats.CONFIDENCE)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="BASE NEW",
+                   help="two ladder files or folders of rung files; with --reference, NEW alone is enough")
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="a throughput change smaller than this fraction is never a verdict (default 0.05)")
+    p.add_argument("--memory-tolerance", type=float, default=0.05,
+                   help="peak memory may grow by this fraction before it is a regression (default 0.05)")
+    p.add_argument("--allow-provenance-change", action="store_true",
+                   help="compare rungs whose device, world or data differ (the table says so)")
+    p.add_argument("--reference", help="per-site reference values (profiles/<site>/references.yaml) to check NEW against")
+    p.add_argument("--figure", default="compare.png", help="where to write the figure (PNG; default compare.png)")
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def load(path: str) -> dict[str, Rung]:
+    """The rungs of a ladder file or of a folder of rung files, by spec path."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(str(f) for f in p.rglob("*.h5") if not any(part.startswith(".") for part in f.relative_to(p).parts))
+        if not files:
+            raise SpecError(f"{path}: folder holds no rung files (*.h5)")
+        with tempfile.TemporaryDirectory() as tmp:
+            aggregate(files, os.path.join(tmp, "ladder.h5"))
+            rungs, _ = read_ladder(os.path.join(tmp, "ladder.h5"))
+    elif p.is_file():
+        rungs, root = read_ladder(path)
+        if root.get("format") != FORMAT:
+            raise SpecError(f"{path}: not a ladder file (format {root.get('format')!r}, expected {FORMAT!r}); "
+                            "give `scaleladder aggregate`'s output or a folder of rung files")
+    else:
+        raise SpecError(f"{path}: no such ladder file or folder")
+    return {r["spec"]: r for r in rungs}
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+# -- verdicts -----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    spec: str
+    verdict: str  # faster | slower | same | new | missing | oom-changed
+    base: float = math.nan  # items/s
+    new: float = math.nan
+    change: float = math.nan  # NEW/BASE - 1
+    low: float = math.nan  # its 95% interval
+    high: float = math.nan
+    memory: float = math.nan  # peak reserved NEW/BASE - 1
+    max_batch: str = ""
+    notes: list[str] = field(default_factory=list)
+    regressed: bool = False
+
+
+def provenance_mismatch(spec: str, base: Rung, new: Rung) -> str:
+    """'' when the two rungs measured the same thing, else the first field that differs."""
+    for k in PROVENANCE:
+        if k in base and k in new and str(base[k]) != str(new[k]):
+            return f"rung {spec}: provenance differs in {k}: {base[k]!r} (base) vs {new[k]!r} (new)"
+    return ""
+
+
+def _log_se(r: Rung) -> float:
+    lo, hi, v = _num(r.get("items_per_s_ci_low")), _num(r.get("items_per_s_ci_high")), _num(r.get("items_per_s"))
+    if math.isnan(lo) or math.isnan(hi) or lo <= 0 or v <= 0:
+        return math.nan
+    return (math.log(hi) - math.log(lo)) / (2 * Z)  # inf for an unbounded interval
+
+
+def throughput_change(base: Rung, new: Rung) -> tuple[float, float, float]:
+    """NEW/BASE − 1 and its 95% interval (NaN where either rung has none)."""
+    b, n = _num(base.get("items_per_s")), _num(new.get("items_per_s"))
+    if not (b > 0 and n > 0):
+        return math.nan, math.nan, math.nan
+    d = math.log(n / b)
+    se = math.hypot(_log_se(base), _log_se(new))
+    if math.isnan(se):
+        return math.expm1(d), math.nan, math.nan
+    return math.expm1(d), math.expm1(d - Z * se), math.expm1(d + Z * se)
+
+
+def judge(spec: str, base: Rung | None, new: Rung | None, tolerance: float, memory_tolerance: float) -> Row:
+    if base is None:
+        return Row(spec, "new", new=_num(new.get("items_per_s")) if new else math.nan)
+    if new is None:
+        return Row(spec, "missing", base=_num(base.get("items_per_s")))
+    sb, sn = str(base.get("status")), str(new.get("status"))
+    if (sb in OOM) != (sn in OOM):
+        row = Row(spec, "oom-changed", base=_num(base.get("items_per_s")), new=_num(new.get("items_per_s")))
+        row.notes.append(f"{sb} -> {sn}")
+        row.regressed = sn in OOM
+        return row
+    if sb in OOM:
+        return Row(spec, "same", notes=[f"{sb} in both"])
+    row = Row(spec, "same", base=_num(base.get("items_per_s")), new=_num(new.get("items_per_s")))
+    row.change, row.low, row.high = throughput_change(base, new)
+    if math.isnan(row.change):
+        row.notes.append("no throughput in one of them")
+    elif math.isnan(row.low):
+        row.notes.append("noise unknown (no interval)")
+        if abs(row.change) > tolerance:
+            row.verdict = "faster" if row.change > 0 else "slower"
+        else:
+            row.notes.append("within tolerance")
+    elif row.low > 0 and row.change > tolerance:
+        row.verdict = "faster"
+    elif row.high < 0 and row.change < -tolerance:
+        row.verdict = "slower"
+    else:
+        row.notes.append("within noise" if row.low <= 0 <= row.high else "within tolerance")
+    row.regressed = row.verdict == "slower"
+    mb, mn = _num(base.get("peak_reserved_gib")), _num(new.get("peak_reserved_gib"))
+    if mb > 0 and mn >= 0:
+        row.memory = mn / mb - 1
+        if row.memory > memory_tolerance:
+            row.regressed = True
+            row.notes.append(f"peak memory {row.memory:+.1%}")
+    xb, xn = base.get("max_batch"), new.get("max_batch")
+    if xb is not None or xn is not None:
+        row.max_batch = f"{xb if xb is not None else '-'} -> {xn if xn is not None else '-'}"
+        if _num(xn) < _num(xb):
+            row.regressed = True
+            row.notes.append("smaller max batch")
+    return row
+
+
+def compare(base: Mapping[str, Rung], new: Mapping[str, Rung], tolerance: float = 0.05,
+            memory_tolerance: float = 0.05, allow_provenance_change: bool = False) -> list[Row]:
+    """One row per rung in either run, sorted by spec. Raises SpecError naming the first
+    provenance difference unless ``allow_provenance_change``."""
+    mismatches = [m for s in sorted(set(base) & set(new)) if (m := provenance_mismatch(s, base[s], new[s]))]
+    if mismatches and not allow_provenance_change:
+        more = f" (and {len(mismatches) - 1} more rung(s))" if len(mismatches) > 1 else ""
+        raise SpecError(f"{mismatches[0]}{more}: these rungs measured different things; "
+                        "rerun on the same device, world and data, or pass --allow-provenance-change")
+    rows = [judge(s, base.get(s), new.get(s), tolerance, memory_tolerance) for s in sorted(set(base) | set(new))]
+    for row in rows:
+        if row.spec in base and row.spec in new and (m := provenance_mismatch(row.spec, base[row.spec], new[row.spec])):
+            row.notes.append("provenance changed: " + m.split("provenance differs in ", 1)[1])
+    return rows
+
+
+# -- references ---------------------------------------------------------------------------
+
+
+def check_references(path: str, new: Mapping[str, Rung]) -> list[Row]:
+    """NEW against a profile's reference values: a row per (rung, metric), regressed when
+    the value lies outside ``value × (1 + lower) .. value × (1 + upper)`` or the rung is absent."""
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(f"{path}: cannot read references: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc.get("rungs"), dict):
+        raise SpecError(f"{path}: expected a mapping 'rungs: {{<spec path>: {{<metric>: [value, lower, upper]}}}}'")
+    rows = []
+    for spec, metrics in sorted(doc["rungs"].items()):
+        for metric, ref in sorted((metrics or {}).items()):
+            if not (isinstance(ref, list) and len(ref) == 3 and isinstance(ref[0], (int, float))):
+                raise SpecError(f"{path}: rungs.{spec}.{metric}: expected [value, lower, upper], got {ref!r}")
+            value, lower, upper = float(ref[0]), ref[1], ref[2]
+            r = new.get(spec)
+            row = Row(spec, "missing", base=value)
+            row.notes.append(f"reference {metric}")
+            if r is None:
+                row.regressed = True
+            elif "device_name" in doc and str(r.get("device_name")) != str(doc["device_name"]):
+                raise SpecError(f"{path}: rung {spec}: provenance differs in device_name: {doc['device_name']!r} "
+                                f"(reference) vs {r.get('device_name')!r} (new)")
+            else:
+                row.new = _num(r.get(metric))
+                row.change = row.new / value - 1 if value else math.nan
+                below = lower is not None and not row.new >= value * (1 + float(lower))
+                above = upper is not None and not row.new <= value * (1 + float(upper))
+                row.verdict = "below reference" if below else ("above reference" if above else "within reference")
+                row.regressed = below or above
+            rows.append(row)
+    return rows
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:+.1%}"
+
+
+def table(rows: Sequence[Row]) -> str:
+    head = ("rung", "base items/s", "new items/s", "change", f"{CONFIDENCE:.0%} interval", "verdict", "memory", "max batch", "notes")
+    lines = [head]
+    for r in rows:
+        interval = "-" if math.isnan(r.low) else f"[{_pct(r.low)}, {_pct(r.high)}]"
+        lines.append((r.spec, "-" if math.isnan(r.base) else f"{r.base:.1f}", "-" if math.isnan(r.new) else f"{r.new:.1f}",
+                      _pct(r.change), interval, r.verdict + (" (REGRESSION)" if r.regressed else ""), _pct(r.memory),
+                      r.max_batch or "-", "; ".join(r.notes)))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+COLORS = {"faster": "#2e86c1", "slower": "#c0392b", "same": "#7f8c8d", "oom-changed": "#8e44ad"}
+
+
+def figure(rows: Sequence[Row], out: str, tolerance: float, title: str) -> str:
+    """Throughput change per rung with its interval, coloured by verdict; ±tolerance shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on cluster nodes and CI
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if not math.isnan(r.change)]
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(shown))))
+    ax.axvspan(-100 * tolerance, 100 * tolerance, color="#eeeeee", zorder=0, label=f"±{tolerance:.0%} tolerance")
+    ax.axvline(0, color="black", linewidth=0.8)
+    for i, r in enumerate(shown):
+        err = None if math.isnan(r.low) else [[100 * (r.change - r.low)], [100 * min(r.high - r.change, 10.0)]]
+        ax.errorbar(100 * r.change, i, xerr=err, fmt="o", color=COLORS.get(r.verdict, "black"), capsize=3)
+    ax.set_yticks(range(len(shown)))
+    ax.set_yticklabels([r.spec for r in shown], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"throughput change NEW/BASE − 1 (%), {CONFIDENCE:.0%} interval where known")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in COLORS.items()]
+    ax.legend(handles=handles, fontsize=7, loc="best")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=150)
+    plt.close(fig)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    if len(args.runs) > 2 or (len(args.runs) == 1 and not args.reference):
+        raise SpecError("give BASE and NEW (two ladder files or rung folders), or NEW with --reference")
+    new = load(args.runs[-1])
+    rows: list[Row] = []
+    if len(args.runs) == 2:
+        rows = compare(load(args.runs[0]), new, args.tolerance, args.memory_tolerance, args.allow_provenance_change)
+        print(f"scaleladder compare: {args.runs[0]} -> {args.runs[1]} (tolerance {args.tolerance:.0%})")
+        print(table(rows))
+        figure(rows, args.figure, args.tolerance, f"{args.runs[0]} → {args.runs[1]}")
+        print(f"scaleladder compare: figure -> {args.figure}")
+    if args.reference:
+        ref_rows = check_references(args.reference, new)
+        print(f"scaleladder compare: {args.runs[-1]} against {args.reference}")
+        print(table(ref_rows))
+        rows += ref_rows
+    bad = [r for r in rows if r.regressed]
+    if bad:
+        print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(sorted({r.spec for r in bad}))}", file=sys.stderr)
+        return 1
+    return 0
