@@ -77,9 +77,22 @@ def test_a_policy_that_misses_the_layers_is_an_error(flavor: str, strategy: str,
 
 
 @pytest.mark.parametrize("flavor,layers,other_units", [("vit-debug", 2, 1), ("flava-debug", 5, 2)])
-@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-hybrid1-ac", "fsdp2-full", "fsdp2-hybrid1-ac", "fsdp2-grad-op-ac-compile"])
+@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-hybrid1-ac", "fsdp-full-ac-reentrant", "fsdp2-full", "fsdp2-hybrid1-ac",
+                                      "fsdp2-grad-op-ac-compile"])
 def test_every_layer_gets_its_own_unit_and_the_count_is_reported(flavor: str, layers: int, other_units: int, strategy: str) -> None:
     wrapped, report = _ladder(flavor, strategy)
+    if strategy.startswith("fsdp-") and "-ac" in strategy:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, CheckpointWrapper
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        # Non-reentrant: FSDP(CheckpointWrapper(layer)). Reentrant, the seed's nesting: the unit
+        # INSIDE the wrapper, CheckpointWrapper(FSDP(layer)), so each recompute gathers it again.
+        wrappers = [m for m in wrapped.modules() if isinstance(m, CheckpointWrapper)]
+        assert len(wrappers) == layers
+        reentrant = strategy.endswith("-reentrant")
+        for w in wrappers:
+            assert isinstance(w._checkpoint_wrapped_module, FSDP) == reentrant
+            assert w.checkpoint_impl == (CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT)
     assert report.fsdp_layer_units == layers  # root (+ FLAVA's codebook) are the other units
     assert report.fsdp_units == layers + other_units
     assert report.ac_layers == (layers if "-ac" in strategy else 0)

@@ -496,3 +496,21 @@ def test_fsdp2_fits_flava_10b_on_a100_40gb_with_non_reentrant_ac_where_fsdp1_doe
     f2 = predict(spec("flava-10b/fsdp2-full-ac/bf16-mixed/pf0/n1/b1"), 8, 8, "a100-40gb")
     assert not f1.fits and f2.fits
     assert f1.peak_bytes - f2.peak_bytes > 10 * 2**30
+
+
+def test_the_seeds_reentrant_ac_as_a_rung_fits_flava_10b_where_non_reentrant_does_not() -> None:
+    # fsdp-full-ac-reentrant is the seed's AC form run by our runner (units inside the checkpoint
+    # wrappers, resharded after each pass's nested backward): the planner models it as the seed's
+    # Variant(gather_across_passes=False) and no other switch, so the same mechanism decides both.
+    ours = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
+    rung = predict(spec("flava-10b/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
+    as_variant = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb",
+                         variant=Variant(gather_across_passes=False))
+    assert not ours.fits and rung.fits
+    assert rung.peak_bytes == as_variant.peak_bytes and rung.max_batch == as_variant.max_batch
+    # ViT runs each layer once per step: the two AC forms are the same there.
+    a = predict(spec("vit-15b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
+    b = predict(spec("vit-15b/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
+    assert a.peak_bytes == b.peak_bytes
+    # ... and FSDP2 fits 10B without any AC, at small batches (units reshard between passes anyway).
+    assert predict(spec("flava-10b/fsdp2-full/bf16-mixed/pf0/n1/b1"), 8, 8, "a100-40gb").fits

@@ -78,13 +78,20 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     assert res["mpi"] == "srun" and res["slurm_account"] == "abc123" and res["slurm_partition"] == "batch"
 
 
+FRONTIER_RUNGS = (18 + 6 * 7 * 4 - 3) + (9 + 6 * 6 * 4 - 3)
+
+
 def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
     out = dry_run(wf, "frontier")
     counts = job_counts(out)
     # Figure 1: 3 strategies x 6 knob sets at 8 nodes; Figures 2-3: 6 models x 7 strategies
-    # x nodes 1/2/4/8; 3 rungs are in both. Each is either run or, when the planner says it
-    # cannot fit a 64 GB GCD, recorded as predicted-oom without an allocation.
-    assert counts["rung"] + counts["predicted_oom"] == 18 + 6 * 7 * 4 - 3
+    # x nodes 1/2/4/8; 3 rungs are in both. Beside them (issue 12), FSDP2's prefetch block
+    # (3 x pf0..pf2 at 8 nodes) and FSDP2 + compile weak scaling (6 models x 6 strategies x 4),
+    # again with 3 rungs in both. Each is either run or, when the planner says it cannot fit
+    # a 64 GB GCD, recorded as predicted-oom without an allocation (never a compiled rung:
+    # the planner does not model compile).
+    assert counts["rung"] + counts["predicted_oom"] == FRONTIER_RUNGS
+    assert "results/rungs/vit-15b/fsdp2-full-compile/bf16-mixed/pf0/n1/b32.h5" in out
     for spec in ("vit-base/fsdp-hybrid1/bf16-mixed/pre-lag/n8/b32", "vit-5b/fsdp-grad-op/bf16-mixed/none-nolag/n8/b32",
                  "vit-3b/fsdp-hybrid2/bf16-mixed/pre-lag/n1/b32"):
         assert f"results/rungs/{spec}.h5" in out and f"results/predicted/{spec}.h5" not in out
@@ -106,7 +113,7 @@ def test_predicted_oom_rungs_are_recorded_on_the_login_node(wf: Path) -> None:
     assert re.search(r"localrules:\s+predicted_oom,", (REPO / "workflow/rules/ladder.smk").read_text())
     # the switch runs them all for real instead
     out = dry_run(wf, "frontier", "--config", "run_predicted_oom=true")
-    assert "predicted_oom" not in job_counts(out) and job_counts(out)["rung"] == 18 + 6 * 7 * 4 - 3
+    assert "predicted_oom" not in job_counts(out) and job_counts(out)["rung"] == FRONTIER_RUNGS
 
 
 def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
@@ -127,7 +134,9 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
         res = resources_of(out, rule, target)
         assert res["nodes"] == "1" and res["gpu"] == "8" and res["slurm_extra"] == "--exclusive"
     full = job_counts(dry_run(wf, "a100"))
-    assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36  # 6 FLAVA sizes x 3 strategies x {8, max}
+    # the seed's 6 FLAVA sizes x 3 strategies x {8, max}; beside it (issue 12) the same sizes under the
+    # seed's reentrant AC and FSDP2 (3 strategies), and 4 ViT sizes x 8 FSDP1/FSDP2/compile rungs x {32, max}
+    assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36 + 36 + 4 * 8 * 2
     # A batch that fits at b8 fits in the search; the converse fails once: the planner puts
     # FLAVA-1.8B under DDP at a max batch of 4 on 8xA100-40GB (docs/planner.md), so its b8
     # is a predicted OOM while its search runs.

@@ -18,7 +18,8 @@ from scaleladder.spec import (
 NAMES = ["single", "ddp", "ddp-ac", "fsdp-full", "fsdp-grad-op-ac", "fsdp-no-shard", "fsdp-hybrid1", "fsdp-hybrid2-ac", "fsdp-hybrid8",
          "fsdp2-full", "fsdp2-full-ac", "fsdp2-grad-op", "fsdp2-grad-op-ac", "fsdp2-hybrid1", "fsdp2-hybrid2-ac", "fsdp2-hybrid16",
          "single-compile", "single-ac-compile", "ddp-compile", "ddp-ac-compile", "fsdp2-full-compile", "fsdp2-full-ac-compile",
-         "fsdp2-grad-op-ac-compile", "fsdp2-hybrid2-ac-compile"]
+         "fsdp2-grad-op-ac-compile", "fsdp2-hybrid2-ac-compile",
+         "single-ac-reentrant", "fsdp-full-ac-reentrant", "fsdp-grad-op-ac-reentrant", "fsdp-hybrid2-ac-reentrant"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -36,6 +37,8 @@ def test_strategy_fields() -> None:
     assert s.is_fsdp and s.is_fsdp1 and not s.is_fsdp2
     assert not parse_strategy("ddp-compile").is_fsdp and parse_strategy("ddp-compile").compile
     assert parse_strategy("fsdp2-grad-op") == Strategy("fsdp2", "grad-op")  # frozen, comparable, hashable
+    r = parse_strategy("fsdp-full-ac-reentrant")
+    assert (r.ac, r.reentrant, r.compile) == (True, True, False) and not parse_strategy("fsdp-full-ac").reentrant
     assert len({parse_strategy(n) for n in NAMES}) == len(NAMES)
 
 
@@ -93,6 +96,11 @@ def test_spec_path_round_trips() -> None:
         ("vit-base/fsdp-no-shard-ac-compile/fp32/pre-lag/n1/b8", "use 'ddp-ac-compile'"),
         ("vit-base/fsdp-hybrid2-compile/fp32/pre-lag/n1/b8", "use 'fsdp2-hybrid2-compile'"),
         ("vit-base/ddp-ac-ac/fp32/pre-lag/n1/b8", "repeats '-ac'"),
+        # reentrant AC: the FLAVA seed's form, FSDP1 and single only
+        ("vit-base/ddp-ac-reentrant/fp32/pre-lag/n1/b8", "Expected to mark a variable ready only once"),
+        ("vit-base/fsdp2-full-ac-reentrant/fp32/pf0/n1/b8", "use 'fsdp2-full-ac'"),
+        ("vit-base/single-ac-reentrant-compile/fp32/pre-lag/n1/b8", "does not trace reentrant"),
+        ("vit-base/fsdp-full-ac-ac-reentrant/fp32/pre-lag/n1/b8", "both '-ac' and '-ac-reentrant'"),
         ("vit-base/ddp-compile-compile/fp32/pre-lag/n1/b8", "repeats '-compile'"),
         ("vit-base/fsdp3-full/fp32/pre-lag/n1/b8", "fsdp2-{full,grad-op,hybrid<g>}"),
         ("vit-base/fsdp2-full-ac-compile-x/fp32/pf0/n1/b8", "unknown strategy"),

@@ -10,11 +10,13 @@ Grammar (each part round-trips through ``str()``/``parse_*``; a part that parses
 is not written canonically, e.g. ``fsdp-hybrid02``, ``n01``, ``b+8``, ``pf01``,
 ``ddp-compile-ac``, is an error that names the canonical form):
 
-* strategy  ``<base>[-ac][-compile]``, in that order, with base one of
+* strategy  ``<base>[-ac|-ac-reentrant][-compile]``, in that order, with base one of
   ``single | ddp`` (no sharding), ``fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>``
   (FSDP1, ``FullyShardedDataParallel``), ``fsdp2-full | fsdp2-grad-op | fsdp2-hybrid<g>``
   (FSDP2, ``fully_shard`` per parameter on a DeviceMesh; no NO_SHARD — that is DDP).
   ``-ac``: non-reentrant activation checkpointing of every transformer layer.
+  ``-ac-reentrant``: the FLAVA seed's form, REENTRANT checkpointing of every layer; offered
+  with FSDP1 and ``single`` only (refused, one line, under DDP, FSDP2 and compile).
   ``-compile``: ``torch.compile`` of every transformer block (after AC, before the
   wrapper, as torchtitan does); not with FSDP1 (refused, one line).
   ``single`` is a plain, unwrapped model in one process: the reference every
@@ -52,15 +54,33 @@ DEFAULT_KNOBS = "pre-lag"  # FSDP1's default, and the only knobs a non-FSDP rung
 DEFAULT_FSDP2_KNOBS = "pf0"
 
 _STRATEGY_RE = re.compile(
-    r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+))|fsdp2-(full|grad-op|hybrid(\d+)))((?:-ac|-compile)*)$"
+    r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+))|fsdp2-(full|grad-op|hybrid(\d+)))((?:-ac-reentrant|-ac|-compile)*)$"
 )
 _KNOBS_RE = re.compile(r"^(pre|post|none)-(lag|nolag)(-fwd)?$")
 _FSDP2_KNOBS_RE = re.compile(r"^pf(\d+)$")
 _STRATEGY_NAMES = ("single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}|fsdp2-{full,grad-op,hybrid<g>}, "
-                   "then optionally -ac, then optionally -compile (not with fsdp-*)")
+                   "then optionally -ac (or -ac-reentrant, FSDP1 and single only), then optionally -compile (not with fsdp-*)")
 
 # One line, as every SpecError. Why refuse rather than try: per-block compile is composed,
 # in torchtitan and in PyTorch's own docs, with FSDP2 only; FSDP1 is deprecated upstream.
+# Reentrant checkpointing is the FLAVA seed's AC (its train.py: CheckpointImpl.REENTRANT unless
+# DDP). Where it is unsound, one line says why:
+# * DDP: each checkpoint's nested backward marks the layer's parameters ready again, and DDP's
+#   reducer raises "Expected to mark a variable ready only once" (the seed itself used
+#   NO_REENTRANT under DDP for this reason).
+# * FSDP2: fully_shard's hooks are registered on the module's forward and on autograd of the
+#   unsharded DTensor parameters; torchtitan and the FSDP2 docs use only non-reentrant AC,
+#   and the FLAVA double-pass problem it solved under FSDP1 does not exist under FSDP2
+#   (units reshard between passes anyway; docs/strategies.md).
+# * compile: dynamo does not trace through reentrant checkpoint's autograd.Function with
+#   a nested backward; torch's own docs recommend use_reentrant=False with compile.
+REENTRANT_REFUSALS: dict[str, str] = {
+    "ddp": "reentrant checkpointing under DDP fails in the backward (\"Expected to mark a variable ready only once\"); "
+           "use {plain!r}",
+    "fsdp2": "reentrant checkpointing is offered with FSDP1 only (the FLAVA seed's form); FSDP2 composes with "
+             "non-reentrant AC and reshards between FLAVA's passes without it; use {plain!r}",
+    "compile": "torch.compile does not trace reentrant checkpointing's nested backward; use {plain!r}",
+}
 FSDP1_COMPILE_REFUSAL = ("strategy {name!r}: torch.compile is not offered with FSDP1 (fsdp-*), which is deprecated "
                          "upstream and which torchtitan never composes with per-block compile; use {fsdp2!r}")
 
@@ -80,10 +100,19 @@ class Strategy:
     group: int | None = None  # hybrid sharding-group size (ranks that shard one replica)
     ac: bool = False
     compile: bool = False  # torch.compile each transformer block
+    reentrant: bool = False  # with ac: CheckpointImpl.REENTRANT (the FLAVA seed's AC) instead of NO_REENTRANT
 
     def __post_init__(self) -> None:
         if self.wrapper not in WRAPPERS:
             raise SpecError(f"unknown wrapper {self.wrapper!r}; expected one of {', '.join(WRAPPERS)}")
+        if self.reentrant:
+            if not self.ac:
+                raise SpecError("reentrant is a form of activation checkpointing: it needs ac")
+            why = ("compile" if self.compile else "ddp" if self.wrapper == "ddp"
+                   else "fsdp2" if self.is_fsdp2 else None)
+            if why is not None:
+                plain = Strategy(self.wrapper, self.sharding, self.group, True, self.compile)
+                raise SpecError(f"strategy {self._name()!r}: " + REENTRANT_REFUSALS[why].format(plain=str(plain)))
         if self.is_fsdp:
             allowed = SHARDINGS if self.is_fsdp1 else FSDP2_SHARDINGS
             if self.sharding not in allowed:
@@ -106,7 +135,8 @@ class Strategy:
             base = f"{prefix}hybrid{self.group}" if self.sharding == "hybrid" else f"{prefix}{self.sharding}"
         else:
             base = self.wrapper
-        return base + ("-ac" if self.ac else "") + ("-compile" if self.compile else "")
+        ac = ("-ac-reentrant" if self.reentrant else "-ac") if self.ac else ""
+        return base + ac + ("-compile" if self.compile else "")
 
     def __str__(self) -> str:
         return self._name()
@@ -140,25 +170,29 @@ def parse_strategy(name: str) -> Strategy:
                             "use ddp, or fsdp2-hybrid1 to replicate over the world")
         raise SpecError(f"unknown strategy {name!r}; expected {_STRATEGY_NAMES}")
     head, sharding1, group1, sharding2, group2, tail = m.groups()
-    modifiers = re.findall(r"-(ac|compile)", tail)
-    for mod in ("ac", "compile"):
+    modifiers = re.findall(r"-(ac-reentrant|ac|compile)", tail)
+    if "ac" in modifiers and "ac-reentrant" in modifiers:
+        raise SpecError(f"strategy {name!r} names both '-ac' and '-ac-reentrant'; pick one")
+    for mod in ("ac", "ac-reentrant", "compile"):
         if modifiers.count(mod) > 1:
             raise SpecError(f"strategy {name!r} repeats '-{mod}'")
-    ac, compiled = "ac" in modifiers, "compile" in modifiers
+    reentrant = "ac-reentrant" in modifiers
+    ac, compiled = "ac" in modifiers or reentrant, "compile" in modifiers
     if head in ("single", "ddp"):
-        strategy = Strategy(wrapper=head, ac=ac, compile=compiled)  # type: ignore[arg-type]
+        strategy = Strategy(wrapper=head, ac=ac, compile=compiled, reentrant=reentrant)  # type: ignore[arg-type]
     elif head.startswith("fsdp2-"):
-        strategy = _fsdp_strategy("fsdp2", sharding2, group2, ac, compiled)
+        strategy = _fsdp_strategy("fsdp2", sharding2, group2, ac, compiled, reentrant)
     else:
-        strategy = _fsdp_strategy("fsdp", sharding1, group1, ac, compiled)
+        strategy = _fsdp_strategy("fsdp", sharding1, group1, ac, compiled, reentrant)
     _require_canonical("strategy", name, str(strategy))
     return strategy
 
 
-def _fsdp_strategy(wrapper: Literal["fsdp", "fsdp2"], sharding: str, group: str | None, ac: bool, compiled: bool) -> Strategy:
+def _fsdp_strategy(wrapper: Literal["fsdp", "fsdp2"], sharding: str, group: str | None, ac: bool, compiled: bool,
+                   reentrant: bool) -> Strategy:
     if group is not None:
-        return Strategy(wrapper, "hybrid", int(group), ac, compiled)
-    return Strategy(wrapper, sharding, None, ac, compiled)
+        return Strategy(wrapper, "hybrid", int(group), ac, compiled, reentrant)
+    return Strategy(wrapper, sharding, None, ac, compiled, reentrant)
 
 
 def _require_canonical(what: str, given: str, canonical: str) -> None:
@@ -335,6 +369,7 @@ class RunSpec:
             "sharding": self.strategy.sharding or "",
             "hybrid_group": self.strategy.group or 0,
             "activation_checkpointing": self.strategy.ac,
+            "ac_reentrant": self.strategy.reentrant,
             "compile": self.strategy.compile,
             **{f"knob_{k}": v for k, v in asdict(self.knobs).items()},
         }

@@ -338,6 +338,10 @@ def planned_not_to_fit(spec: RunSpec, cfg: Mapping[str, Any], ranks_per_node: in
     device = cfg["site"].get("plan_device")
     if not device or cfg.get("run_predicted_oom"):
         return False
+    if spec.strategy.compile:
+        # The planner does not model torch.compile (fusion and the partitioner change what is
+        # saved): a compiled rung is never skipped on a guess. It runs; an OOM is its result.
+        return False
     from scaleladder.plan import predict
 
     world, rpn = rank_args(spec, ranks_per_node)

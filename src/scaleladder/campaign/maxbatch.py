@@ -194,11 +194,20 @@ def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: i
 
 
 def planned_start(spec: RunSpec, device: str, ranks_per_node: int, data: str = "synthetic") -> tuple[int | None, bool]:
-    """(the planner's max batch or None, whether it predicts that not even batch 1 fits)."""
+    """(the planner's max batch or None, whether it predicts that not even batch 1 fits).
+
+    A ``-compile`` rung: the planner does not model compile, so the search STARTS at its
+    eager counterpart's max batch (only a starting point: doubling and bisection find the
+    compiled rung's own limit either way) and is never declared hopeless without a probe."""
+    import dataclasses
+
     from scaleladder.planner.memory import predict
 
+    compiled = spec.strategy.compile
+    if compiled:
+        spec = dataclasses.replace(spec, strategy=dataclasses.replace(spec.strategy, compile=False))
     p = predict(spec, spec.nodes * ranks_per_node, ranks_per_node, device, data=data)
-    return p.max_batch, p.capacity_bytes is not None and p.max_batch is None
+    return p.max_batch, not compiled and p.capacity_bytes is not None and p.max_batch is None
 
 
 def probes_datasets(probes: list[ProbeResult]) -> dict[str, np.ndarray]:

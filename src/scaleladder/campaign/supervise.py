@@ -66,6 +66,8 @@ def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[
     its DAG, so the two never disagree about which rungs are skipped."""
     from scaleladder.planner.memory import predict
 
+    if cfg.spec.strategy.compile:
+        return None  # no model of compile: run it (workflow.planned_not_to_fit says the same)
     world = cfg.spec.nodes * ranks_per_node
     p = predict(cfg.spec, world, ranks_per_node, device_key, data=cfg.data)
     if p.fits:

@@ -124,6 +124,8 @@ def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
     if a.get("status") != "ok" or not measured or math.isnan(measured):
         return None
     spec = RunSpec.from_path(spec_path)
+    if spec.strategy.compile:
+        return None  # the planner does not model torch.compile: nothing to compare
     world = int(a.get("world_size", 1))
     p = predict(spec, world, int(a.get("ranks_per_node", world)), device, batch=int(a["batch"]),
                 data=str(a.get("data", "synthetic")))

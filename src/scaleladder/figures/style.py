@@ -24,6 +24,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from scaleladder.figures.rungs import Rung, num  # noqa: E402
+from scaleladder.spec import SpecError, parse_strategy  # noqa: E402
 
 OOM_COLOR = "#c0392b"
 
@@ -40,21 +41,22 @@ def throughput_label(fam: str) -> str:
 
 def strategy_label(s: str) -> str:
     """A rung's strategy as the seeds' figures name it; FSDP2 rungs say "FSDP2" so a reader
-    tells the two generations apart at a glance (issue 12)."""
-    compiled = s.endswith("-compile")
-    base = s.removesuffix("-compile")
-    ac = base.endswith("-ac")
-    base = base.removesuffix("-ac")
-    gen = "FSDP2" if base.startswith("fsdp2-") else "FSDP"
-    sharding = base.removeprefix("fsdp2-").removeprefix("fsdp-")
-    if base.startswith(("fsdp-hybrid", "fsdp2-hybrid")):
-        g = sharding.removeprefix("hybrid")
-        text = f"{'HSDP' if gen == 'FSDP2' else 'HYBRID'} {g} GPU{'s' if g != '1' else ''}"
-    elif base.startswith(("fsdp-", "fsdp2-")):
-        text = f"{gen} " + {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}.get(sharding, sharding)
+    tells the two generations apart at a glance (issue 12). A name this version cannot parse
+    (an older file's) is shown as it is."""
+    try:
+        st = parse_strategy(s)
+    except SpecError:
+        return s
+    gen = "FSDP2" if st.is_fsdp2 else "FSDP"
+    if st.sharding == "hybrid":
+        g = st.group
+        text = f"{'HSDP' if st.is_fsdp2 else 'HYBRID'} {g} GPU{'s' if g != 1 else ''}"
+    elif st.is_fsdp:
+        text = f"{gen} " + {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}[st.sharding or ""]
     else:
-        text = {"single": "single process", "ddp": "DDP"}.get(base, base)
-    return text + (" + AC" if ac else "") + (" + compile" if compiled else "")
+        text = {"single": "single process", "ddp": "DDP"}[st.wrapper]
+    ac = (" + AC (reentrant)" if st.reentrant else " + AC") if st.ac else ""
+    return text + ac + (" + compile" if st.compile else "")
 
 
 def knobs_label(k: str) -> str:
@@ -106,7 +108,7 @@ def note(ax: Axes, text: str) -> None:
 def strategy_sort_key(s: str) -> tuple[int, int, str]:
     """From least to most sharded, the order of every legend and axis; an FSDP2 rung sits
     right after its FSDP1 counterpart, so the two generations stand side by side."""
-    base = s.removesuffix("-compile").removesuffix("-ac").replace("fsdp2-", "fsdp-")
+    base = s.removesuffix("-compile").removesuffix("-ac-reentrant").removesuffix("-ac").replace("fsdp2-", "fsdp-")
     rank = ["single", "ddp", "fsdp-no-shard", "fsdp-grad-op", "fsdp-full"]
     if base.startswith("fsdp-hybrid"):
         return (len(rank), int(base.removeprefix("fsdp-hybrid") or 0), s)

@@ -13,8 +13,10 @@ from scaleladder.planner.memory import Device, predict
 from scaleladder.spec import RunSpec, SpecError, default_knobs, parse_strategy
 
 # The ladder a fits table shows, cheapest-memory last.
+# fsdp-full-ac-reentrant is the FLAVA seed's AC form (units inside the checkpoint wrappers):
+# for FLAVA it differs from fsdp-full-ac, whose units stay gathered across the two passes.
 TABLE_STRATEGIES = ("single", "ddp", "fsdp-no-shard", "fsdp-hybrid2", "fsdp-grad-op", "fsdp-full", "fsdp-full-ac",
-                    "fsdp2-grad-op", "fsdp2-full", "fsdp2-full-ac")  # FSDP2 at its default knobs (pf0)
+                    "fsdp-full-ac-reentrant", "fsdp2-grad-op", "fsdp2-full", "fsdp2-full-ac")  # FSDP2 at its default knobs (pf0)
 
 
 @dataclass(frozen=True)

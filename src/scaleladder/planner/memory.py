@@ -209,7 +209,7 @@ class Variant:
     # post-backward hook fires once per unit per backward, after BOTH passes: the unit stays
     # gathered with an unsharded gradient in between. The FLAVA seed used REENTRANT AC under
     # FSDP, whose nested backward runs the hook once per pass (torch's FSDP permits this):
-    # False models that.
+    # False models that. (A rung's own -ac-reentrant strategy does the same, without a Variant.)
     gather_across_passes: bool = True
     # Bytes of an all-gathered parameter. The FLAVA seed left MixedPrecision's param_dtype
     # unset ("not working" in its train.py), so it gathered fp32: 4. None = the precision's.
@@ -396,7 +396,9 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
     # A unit's backward "span": from its first backward call to its last (ours), or — in
     # the reentrant-AC counterfactual — each call on its own (not for SHARD_GRAD_OP, whose
     # forward-gathered units are simply kept).
-    per_call = fsdp and st.strategy.ac and not st.variant.gather_across_passes and not keep_after_fwd
+    # The rung -ac-reentrant (FSDP1's units inside the checkpoint wrappers) is that form, measured.
+    reentrant = st.strategy.reentrant or not st.variant.gather_across_passes
+    per_call = fsdp and not f2 and st.strategy.ac and reentrant and not keep_after_fwd
     touched: set[int | None] = set()
     reduced: set[int | None] = set()
     resharded: set[int | None] = set()

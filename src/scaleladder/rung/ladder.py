@@ -62,18 +62,23 @@ class LadderReport:
     compile_backend: str = ""  # the torch.compile backend that compiled them ("" when not compiled)
 
 
-def _checkpoint(model: TrainModule) -> int:
+def _checkpoint(model: TrainModule, reentrant: bool) -> int:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
         checkpoint_wrapper,
     )
 
-    # NO_REENTRANT: reentrant checkpointing under DDP fails with "mark a variable
-    # ready only once" (multimodal #404) and ignores inputs that need no grad.
+    # NO_REENTRANT by default: reentrant checkpointing under DDP fails with "mark a variable
+    # ready only once" (multimodal #404) and ignores inputs that need no grad. REENTRANT only
+    # where the spec allows it (FSDP1, single: the FLAVA seed's form). TRAP: a reentrant
+    # checkpoint whose inputs need no grad silently gives its parameters no gradient; every
+    # checkpointed layer here takes hidden states computed from trainable embeddings, and the
+    # parity test (tests/test_parity.py) would see a layer that stopped learning.
+    impl = CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT
     apply_activation_checkpointing(
         model,
-        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=impl),
         check_fn=lambda m: isinstance(m, model.layer_cls),
     )
     return count_checkpointed(model)
@@ -214,7 +219,13 @@ def wrap_fsdp(
     return FSDP(
         model,
         sharding_strategy=sharding,
-        auto_wrap_policy=ModuleWrapPolicy(_unit_classes(model, strategy.ac)),
+        # Under REENTRANT AC the unit goes INSIDE the checkpoint wrapper, CheckpointWrapper(FSDP(layer)),
+        # as in the FLAVA seed (AC applied first, then a wrap policy on the layer class). TRAP:
+        # FSDP(CheckpointWrapper(layer)) with reentrant AC breaks on FLAVA's second encoder pass: the
+        # first pass's nested backward reshards the unit (post-backward hook), the pre-backward hook
+        # runs once per backward, so the other pass recomputes on freed parameters ("weight of
+        # shape [0]"). Inside the wrapper, every recompute is a call of the FSDP unit, which gathers.
+        auto_wrap_policy=ModuleWrapPolicy(_unit_classes(model, strategy.ac and not strategy.reentrant)),
         mixed_precision=prec.fsdp_mixed_precision(),
         backward_prefetch=prefetch,
         forward_prefetch=knobs.forward_prefetch,
@@ -434,7 +445,7 @@ def apply_strategy(
     if layers == 0 and (strategy.ac or strategy.is_fsdp or strategy.compile):
         raise SpecError(f"{model.flavor.name} has no {_qualname(model.layer_cls)} to checkpoint, compile or wrap: wrong layer class")
     frozen = freeze_unused(model)
-    ac_layers = _checkpoint(model) if strategy.ac else 0
+    ac_layers = _checkpoint(model, strategy.reentrant) if strategy.ac else 0
     if ac_layers != (layers if strategy.ac else 0):
         raise SpecError(f"activation checkpointing wrapped {ac_layers} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
     compiled = _compile_blocks(model, compile_backend, device) if strategy.compile else 0
