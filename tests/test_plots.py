@@ -118,3 +118,12 @@ def test_fsdp2_and_compiled_rungs_are_named_and_sit_beside_fsdp1() -> None:
     assert knobs_label("pf0") == "implicit prefetch" and knobs_label("pf2") == "prefetch 2 layers"
     order = sorted(["fsdp2-full", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp2-grad-op"], key=strategy_sort_key)
     assert order == ["ddp", "fsdp-grad-op", "fsdp2-grad-op", "fsdp-full", "fsdp2-full"]
+
+
+def test_the_report_shows_compile_time_for_compiled_rungs_only() -> None:
+    from scaleladder.figures.report import COLUMNS, _cell
+
+    assert ("compile_s", "compile s") in COLUMNS
+    assert _cell({"compile_s": 12.34}, "compile_s") == "12.34"
+    assert _cell({"compile_s": float("nan")}, "compile_s") == "-"  # an eager rung: never measured
+    assert _cell({}, "compile_s") == "-"

@@ -50,6 +50,8 @@ COLUMNS = [
     ("peak_reserved_gib", "peak reserved GiB"),
     ("peak_active_gib", "peak active GiB"),
     ("alloc_retries", "alloc retries"),
+    # compiled rungs only: the warm-up's excess over steady state (docs/metrics.md), outside the window
+    ("compile_s", "compile s"),
 ]
 
 
@@ -65,7 +67,7 @@ def _fmt(key: str, v: Any) -> str:
         return "-"
     x = num(v)
     if x is None:
-        return str(v)
+        return "-" if isinstance(v, float) else str(v)  # NaN: not measured for this rung (compile_s of an eager one)
     if key == "mfu":
         return f"{100 * x:.1f}%"
     if key in ("world_size", "alloc_retries") or float(x).is_integer() and key not in ("items_per_s", "samples_per_s"):
