@@ -214,3 +214,15 @@ def test_probe_result_is_read_from_the_probe_file(tmp_path: Path) -> None:
     write_record(tmp_path / "q.h5", {"status": "oom", "error": "CUDA out of memory"})
     q = maxbatch.read_probe(tmp_path / "q.h5", 32, 1.0)
     assert q.status == "oom" and q.reason == "CUDA out of memory" and not dataclasses.replace(q).passed
+
+
+def test_a_compiled_rung_starts_at_its_eager_prediction_and_is_never_hopeless() -> None:
+    from scaleladder.campaign.maxbatch import planned_start
+    from scaleladder.spec import RunSpec
+
+    eager = planned_start(RunSpec.from_path("vit-huge/fsdp2-full/bf16-mixed/pf0/n1/bmax"), "a100-40gb", 8)
+    compiled = planned_start(RunSpec.from_path("vit-huge/fsdp2-full-compile/bf16-mixed/pf0/n1/bmax"), "a100-40gb", 8)
+    assert compiled == eager and eager[0] is not None
+    # where eager cannot fit batch 1, the compiled rung is still probed (compile may save activations)
+    assert planned_start(RunSpec.from_path("vit-15b/ddp/bf16-mixed/pre-lag/n1/bmax"), "a100-40gb", 8) == (None, True)
+    assert planned_start(RunSpec.from_path("vit-15b/ddp-compile/bf16-mixed/pre-lag/n1/bmax"), "a100-40gb", 8) == (None, False)
