@@ -202,6 +202,26 @@ def test_a_site_with_a_plan_device_records_rungs_that_cannot_fit() -> None:
     assert wf.plan_chart_args(ladder) == "--device a100-40gb --nodes 1 --gpus-per-node 4 --precision fp32"
 
 
+def test_repeats_run_each_measured_rung_again_and_keep_the_one_path_without() -> None:
+    """issue 14: `repeats: R` is R jobs per measured rung (<spec>.r<k>.h5 beside <spec>.h5);
+    a predicted-oom verdict is not a measurement and is recorded once."""
+    one, _ = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, data={"source": "synthetic"}))
+    three, _ = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, data={"source": "synthetic"}, repeats="3"))
+    assert one.rung_files == three.rung_files[:1] + three.rung_files[3:]  # R = 1: the paths as ever
+    assert three.rung_files == ["results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5",
+                                "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.r1.h5",
+                                "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.r2.h5",
+                                "results/predicted/flava-10b/ddp/fp32/pre-lag/n1/b4.h5"]
+    selected, _ = prepare(cfg(PLANNED, data={"source": "synthetic"}, repeats=2, select={"models": ["vit-debug"]}))
+    assert wf.final_targets(selected) == ["results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5",
+                                          "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.r1.h5"]
+    assert re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], ".r2")
+    assert re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], "")
+    assert not re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], ".r0")  # repeat 0 has no suffix
+    with pytest.raises(wf.ConfigError, match="config key 'repeats'"):
+        prepare(cfg(repeats=0))
+
+
 def test_without_a_plan_device_every_rung_runs() -> None:
     ladder, notes = prepare(cfg(PLANNED, data={"source": "synthetic"}))
     assert ladder.predicted_oom == frozenset() and "predicted" not in notes
@@ -281,7 +301,7 @@ def test_provenance_records_the_ladder_as_declared_with_defaults() -> None:
 
     ladder, _ = prepare(cfg(steps=4, warmup=1))
     prov = json.loads(wf.provenance_json(ladder))
-    assert prov == {"site": "testsite", "ranks_per_node": 4, "steps": 4, "warmup": 1, "seed": 0, "skipped": [],
+    assert prov == {"site": "testsite", "ranks_per_node": 4, "steps": 4, "warmup": 1, "repeats": 1, "seed": 0, "skipped": [],
                     "data": ladder.config["data"],
                     "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4], "precisions": ["fp32"],
                                  "knobs": ["pre-lag"], "nodes": [1]}]}
@@ -500,6 +520,15 @@ def test_each_profiles_dry_run_plans_the_pinned_jobs(wf_copy: Path, profile: str
     assert job_counts(out) == PINNED[profile]
     embedded = job_counts(snakemake(wf_copy, "--profile", f"profiles/{profile}", "-n", SCALELADDER_SLURM_ACCOUNT="x").stdout)
     assert embedded == dict(PINNED[profile], shard=SHARDS[profile], total=PINNED[profile]["total"] + SHARDS[profile])
+
+
+def test_repeats_multiply_the_rung_jobs_of_a_dry_run(wf_copy: Path) -> None:
+    """issue 14: `--config repeats=3` plans every measured rung three times, one ladder file."""
+    (wf_copy / "repeats.yaml").write_text("ladders: [{models: [vit-debug], strategies: [ddp], batches: [4, max]}]\n")
+    out = snakemake(wf_copy, "--profile", "profiles/local", "-n", "--configfile", "profiles/local/site.yaml",
+                    "repeats.yaml", "--config", "data={source: synthetic}", "repeats=3").stdout
+    assert job_counts(out) == {"rung": 3, "rung_max": 3, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 10}
+    assert "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/bmax.r2.h5" in out
 
 
 def test_each_fsdp_generation_takes_its_own_knobs() -> None:

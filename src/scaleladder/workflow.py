@@ -57,7 +57,7 @@ from scaleladder.spec import (
 __all__ = [
     "ConfigError", "Ladder", "prepare", "validate_config", "coerce_config_strings", "expand_ladder", "knobs_for",
     "resolve_ranks_per_node", "ranks_of", "rank_args", "is_selected", "planned_not_to_fit", "rung_path",
-    "result_path", "rung_data_path", "rung_inputs", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
+    "result_path", "result_paths", "repeats", "rung_data_path", "rung_inputs", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
     "device_arg", "plan_args", "maxbatch_args", "shard_sources", "provenance_json", "wildcard_constraints",
     "final_targets", "plan_figures", "plan_chart_args", "FIGURES",
 ]
@@ -106,6 +106,8 @@ def coerce_config_strings(cfg: dict[str, Any]) -> None:
     """
     if "run_predicted_oom" in cfg:
         cfg["run_predicted_oom"] = as_bool(cfg["run_predicted_oom"])
+    if "repeats" in cfg:
+        cfg["repeats"] = as_int(cfg["repeats"])
     if isinstance(cfg.get("site"), dict) and "supervisor_can_launch" in cfg["site"]:
         cfg["site"]["supervisor_can_launch"] = as_bool(cfg["site"]["supervisor_can_launch"])
     if isinstance(cfg.get("maxbatch"), dict):
@@ -309,9 +311,16 @@ def data_source(cfg: Mapping[str, Any]) -> str:
     return str((cfg.get("data") or {}).get("source", "embedded"))
 
 
-def rung_path(spec: RunSpec) -> str:
-    """The rung's result file: its path *is* the run spec."""
-    return f"results/rungs/{spec.path}.h5"
+def rung_path(spec: RunSpec, repeat: int = 0) -> str:
+    """The rung's result file: its path *is* the run spec. Repeat k ≥ 1 of ``repeats: R``
+    is ``<spec>.r<k>.h5`` beside it (results.aggregate reads the suffix), so a ladder
+    without repeats keeps the paths it always had."""
+    return f"results/rungs/{spec.path}{f'.r{repeat}' if repeat else ''}.h5"
+
+
+def repeats(cfg: Mapping[str, Any]) -> int:
+    """How many times each measured rung runs, each in fresh processes (config ``repeats``)."""
+    return int(cfg.get("repeats", 1))
 
 
 def rung_data_path(spec: RunSpec, source: str) -> str:
@@ -355,6 +364,14 @@ def result_path(spec: RunSpec, predicted_oom: frozenset[str] | set[str]) -> str:
     return rung_path(spec)
 
 
+def result_paths(spec: RunSpec, predicted_oom: frozenset[str] | set[str], n_repeats: int = 1) -> list[str]:
+    """Every file of a rung: each of its repeats, or the one predicted-oom record (a
+    verdict of the planner does not vary from run to run)."""
+    if spec.path in predicted_oom:
+        return [result_path(spec, predicted_oom)]
+    return [rung_path(spec, k) for k in range(n_repeats)]
+
+
 @dataclass(frozen=True)
 class Ladder:
     """Everything the rules need, decided once while Snakemake parses the workflow.
@@ -376,8 +393,8 @@ class Ladder:
 
     @property
     def rung_files(self) -> list[str]:
-        """What the aggregate reads: each rung's measurement or predicted-oom record."""
-        return [result_path(s, self.predicted_oom) for s in self.rungs]
+        """What the aggregate reads: each rung's measurements (every repeat) or predicted-oom record."""
+        return [f for s in self.rungs for f in result_paths(s, self.predicted_oom, repeats(self.config))]
 
 
 def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: TextIO | None = None,
@@ -422,6 +439,7 @@ def wildcard_constraints(rungs: Iterable[RunSpec]) -> dict[str, str]:
         "knobs": _alternatives(s.knobs for s in rungs),
         "nodes": r"\d+",
         "px": r"\d+",
+        "rep": r"(\.r[1-9][0-9]*)?",  # '' for repeat 0, '.r<k>' for repeat k (rung_path)
     }
 
 
@@ -440,7 +458,7 @@ def final_targets(ladder: Ladder) -> list[str]:
     """The ladder file, report and figures; with ``select``, only the selected rung files
     (re-aggregate afterwards with a plain run)."""
     if ladder.config.get("select"):
-        return [result_path(s, ladder.predicted_oom) for s in ladder.selected]
+        return [f for s in ladder.selected for f in result_paths(s, ladder.predicted_oom, repeats(ladder.config))]
     figures = FIGURES + plan_figures(ladder.site)
     return (
         ["results/ladder.h5", "results/report.html"]
@@ -571,6 +589,7 @@ def provenance_json(ladder: Ladder) -> str:
             "ladders": cfg["ladders"],
             "steps": cfg["steps"],
             "warmup": cfg["warmup"],
+            "repeats": cfg.get("repeats", 1),
             "seed": cfg.get("seed", 0),
             "data": cfg.get("data", {}),
             "skipped": list(ladder.skipped),

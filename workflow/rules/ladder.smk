@@ -1,4 +1,4 @@
-# Stage 2: one job per rung, each writing results/rungs/<run spec>.h5.
+# Stage 2: one job per rung (and per repeat), each writing results/rungs/<run spec>.h5.
 #
 # An OOM is a result, not a failure: `scaleladder launch`/`finalize`/`maxbatch` turn it
 # into an HDF5 record with status 'oom' (exit 0), so the ladder goes on. Any other
@@ -14,6 +14,10 @@
 # (a SLURM site gives each its own allocation).
 
 RUNG = "{model}/{strategy}/{precision}/{knobs}/n{nodes}/b{batch}"
+# `repeats: R` runs a measured rung R times, each a job of its own in fresh processes:
+# repeat 0 is <spec>.h5 as ever ({rep} empty), repeat k is <spec>.r<k>.h5 (scaleladder.workflow.rung_path).
+# Every repeat runs the same command with the same seed: what differs is only the run.
+REP = "{rep}"
 
 
 if SITE["supervise"] == "launch":
@@ -24,9 +28,9 @@ if SITE["supervise"] == "launch":
         input:
             data=rung_data,
         output:
-            f"results/rungs/{RUNG}.h5",
+            f"results/rungs/{RUNG}{REP}.h5",
         log:
-            f"results/logs/rungs/{RUNG}.log",
+            f"results/logs/rungs/{RUNG}{REP}.log",
         wildcard_constraints:
             batch=r"\d+",
         params:
@@ -63,9 +67,9 @@ else:
         input:
             data=rung_data,
         output:
-            f"results/rungs/{RUNG}.h5",
+            f"results/rungs/{RUNG}{REP}.h5",
         log:
-            f"results/logs/rungs/{RUNG}.log",
+            f"results/logs/rungs/{RUNG}{REP}.log",
         wildcard_constraints:
             batch=r"\d+",
         params:
@@ -100,9 +104,9 @@ rule rung_max:
     input:
         data=rung_data,
     output:
-        f"results/rungs/{RUNG}.h5",
+        f"results/rungs/{RUNG}{REP}.h5",
     log:
-        f"results/logs/rungs/{RUNG}.log",
+        f"results/logs/rungs/{RUNG}{REP}.log",
     wildcard_constraints:
         batch="max",
     params:
