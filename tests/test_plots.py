@@ -127,3 +127,45 @@ def test_the_report_shows_compile_time_for_compiled_rungs_only() -> None:
     assert _cell({"compile_s": 12.34}, "compile_s") == "12.34"
     assert _cell({"compile_s": float("nan")}, "compile_s") == "-"  # an eager rung: never measured
     assert _cell({}, "compile_s") == "-"
+
+
+# -- uncertainty (issue 14) -------------------------------------------------------------------
+
+
+def _ci_ladder(tmp_path: Path, hybrid: tuple[float, float, float], no_shard: tuple[float, float, float]) -> list[dict]:
+    files = [write_rung(tmp_path, f"vit-debug/{s}/fp32/pre-lag/n{n}/b4", items_per_s=v * n, items_per_s_ci_low=lo * n,
+                        items_per_s_ci_high=hi * n)
+             for s, (v, lo, hi) in (("fsdp-hybrid1", hybrid), ("fsdp-no-shard", no_shard)) for n in (1, 2)]
+    return read_ladder(str(_ladder(tmp_path, files)))[0]
+
+
+def test_throughput_bars_and_scaling_lines_carry_their_intervals(tmp_path: Path) -> None:
+    from matplotlib.collections import PolyCollection
+    from matplotlib.container import ErrorbarContainer
+
+    rungs = _ci_ladder(tmp_path, (104.0, 96.0, 112.0), (100.0, 92.0, 108.0))
+    fig = fig_throughput_by_model(rungs, Palette(rungs))
+    bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2  # one error bar per measured bar
+    spans = sorted(tuple(sorted(b.lines[2][0].get_segments()[0][:, 1])) for b in bars)
+    assert spans == [pytest.approx((92.0, 108.0)), pytest.approx((96.0, 112.0))]
+    assert "95% interval (docs/metrics.md)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    fig = fig_weak_scaling(rungs, Palette(rungs))
+    bands = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2  # one band per strategy
+    plt.close("all")
+
+
+def test_the_report_flags_a_fastest_claim_within_noise(tmp_path: Path) -> None:
+    rungs = _ci_ladder(tmp_path / "a", (104.0, 96.0, 112.0), (100.0, 92.0, 108.0))
+    (row, _) = report.winners(rungs)
+    assert row["fastest"].startswith("HYBRID 1 GPU") and "HYBRID 1 GPU vs FSDP NO_SHARD: not distinguishable at this noise" in row["fastest"]
+    assert report.within_noise(rungs)[0] == ("vit-debug, 1 node(s), batch 4, fp32, pre-lag: "
+                                             "HYBRID 1 GPU vs FSDP NO_SHARD: not distinguishable at this noise")
+    md = report.render_markdown(rungs, {}, "plots", figures=())
+    assert "## Differences within noise" in md and "| [96.00, 112.0] |" in md
+    apart = _ci_ladder(tmp_path / "b", (130.0, 125.0, 135.0), (100.0, 95.0, 105.0))
+    assert "noise" not in report.winners(apart)[0]["fastest"] and report.within_noise(apart) == []
+    bare = [write_rung(tmp_path / "c", f"vit-debug/{s}/fp32/pre-lag/n1/b4", items_per_s=v) for s, v in (("ddp", 537.3), ("fsdp-full", 439.1))]
+    (row,) = report.winners(read_ladder(str(_ladder(tmp_path / "c", bare)))[0])
+    assert "DDP vs FSDP FULL_SHARD: no interval to tell them apart" in row["fastest"]  # 4 measured steps: no interval

@@ -3,13 +3,14 @@ strategy in its colour, an OOM mark where a bar could not be measured, one legen
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from scaleladder.figures.rungs import Rung, family, is_oom
+from scaleladder.figures.rungs import Rung, family, interval, is_oom
 from scaleladder.figures.style import Palette, model_label, oom_handles, oom_mark, strategy_label
 
 
@@ -26,7 +27,10 @@ def grouped_bars(
     palette: Palette,
     value: Callable[[Rung], float | None],
     annotate: Callable[[Rung], str] | None = None,
+    interval: Callable[[Rung], tuple[float, float] | None] | None = None,
 ) -> None:
+    """``interval``: a bar's 95% interval, drawn as an error bar (an unbounded upper end,
+    from a step-time interval reaching 0, is drawn to twice the bar)."""
     width = 0.8 / max(1, len(strategies))
     for j, s in enumerate(strategies):
         for i, m in enumerate(models):
@@ -40,6 +44,12 @@ def grouped_bars(
                 oom_mark(ax, x, r)
             elif v is not None:
                 ax.bar(x, v, width * 0.95, color=palette(s), edgecolor="black", linewidth=0.4)
+                ci = interval(r) if interval else None
+                if ci is not None:
+                    lo, hi = ci
+                    hi = 2 * v if math.isinf(hi) else hi
+                    ax.errorbar(x, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt="none", ecolor="black",
+                                elinewidth=0.8, capsize=2)
                 if annotate:
                     ax.annotate(annotate(r), (x, v), xytext=(0, 2), textcoords="offset points", ha="center",
                                 va="bottom", fontsize=6)
@@ -52,8 +62,12 @@ def grouped_bars(
 
 def strategy_legend(fig: Figure, palette: Palette, strategies: list[str], rungs: list[Rung]) -> None:
     """One legend under the panels: the strategies shown, then the kinds of OOM."""
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles: list[Any] = [Patch(facecolor=palette(s), edgecolor="black", label=strategy_label(s)) for s in strategies]
+    if any(interval(r) for r in rungs):
+        handles.append(Line2D([], [], color="black", marker="|", markersize=9, linestyle="none",
+                              label="95% interval (docs/metrics.md)"))
     handles += oom_handles(rungs)
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)

@@ -19,7 +19,8 @@ from typing import Any
 
 from scaleladder.results.aggregate import read_ladder
 from scaleladder.figures.plots import FIGURES
-from scaleladder.figures.rungs import Rung, is_ok, is_oom, model_order, num
+from scaleladder.figures.rungs import Rung, interval, is_ok, is_oom, model_order, num
+from scaleladder.results.stats import overlap
 from scaleladder.figures.style import knobs_label, strategy_label
 
 TITLES = {
@@ -33,6 +34,8 @@ TITLES = {
     "predicted_vs_measured": "Planner: predicted against measured peak memory",
 }
 PLAN_FIGURES = ("fits", "predicted_vs_measured")
+NOISE_NOTE = ("Strategies next to each other in throughput whose 95% intervals overlap, or that have none: "
+              "their order in the figures is not a result (docs/metrics.md, 'uncertainty').")
 
 
 def figures_in(plot_dir: str) -> list[str]:
@@ -45,6 +48,7 @@ COLUMNS = [
     ("world_size", "GPUs"),
     ("batch", "local batch"),
     ("items_per_s", "items/s"),
+    ("items_per_s_ci", "items/s 95% interval"),
     ("samples_per_s", "samples/s"),
     ("mfu", "MFU"),
     ("peak_reserved_gib", "peak reserved GiB"),
@@ -76,11 +80,43 @@ def _fmt(key: str, v: Any) -> str:
 
 
 def _cell(r: Rung, key: str) -> str:
+    if key == "items_per_s_ci":
+        ci = interval(r)
+        reps = f" ({r['repeats']} runs)" if num(r.get("repeats")) and r["repeats"] > 1 else ""
+        return f"[{_fmt('items_per_s', ci[0])}, {_fmt('items_per_s', ci[1])}]{reps}" if ci else "-"
     if key == "batch" and str(r.get("spec_batch")) == "max":
         return f"max = {r.get('max_batch', r.get('batch', '?'))}"
     if key == "status" and r.get("status") != "ok":
         return str(r.get("status"))
     return _fmt(key, r.get(key))
+
+
+def distinguishable(a: Rung, b: Rung) -> str:
+    """'' when the 95% throughput intervals of ``a`` and ``b`` are apart; else why the
+    ranking of the two means nothing (issue 14): they overlap, or one has no interval."""
+    names = f"{strategy_label(a['strategy'])} vs {strategy_label(b['strategy'])}"
+    verdict = overlap(interval(a) or (float("nan"),) * 2, interval(b) or (float("nan"),) * 2)
+    if verdict is None:
+        return f"{names}: no interval to tell them apart (too few steps; run more, or repeats)"
+    return f"{names}: not distinguishable at this noise" if verdict else ""
+
+
+def within_noise(rungs: list[Rung]) -> list[str]:
+    """Per model, node count, local batch, precision and knobs: each pair of strategies
+    next to each other in throughput order whose intervals overlap (or are unknown)."""
+    groups: dict[tuple[str, ...], list[Rung]] = defaultdict(list)
+    for r in rungs:
+        if is_ok(r):
+            key = (r["model"], str(r.get("nodes", 1)), str(r.get("spec_batch", r.get("batch"))), str(r.get("precision")),
+                   str(r.get("knobs")))
+            groups[key].append(r)
+    lines = []
+    for (model, nodes, batch, precision, knobs), rs in sorted(groups.items()):
+        ranked = sorted(rs, key=lambda r: -r["items_per_s"])
+        for a, b in zip(ranked, ranked[1:]):
+            if why := distinguishable(a, b):
+                lines.append(f"{model}, {nodes} node(s), batch {batch}, {precision}, {knobs}: {why}")
+    return lines
 
 
 def winners(rungs: list[Rung]) -> list[dict[str, str]]:
@@ -95,6 +131,10 @@ def winners(rungs: list[Rung]) -> list[dict[str, str]]:
         rs = groups[(model, nodes)]
         ok = [r for r in rs if is_ok(r)]
         fastest = max(ok, key=lambda r: r["items_per_s"], default=None)
+        # the claim "fastest" holds only if it is apart from the best other strategy
+        others = [r for r in ok if fastest and r["strategy"] != fastest["strategy"]]
+        runner_up = max(others, key=lambda r: r["items_per_s"], default=None)
+        caveat = distinguishable(fastest, runner_up) if fastest and runner_up else ""
         maxb = [r for r in rs if r.get("status") == "ok" and num(r.get("max_batch"))]
         biggest = max(maxb, key=lambda r: num(r.get("max_batch")) or 0, default=None)
         oom = sorted({strategy_label(r["strategy"]) for r in rs if is_oom(r)})
@@ -102,7 +142,8 @@ def winners(rungs: list[Rung]) -> list[dict[str, str]]:
             "model": model,
             "nodes": str(nodes),
             "fastest": (f"{strategy_label(fastest['strategy'])} ({_fmt('items_per_s', fastest['items_per_s'])} items/s, "
-                        f"batch {fastest.get('max_batch', fastest.get('batch'))}, {fastest.get('knobs')})") if fastest else "-",
+                        f"batch {fastest.get('max_batch', fastest.get('batch'))}, {fastest.get('knobs')})"
+                        + (f"; {caveat}" if caveat else "")) if fastest else "-",
             "largest batch": (f"{strategy_label(biggest['strategy'])} ({int(num(biggest['max_batch']) or 0)}"
                               f"{', the search cap' if biggest.get('maxbatch_capped') else ''})" if biggest else "-"),
             "out of memory": ", ".join(oom) or "-",
@@ -145,6 +186,9 @@ def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figu
         out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         out += ["| " + " | ".join(row[k] for k in keys) + " |" for row in w]
     out += [""]
+    noise = within_noise(rungs)
+    if noise:
+        out += ["## Differences within noise", "", NOISE_NOTE, ""] + [f"- {line}" for line in noise] + [""]
     for name in figures:
         out += [f"## {TITLES[name]}", "", f"![{TITLES[name]}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
     out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
@@ -172,6 +216,11 @@ def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures:
         parts.append("<table><tr>" + "".join(f"<th>{e(k)}</th>" for k in keys) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{e(row[k])}</td>" for k in keys) + "</tr>" for row in w]
         parts.append("</table>")
+    noise = within_noise(rungs)
+    if noise:
+        parts.append(f"<h2>Differences within noise</h2><p>{e(NOISE_NOTE)}</p><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in noise]
+        parts.append("</ul>")
     for name in figures:
         src = f"{plot_rel}/{name}.png"
         parts.append(f"<figure><h2>{e(TITLES[name])}</h2><img src='{e(src)}' alt='{e(TITLES[name])}'>"

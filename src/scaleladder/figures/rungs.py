@@ -28,6 +28,13 @@ def num(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
+def interval(r: Rung) -> tuple[float, float] | None:
+    """A rung's 95% throughput interval (``items_per_s_ci_low/high``, results/stats.py), or
+    None where it has none (an OOM, a window too short, a record older than the interval)."""
+    lo, hi = num(r.get("items_per_s_ci_low")), num(r.get("items_per_s_ci_high"))
+    return None if lo is None or hi is None else (lo, hi)
+
+
 def is_ok(r: Rung) -> bool:
     return r.get("status") == "ok" and num(r.get("items_per_s")) is not None
 

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from scaleladder.figures.bars import families, grouped_bars, strategy_legend
-from scaleladder.figures.rungs import Rung, batch_of, family, is_max, model_order, num, reference, select
+from scaleladder.figures.rungs import Rung, batch_of, family, interval, is_max, model_order, num, reference, select
 from scaleladder.figures.style import Palette, held_fixed, max_batch_label, note, throughput_label
 
 
@@ -38,6 +38,7 @@ def fig_throughput_by_model(rungs: list[Rung], palette: Palette) -> Figure:
             grouped_bars(
                 ax, rs, models, strategies, palette,
                 value=lambda r: num(r.get("items_per_s")),
+                interval=interval,
                 annotate=(lambda r: f"b{'' if r.get('maxbatch_capped') else '='}{max_batch_label(r)}") if is_max(rs[0]) else None,
             )
             ax.set_ylabel(throughput_label(fam))

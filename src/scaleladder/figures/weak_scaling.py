@@ -9,7 +9,8 @@ from collections import defaultdict
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from scaleladder.figures.rungs import Rung, batch_of, family, is_fixed, is_ok, is_oom, model_order, num, reference, select
+from scaleladder.figures.rungs import (Rung, batch_of, family, interval, is_fixed, is_ok, is_oom,
+                                       model_order, num, reference, select)
 from scaleladder.figures.style import Palette, held_fixed, note, oom_handles, oom_style, strategy_label, throughput_label
 
 
@@ -38,6 +39,15 @@ def fig_weak_scaling(rungs: list[Rung], palette: Palette) -> Figure:
             if ok:
                 xs = [n for n, _ in ok]
                 ax_t.plot(xs, [r["items_per_s"] for _, r in ok], marker="o", color=palette(s), label=strategy_label(s))
+                # the 95% band; a node count without an interval leaves a gap, not a guess
+                band = [interval(r) or (float("nan"), float("nan")) for _, r in ok]
+                if any(b[0] == b[0] for b in band):
+                    hi = [min(b[1], 2 * r["items_per_s"]) for b, (_, r) in zip(band, ok)]
+                    ax_t.fill_between(xs, [b[0] for b in band], hi, color=palette(s), alpha=0.2, linewidth=0)
+                    ax_t.errorbar(xs, [r["items_per_s"] for _, r in ok],
+                                  yerr=[[r["items_per_s"] - b[0] for b, (_, r) in zip(band, ok)],
+                                        [h - r["items_per_s"] for h, (_, r) in zip(hi, ok)]],
+                                  fmt="none", ecolor=palette(s), elinewidth=0.8, capsize=2)
                 n0, r0 = ok[0]
                 ideal = [r0["items_per_s"] * n / n0 for n in node_counts if n >= n0]
                 ax_t.plot([n for n in node_counts if n >= n0], ideal, linestyle="--", color=palette(s), alpha=0.6,
@@ -69,6 +79,10 @@ def fig_weak_scaling(rungs: list[Rung], palette: Palette) -> Figure:
     from matplotlib.lines import Line2D
 
     handles += [Line2D([], [], color="black", linestyle="--", label="ideal linear scaling"), *oom_handles(rs)]
+    if any(interval(r) for r in rs):
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor="black", alpha=0.2, label="95% interval (docs/metrics.md)"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     held = held_fixed(rs, ("precision", "knobs"))
     fig.suptitle("Weak scaling: throughput and memory per GPU against nodes" + (f" ({held})" if held else ""), fontsize=12)
