@@ -44,17 +44,21 @@ from scaleladder.models.flavors import get_flavor
 from gpu_check import cpu_model  # benchmarks/ is on sys.path: this runs as a script beside it
 
 
-def _make_folder(folder: Path, n: int, sides: tuple[int, int]) -> int:
+def _make_folder(folder: Path, n: int, sides: tuple[int, int], distinct: int | None = None) -> int:
     """n synthetic JPEGs with sidecar captions and labels; returns their total bytes.
 
-    Sides are spread evenly over ``sides``: 300..940 px gives JPEGs of about 20 to
-    200 KB (the issue's range: web images), about 100 KB on average.
+    Sides are spread evenly over ``sides``: 300..900 px gives JPEGs of about 20 to
+    200 KB (the issue's range: web images), about 90 KB on average. With ``distinct``,
+    only that many images are drawn (drawing costs ~50 ms each here) and the rest are
+    copies under other names: the writer reads and checks every file all the same.
     """
     folder.mkdir(parents=True)
     total = 0
     lo, hi = sides
+    k = distinct or n
+    made = [synthetic.make_sample(0, i, lo + (hi - lo) * i // max(k - 1, 1)) for i in range(k)]
     for i in range(n):
-        s = synthetic.make_sample(0, i, lo + (hi - lo) * i // max(n - 1, 1))
+        s = made[i % k]
         for suffix, data in ((".jpg", s.jpeg), (".txt", s.caption.encode()), (".cls", str(s.label).encode())):
             (folder / f"{i:06d}{suffix}").write_bytes(data)
             total += len(data)
@@ -66,12 +70,22 @@ def _rates(times: list[float], amount: float) -> str:
     return f"median {statistics.median(rates):7.1f}, best {rates[-1]:7.1f}"
 
 
-def bench_shard_writing(work: Path, n: int, sides: tuple[int, int], repeats: int) -> None:
+def _sliced(folder: Path, parts: Path, out: Path, jobs: int) -> None:
+    """``jobs`` real ``scaleladder shard --slice K/N`` processes at once, then the gather."""
+    common = [sys.executable, "-m", "scaleladder.data.cli", "--images", str(folder), "--per-shard", "128",
+              "--parts", str(parts), "--quiet"]
+    procs = [subprocess.Popen([*common, "--slice", f"{k}/{jobs}"]) for k in range(jobs)]
+    assert all(p.wait() == 0 for p in procs)
+    subprocess.run([*common, "--gather", str(jobs), "--out", str(out)], check=True)
+
+
+def bench_shard_writing(work: Path, n: int, sides: tuple[int, int], distinct: int, repeats: int, jobs: list[int]) -> None:
     folder = work / "images"
-    nbytes = _make_folder(folder, n, sides)
+    nbytes = _make_folder(folder, n, sides, distinct)
     mb = nbytes / 1e6
     sizes = sorted(p.stat().st_size for p in folder.glob("*.jpg"))
     shard_times, tar_times = [], []
+    job_times: dict[int, list[float]] = {j: [] for j in jobs}
     for r in range(repeats):
         out = work / f"shards{r}"
         t = time.perf_counter()
@@ -80,17 +94,23 @@ def bench_shard_writing(work: Path, n: int, sides: tuple[int, int], repeats: int
         t = time.perf_counter()
         subprocess.run(["tar", "cf", str(work / "plain.tar"), "-C", str(folder), "."], check=True)
         tar_times.append(time.perf_counter() - t)
-        if r:
-            shutil.rmtree(out)
-    out_mb = sum(p.stat().st_size for p in (work / "shards0").glob("*.tar")) / 1e6
-    print(f"shard writing: {n} samples (jpg+txt+cls files; JPEGs {sizes[0] / 1e3:.0f}-{sizes[-1] / 1e3:.0f} KB, "
-          f"median {statistics.median(sizes) / 1e3:.0f} KB), {mb:.1f} MB in, {out_mb:.1f} MB of shards out; "
-          f"{repeats} runs, files in the page cache")
+        shutil.rmtree(out)
+        for j in jobs:
+            t = time.perf_counter()
+            _sliced(folder, work / "parts", work / "sliced", j)
+            job_times[j].append(time.perf_counter() - t)
+            shutil.rmtree(work / "parts")
+            shutil.rmtree(work / "sliced")
+    print(f"shard writing: {n} samples (jpg+txt+cls files; {min(distinct, n) if distinct else n} distinct JPEGs of "
+          f"{sizes[0] / 1e3:.0f}-{sizes[-1] / 1e3:.0f} KB, median {statistics.median(sizes) / 1e3:.0f} KB), "
+          f"{mb:.1f} MB in; {repeats} runs, files in the page cache")
     print(f"  scaleladder shard --images : MB/s {_rates(shard_times, mb)}   samples/s {_rates(shard_times, n)}")
     print(f"  tar cf (ceiling)           : MB/s {_rates(tar_times, mb)}   samples/s {_rates(tar_times, n)}")
-    ratio = statistics.median(tar_times) / statistics.median(shard_times)
-    print(f"  shard / tar (medians)      : {ratio:.2f}x")
-    shutil.rmtree(work / "shards0")
+    print(f"  shard / tar                : {statistics.median(tar_times) / statistics.median(shard_times):.2f}x (medians), "
+          f"{min(tar_times) / min(shard_times):.2f}x (bests)")
+    for j in jobs:
+        print(f"  {j} --slice jobs + --gather  : MB/s {_rates(job_times[j], mb)}   "
+              f"{statistics.median(tar_times) / statistics.median(job_times[j]):.2f}x tar (medians; each job a new process)")
 
 
 def make_loader_shards(work: Path, n: int, size: int) -> Path:
@@ -135,9 +155,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=768, help="samples in the benchmark shard set")
     p.add_argument("--source-size", type=int, default=256, help="side of the JPEGs in the loader's shards (px)")
-    p.add_argument("--shard-samples", type=int, default=768, help="images for the shard-writing benchmark")
-    p.add_argument("--shard-sides", type=int, nargs=2, default=[300, 940], metavar=("MIN", "MAX"),
-                   help="image sides for the shard-writing benchmark (px; 300 940 gives 20-200 KB JPEGs)")
+    p.add_argument("--shard-samples", type=int, default=2048, help="images for the shard-writing benchmark")
+    p.add_argument("--shard-distinct", type=int, default=256, help="of which distinct (the rest are copies; 0: all)")
+    p.add_argument("--shard-sides", type=int, nargs=2, default=[300, 900], metavar=("MIN", "MAX"),
+                   help="image sides for the shard-writing benchmark (px; 300 900 gives 20-200 KB JPEGs)")
+    p.add_argument("--slice-jobs", type=int, nargs="*", default=[2], metavar="N",
+                   help="also time N parallel `shard --slice` processes + the gather (default: 2)")
     p.add_argument("--skip-loader", action="store_true", help="only the shard-writing benchmark")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--batches", type=int, default=12, help="timed batches per window")
@@ -151,7 +174,8 @@ def main() -> int:
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     work = Path(tempfile.mkdtemp(prefix="bench_data-"))
     try:
-        bench_shard_writing(work, args.shard_samples, tuple(args.shard_sides), args.repeats)
+        bench_shard_writing(work, args.shard_samples, tuple(args.shard_sides), args.shard_distinct, args.repeats,
+                            args.slice_jobs)
         if args.skip_loader:
             return 0
         manifest = make_loader_shards(work, args.samples, args.source_size)

@@ -58,7 +58,7 @@ __all__ = [
     "ConfigError", "Ladder", "prepare", "validate_config", "coerce_config_strings", "expand_ladder", "knobs_for",
     "resolve_ranks_per_node", "ranks_of", "rank_args", "is_selected", "planned_not_to_fit", "rung_path",
     "result_path", "result_paths", "repeats", "rung_data_path", "rung_inputs", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
-    "device_arg", "plan_args", "maxbatch_args", "shard_sources", "provenance_json", "wildcard_constraints",
+    "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices", "shard_slice_records", "provenance_json", "wildcard_constraints",
     "final_targets", "plan_figures", "plan_chart_args", "FIGURES",
 ]
 
@@ -117,7 +117,7 @@ def coerce_config_strings(cfg: dict[str, Any]) -> None:
             for key in ("batches", "nodes"):
                 if isinstance(block.get(key), list):
                     block[key] = [as_int(v) for v in block[key]]
-    for section, keys in (("site", ("ranks_per_node", "cpu_ranks", "max_nodes")), ("data", ("samples", "per_shard", "seed"))):
+    for section, keys in (("site", ("ranks_per_node", "cpu_ranks", "max_nodes")), ("data", ("samples", "per_shard", "seed", "slices"))):
         for key in keys:
             if isinstance(cfg.get(section), dict) and key in cfg[section]:
                 cfg[section][key] = as_int(cfg[section][key])
@@ -576,6 +576,18 @@ def shard_sources(cfg: Mapping[str, Any]) -> str:
     if data.get("vocab"):
         args.append(f"--vocab {data['vocab']}")
     return " ".join(args)
+
+
+def shard_slices(cfg: Mapping[str, Any]) -> int:
+    """How many ``scaleladder shard --slice K/N`` jobs write each shard set (data.slices, default 1)."""
+    return int((cfg.get("data") or {}).get("slices", 1))
+
+
+def shard_slice_records(px: str | int, slices: int) -> list[str]:
+    """The slice records the gather job of a ``px`` shard set waits for (one Snakemake output per slice)."""
+    # The name `shard --slice K/N` writes (scaleladder.data.slices.record_name; not imported:
+    # it would load PIL and tokenizers into every Snakefile parse. tests/test_shard_parallel.py checks they agree).
+    return [f"results/shards/{px}px.parts/slice-{k:04d}-of-{slices:04d}.json" for k in range(slices)]
 
 
 def provenance_json(ladder: Ladder) -> str:

@@ -1,23 +1,86 @@
 # Stage 1: the data every rung reads, written once as WebDataset shards.
+#
+# data.slices = 1: one `scaleladder shard` job per image size. data.slices = N > 1: N
+# `shard --slice K/N` jobs (each over one slice of the sorted input; on a Slurm profile
+# each is a batch job, locally they run side by side up to --cores), then one
+# `shard --gather N` job that writes the manifest and trains the tokenizer on every
+# caption (or loads data.vocab). The shards do not depend on N (src/scaleladder/data/slices.py),
+# and each slice's record is its own output, so a rerun after a killed job redoes only
+# the missing slices.
+
+SHARD_SLICES = swf.shard_slices(config)
 
 
-rule shard:
-    output:
-        "results/shards/{px}px/manifest.json",
-    log:
-        "results/logs/shard/{px}px.log",
-    params:
-        env=swf.env_exports(SITE),
-        scaleladder=SCALELADDER,
-        # the shard directory is the manifest's folder (a function, not a hardcoded prefix)
-        outdir=lambda wildcards, output: os.path.dirname(output[0]),
-        samples=config["data"]["samples"],
-        per_shard=config["data"]["per_shard"],
-        seed=config["data"]["seed"],
-        sources=swf.shard_sources(config),
-    conda:
-        "../envs/scaleladder.yaml"
-    shell:
-        "{params.env}{params.scaleladder} shard --out {params.outdir} --samples {params.samples} "
-        "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --overwrite --quiet {params.sources}"
-        " > {log} 2>&1"
+if SHARD_SLICES == 1:
+
+    rule shard:
+        output:
+            "results/shards/{px}px/manifest.json",
+        log:
+            "results/logs/shard/{px}px.log",
+        params:
+            env=swf.env_exports(SITE),
+            scaleladder=SCALELADDER,
+            # the shard directory is the manifest's folder (a function, not a hardcoded prefix)
+            outdir=lambda wildcards, output: os.path.dirname(output[0]),
+            samples=config["data"]["samples"],
+            per_shard=config["data"]["per_shard"],
+            seed=config["data"]["seed"],
+            sources=swf.shard_sources(config),
+        conda:
+            "../envs/scaleladder.yaml"
+        shell:
+            "{params.env}{params.scaleladder} shard --out {params.outdir} --samples {params.samples} "
+            "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --overwrite --quiet {params.sources}"
+            " > {log} 2>&1"
+
+else:
+
+    rule shard_slice:
+        output:
+            "results/shards/{px}px.parts/slice-{k}-of-{n}.json",
+        log:
+            "results/logs/shard/{px}px-slice-{k}-of-{n}.log",
+        wildcard_constraints:
+            k=r"\d{4}",
+            n=r"\d{4}",
+        threads: 2  # the reader threads overlap I/O; the work is one core's
+        params:
+            env=swf.env_exports(SITE),
+            scaleladder=SCALELADDER,
+            parts=lambda wildcards, output: os.path.dirname(output[0]),
+            slice=lambda wildcards: f"{int(wildcards.k)}/{int(wildcards.n)}",
+            samples=config["data"]["samples"],
+            per_shard=config["data"]["per_shard"],
+            seed=config["data"]["seed"],
+            sources=swf.shard_sources(config),
+        conda:
+            "../envs/scaleladder.yaml"
+        shell:
+            "{params.env}{params.scaleladder} shard --parts {params.parts} --slice {params.slice} --samples {params.samples} "
+            "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --quiet {params.sources}"
+            " > {log} 2>&1"
+
+    rule shard:
+        input:
+            lambda wildcards: swf.shard_slice_records(wildcards.px, SHARD_SLICES),
+        output:
+            "results/shards/{px}px/manifest.json",
+        log:
+            "results/logs/shard/{px}px.log",
+        params:
+            env=swf.env_exports(SITE),
+            scaleladder=SCALELADDER,
+            outdir=lambda wildcards, output: os.path.dirname(output[0]),
+            parts=lambda wildcards, input: os.path.dirname(input[0]),
+            slices=SHARD_SLICES,
+            samples=config["data"]["samples"],
+            per_shard=config["data"]["per_shard"],
+            seed=config["data"]["seed"],
+            sources=swf.shard_sources(config),
+        conda:
+            "../envs/scaleladder.yaml"
+        shell:
+            "{params.env}{params.scaleladder} shard --parts {params.parts} --gather {params.slices} --out {params.outdir} "
+            "--samples {params.samples} --per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} "
+            "--overwrite --quiet {params.sources} > {log} 2>&1"
