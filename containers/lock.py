@@ -5,8 +5,8 @@ pin every distribution that scaleladder[workflow] pulls in, transitively, at the
 version installed here: what the tests ran against is what the images install.
 torch and torchvision are pinned by version only, so the same pin admits the CUDA
 wheel from PyPI and the `+rocmX.Y` wheel from the ROCm index. The ROCm file leaves out
-what only the CUDA build of torch needs (nvidia-*, cuda-*, triton): the ROCm wheel
-brings its own (pytorch-triton-rocm).
+what only the CUDA build of torch needs (nvidia-*, cuda-*, triton) and pins what the ROCm
+wheel needs instead (pytorch-triton-rocm), so the one lock holds every version an image installs.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ def main() -> int:
             for k, v in sorted(pins.items())
             if k not in SKIP and not (flavor == "rocm" and CUDA_ONLY.match(k))
         ]
+        if flavor == "rocm":
+            # The ROCm torch wheel requires pytorch-triton-rocm (on the ROCm index only) at the
+            # triton version the CUDA build requires; verify_pins.py checks it exists there.
+            lines = sorted(lines + [f"pytorch-triton-rocm=={pins['triton']}"], key=lambda line: line.split("==")[0])
         (HERE / f"constraints-{flavor}.txt").write_text(header + "\n".join(lines) + "\n")
         print(f"containers/constraints-{flavor}.txt: {len(lines)} pins")
     return 0

@@ -52,25 +52,34 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     out = dry_run(wf, "frontier", rung, SCALELADDER_SLURM_ACCOUNT="abc123")
     cmd = shell_of(out, "rung", rung)
     image = "${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"
-    ofi = "${SCALELADDER_OFI_RCCL:-/lustre/orion/world-shared/aws-ofi-rccl}"
+    plugin_dir = "${SCALELADDER_RCCL_NET_PLUGIN%/*}"
     launcher = (
         "srun -N2 -n16 -c7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=1 "
-        f"apptainer exec --rocm --workdir $PWD --bind /opt/cray,/var/spool/slurmd,/usr/lib64/libcxi.so.1,/lustre,{ofi} "
-        f"{image} scaleladder"
+        "apptainer exec --rocm --workdir $PWD --bind /opt/cray,/var/spool/slurmd,/lustre/orion,"
+        "/usr/lib64/libcxi.so.1:/opt/host-lib64/libcxi.so.1,/usr/lib64/libjansson.so.4:/opt/host-lib64/libjansson.so.4,"
+        f"{plugin_dir} {image} scaleladder"
     )
     args = ARGS.format(steps=40, warmup=10, data="results/shards/224px/manifest.json", workers=6, out=rung)
     spec = "--spec vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32"
     log = "results/logs/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.log"
+    # OLCF's RCCL-over-Slingshot settings, the plugin forced by path and (on >1 node) by name
     env = (
-        'export MASTER_PORT="3442"; export NCCL_SOCKET_IFNAME="hsn0"; export NCCL_NET_GDR_LEVEL="3"; '
+        'export MASTER_PORT="3442"; '
+        'export NCCL_NET_PLUGIN="${SCALELADDER_RCCL_NET_PLUGIN:?set SCALELADDER_RCCL_NET_PLUGIN to librccl-net.so, see scaleladder doctor}"; '
+        'export NCCL_NET="$([ ${SLURM_JOB_NUM_NODES:-1} -gt 1 ] && echo OFI || echo Socket)"; '
+        'export NCCL_CROSS_NIC="1"; export NCCL_NET_GDR_LEVEL="PHB"; export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"; '
+        'export HSA_FORCE_FINE_GRAIN_PCIE="1"; export FI_MR_CACHE_MONITOR="kdreg2"; export FI_CXI_DISABLE_HOST_REGISTER="1"; '
+        'export FI_CXI_DEFAULT_CQ_SIZE="131072"; export FI_CXI_DEFAULT_TX_SIZE="2048"; export FI_CXI_RX_MATCH_MODE="hybrid"; '
+        'export FI_CXI_RDZV_PROTO="alt_read"; export FI_CXI_RDZV_EAGER_SIZE="0"; export FI_CXI_RDZV_THRESHOLD="0"; '
+        'export FI_CXI_RDZV_GET_MIN="0"; '
         'export MIOPEN_USER_DB_PATH="/tmp/miopen-$USER"; export MIOPEN_CUSTOM_CACHE_DIR="/tmp/miopen-$USER"; '
-        f'export APPTAINERENV_LD_LIBRARY_PATH="{ofi}/lib:/opt/cray/libfabric/1.15.2.0/lib64:$LD_LIBRARY_PATH"; '
-        'export HDF5_USE_FILE_LOCKING="FALSE"; export OMP_NUM_THREADS="7"; '
+        f'export APPTAINERENV_LD_LIBRARY_PATH="{plugin_dir}:${{SCALELADDER_LIBFABRIC:-/opt/cray/libfabric/2.3.1}}/lib64:/opt/host-lib64"; '
+        'export HDF5_USE_FILE_LOCKING="FALSE"; export OMP_NUM_THREADS="1"; '
     )
     assert cmd == (
         f"rm -f {rung}.oom-rank*.json; {env}srun -N2 --ntasks-per-node=1 mkdir -p /tmp/miopen-$USER; "
         f"{launcher} run --device cuda {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
-        f"apptainer exec --workdir $PWD --bind /lustre {image} scaleladder finalize --rc $rc --device cuda {spec} {args} >> {log} 2>&1"
+        f"apptainer exec --workdir $PWD --bind /lustre/orion {image} scaleladder finalize --rc $rc --device cuda {spec} {args} >> {log} 2>&1"
     )
     assert "torchrun" not in out  # srun starts the ranks on Frontier, never torchrun
     res = resources_of(out, "rung", rung)
@@ -107,7 +116,7 @@ def test_predicted_oom_rungs_are_recorded_on_the_login_node(wf: Path) -> None:
     out = dry_run(wf, "frontier", f"results/predicted/{spec}.h5")
     image = "${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"
     cmd = shell_of(out, "predicted_oom", f"results/predicted/{spec}.h5")
-    assert f"apptainer exec --workdir $PWD --bind /lustre {image} scaleladder launch --plan-only --plan-device mi250x-gcd " \
+    assert f"apptainer exec --workdir $PWD --bind /lustre/orion {image} scaleladder launch --plan-only --plan-device mi250x-gcd " \
            f"--ranks-per-node 8 --spec {spec} " in cmd
     assert "srun" not in cmd  # a local rule: no allocation for a certain OOM
     assert re.search(r"localrules:\s+predicted_oom,", (REPO / "workflow/rules/ladder.smk").read_text())
@@ -122,7 +131,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     out = dry_run(wf, "a100", fixed, mx)
     sl = "apptainer exec --nv --workdir $PWD ${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-cuda.sif} scaleladder"
     launcher = "'torchrun --standalone --nnodes 1 --nproc-per-node 8 -m scaleladder'"
-    env = ('export NCCL_DEBUG="WARN"; export NCCL_ASYNC_ERROR_HANDLING="1"; export OMP_NUM_THREADS="8"; '
+    env = ('export NCCL_DEBUG="WARN"; export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"; export OMP_NUM_THREADS="1"; '
            'export HDF5_USE_FILE_LOCKING="FALSE"; ')
     for rule, verb, plan, target, spec in (
             ("rung", "launch", "--ranks-per-node 8 --device cuda", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
@@ -271,7 +280,8 @@ def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path
     for p in procs:
         assert p.wait(timeout=300) != 0  # every submission was refused
     lines = {p: _sbatch_log(tmp_path, p) for p in ("frontier", "a100")}
-    assert " -A abc123 -p batch -t 60 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --exclusive " in lines["frontier"]
+    assert " -A abc123 -p batch -t 60 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --exclusive --network=disable_rdzv_get " \
+        in lines["frontier"]
     assert " -A abc123 -p gpu -t 120 --nodes=1 --cpus-per-task=64 --exclusive " in lines["a100"]
     assert " --gpus=8 " in lines["a100"]
     for line in lines.values():

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "aggregate": ("scaleladder.results.aggregate", "add_arguments", "main", "merge rung files into one HDF5"),
     "plots": ("scaleladder.figures.plots", "add_arguments", "main", "draw the figures from an aggregated HDF5"),
     "report": ("scaleladder.figures.report", "add_arguments", "main", "write the Markdown/HTML report"),
+    "doctor": ("scaleladder.doctor", "add_arguments", "main", "preflight a profile: what would make the campaign fail or lie"),
     "compare": ("scaleladder.results.compare", "add_arguments", "main", "compare two ladders (or one with references): verdicts within noise"),
 }
 

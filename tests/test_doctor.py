@@ -1,0 +1,245 @@
+"""`scaleladder doctor`: every fault the Frontier/A100 review found, planted one at a time into a
+copy of the profile, on a fake login node (fake sinfo, stat, apptainer, sbatch on PATH; the
+site's absolute paths under a fake filesystem layout via --fs-root), must be caught by one
+FATAL (or WARN) line naming the fix, with exit 1 when any is fatal. The untouched profile on
+the fake Frontier passes. The real run, through the one-node Slurm, is in
+tests/test_doctor_slurm.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from scaleladder import doctor
+
+PLUGIN = "/sw/frontier/rccl-net-plugin/1.0/lib/librccl-net.so"
+
+FAKE_TOOLS = {
+    # the partitions and nodes of a 2-node cluster
+    "sinfo": """#!/bin/bash
+if [[ " $* " == *" -N "* ]]; then printf 'frontier00001\\nfrontier00002\\n'; exit 0; fi
+for a in "$@"; do [[ "$prev" == "-p" ]] && part=$a; prev=$a; done
+[[ "$part" == "batch" || "$part" == "gpu" ]] && echo "$part"
+exit 0
+""",
+    "stat": """#!/bin/bash
+echo "${FAKE_FS_TYPE:-lustre}"
+""",
+    # `apptainer exec [--bind B] IMAGE CMD...`: torch's build, or ldd of the plugin
+    "apptainer": """#!/bin/bash
+if [[ " $* " == *" python -c "* ]]; then echo "${FAKE_TORCH:-2.14.1+rocm7.0 None 7.0.51831}"; exit 0; fi
+if [[ " $* " == *" ldd "* ]]; then
+  echo "	libfabric.so.1 => /opt/cray/libfabric/2.3.1/lib64/libfabric.so.1 (0x0)"
+  echo "	libcxi.so.1 => /opt/host-lib64/libcxi.so.1 (0x0)"
+  [[ -n "${FAKE_LDD_MISSING:-}" ]] && echo "	${FAKE_LDD_MISSING} => not found"
+  exit 0
+fi
+exit 1
+""",
+    # sbatch --wait: the probe's report appears where the doctor reads it
+    "sbatch": """#!/bin/bash
+mkdir -p results/doctor && printf '%s' "$FAKE_PROBE" > results/doctor/compute.json && echo 4242
+""",
+}
+
+FRONTIER_FILES = ("/opt/cray/libfabric/2.3.1/lib64/libfabric.so.1", "/var/spool/slurmd/.keep", "/lustre/orion/.keep",
+                  "/usr/lib64/libcxi.so.1", "/usr/lib64/libjansson.so.4", PLUGIN, "/images/scaleladder-rocm.sif")
+
+
+@pytest.fixture
+def login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the workflow's profiles and config on a fake Frontier login node."""
+    repo = tmp_path / "wf"
+    for part in ("profiles", "config", "workflow", "containers"):
+        shutil.copytree(REPO / part, repo / part)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in FAKE_TOOLS.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(stat.S_IRWXU)
+    root = tmp_path / "root"
+    for f in FRONTIER_FILES:
+        (root / f.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / f.lstrip("/")).write_text("")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("USER", "tester")
+    monkeypatch.setenv("SCALELADDER_SLURM_ACCOUNT", "abc123")
+    monkeypatch.setenv("SCALELADDER_IMAGE", "/images/scaleladder-rocm.sif")
+    monkeypatch.setenv("SCALELADDER_RCCL_NET_PLUGIN", PLUGIN)
+    for var in ("SCALELADDER_SLURM_PARTITION", "LD_LIBRARY_PATH", "FAKE_LDD_MISSING", "FAKE_TORCH", "HDF5_USE_FILE_LOCKING"):
+        monkeypatch.delenv(var, raising=False)
+    return repo
+
+
+def diagnose(repo: Path, profile: str = "frontier", compute: bool = False) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    args = argparse.Namespace(profile=profile, compute=compute, repo=str(repo), timeout=60,
+                              fs_root=str(repo.parent / "root"), probe=None, probe_device="auto", probe_via=None)
+    return doctor.main(args, out=lines.append), lines
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new))
+
+
+def fatal(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("FATAL")]
+
+
+def test_the_fixed_frontier_profile_passes_on_a_frontier_login_node(login: Path) -> None:
+    rc, lines = diagnose(login)
+    assert rc == 0 and not fatal(lines), "\n".join(lines)
+    text = "\n".join(lines)
+    assert "plugin /sw/frontier/rccl-net-plugin/1.0/lib/librccl-net.so and its libraries resolve inside the image" in text
+    assert "threads: 56 on 56 cores per node" in text and "results/: lustre" in text
+    assert lines[-1] == "doctor: 0 fatal, %d warnings (profile frontier)" % sum(x.startswith("WARN") for x in lines)
+
+
+SITE = "profiles/frontier/site.yaml"
+CONF = "profiles/frontier/config.v8+.yaml"
+
+# (what the review found, the file, the text planted back, what the doctor must say)
+PLANTED = [
+    ("the default OFI bind path does not exist", SITE, ("/lustre/orion,", "/lustre/orion,${SCALELADDER_OFI_RCCL:-/lustre/orion/world-shared/aws-ofi-rccl},"),
+     "bind source /lustre/orion/world-shared/aws-ofi-rccl does not exist"),
+    ("libfabric 1.15.2.0 is gone", SITE, ("${SCALELADDER_LIBFABRIC:-/opt/cray/libfabric/2.3.1}", "/opt/cray/libfabric/1.15.2.0"),
+     "/opt/cray/libfabric/1.15.2.0/lib64 does not exist"),
+    ("NCCL_NET is not forced", SITE, ("    NCCL_NET: $(", "    X_NCCL_NET: $("), "NCCL_NET is not forced"),
+    ("no plugin at all", SITE, ("    NCCL_NET_PLUGIN: ", "    X_PLUGIN: "), "no NCCL_NET_PLUGIN in site.env"),
+    ("FI_CXI_* and FI_MR_CACHE_MONITOR missing", SITE, ("    FI_MR_CACHE_MONITOR: kdreg2", "    X_MONITOR: kdreg2"),
+     "missing from site.env: FI_MR_CACHE_MONITOR"),
+    ("memhooks deadlocks with the plugin", SITE, ("FI_MR_CACHE_MONITOR: kdreg2", "FI_MR_CACHE_MONITOR: memhooks"), "memhooks deadlocks"),
+    ("NCCL_CROSS_NIC missing", SITE, ("    NCCL_CROSS_NIC: 1", "    X_CROSS_NIC: 1"), "missing from site.env: NCCL_CROSS_NIC"),
+    ("HSA_FORCE_FINE_GRAIN_PCIE missing", SITE, ("    HSA_FORCE_FINE_GRAIN_PCIE: 1", "    X_HSA: 1"),
+     "missing from site.env: HSA_FORCE_FINE_GRAIN_PCIE"),
+    ("alt_read without disable_rdzv_get", CONF, (" --network=disable_rdzv_get", ""), "only the first"),
+    ("$LD_LIBRARY_PATH under set -u", SITE, (":/opt/host-lib64\n", ":/opt/host-lib64:$LD_LIBRARY_PATH\n"),
+     "site.env.APPTAINERENV_LD_LIBRARY_PATH: the job's shell (set -u) stops on it: LD_LIBRARY_PATH: unbound variable"),
+    ("8 ranks x (OMP + workers) oversubscribe", SITE, ("    OMP_NUM_THREADS: 1\n", "    OMP_NUM_THREADS: 7\n"),
+     "threads: 8 ranks x (OMP_NUM_THREADS 7 + workers 6) = 104 threads on the 56 cores"),
+    ("HDF5 file locking on Lustre", SITE, ('    HDF5_USE_FILE_LOCKING: "FALSE"', '    HDF5_X: "FALSE"'),
+     "HDF5_USE_FILE_LOCKING is not FALSE"),
+    ("a bad config", SITE, ("workers: 6", "workers: six"), "config: invalid scaleladder config: config key 'workers'"),
+]
+
+
+@pytest.mark.parametrize("finding, rel, change, says", PLANTED, ids=[p[0] for p in PLANTED])
+def test_each_planted_fault_is_one_fatal_line(login: Path, finding: str, rel: str, change: tuple[str, str], says: str) -> None:
+    edit(login / rel, *change)
+    rc, lines = diagnose(login)
+    assert rc == 1, "\n".join(lines)
+    hits = [line for line in fatal(lines) if says in line]
+    assert len(hits) == 1, f"{finding}: expected one FATAL saying {says!r}:\n" + "\n".join(lines)
+
+
+def test_libcxi_dependencies_must_resolve_inside_the_image(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LDD_MISSING", "libnl-3.so.200")
+    rc, lines = diagnose(login)
+    assert rc == 1 and any("the plugin needs libnl-3.so.200" in line and "/opt/host-lib64/libnl-3.so.200" in line
+                           for line in fatal(lines)), lines
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"SCALELADDER_SLURM_ACCOUNT": ""}, "slurm account: none; set SCALELADDER_SLURM_ACCOUNT"),
+    ({"SCALELADDER_SLURM_PARTITION": "gpu-a100"}, "slurm partition 'gpu-a100': sinfo does not know it"),
+    ({"SCALELADDER_IMAGE": "/images/missing.sif"}, "image /images/missing.sif: no such file"),
+    ({"FAKE_TORCH": "2.14.1 13.0 None"}, "is a CUDA 13.0 build but the launcher runs apptainer --rocm"),
+    ({"FAKE_TORCH": "2.14.1+cpu None None"}, "is a CPU-only build"),
+    ({"SCALELADDER_RCCL_NET_PLUGIN": "/sw/nowhere/librccl-net.so"}, "bind source /sw/nowhere does not exist"),
+    ({"FAKE_FS_TYPE": "ext2/ext3"}, "results/: on ext2/ext3"),
+])
+def test_environment_faults(login: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc, lines = diagnose(login)
+    assert rc == 1 and any(says in line for line in fatal(lines)), "\n".join(lines)
+
+
+def test_missing_plugin_variable_names_itself(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SCALELADDER_RCCL_NET_PLUGIN")
+    rc, lines = diagnose(login)
+    assert rc == 1 and any("site.env.NCCL_NET_PLUGIN" in line and "set SCALELADDER_RCCL_NET_PLUGIN to librccl-net.so" in line
+                           for line in fatal(lines)), lines
+
+
+def test_snakemake_plugin_missing(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = doctor.version
+
+    def version(dist: str) -> str:
+        if dist == "snakemake-executor-plugin-slurm":
+            raise doctor.PackageNotFoundError(dist)
+        return real(dist)
+
+    monkeypatch.setattr(doctor, "version", version)
+    rc, lines = diagnose(login)
+    assert rc == 1 and any(line.startswith("FATAL snakemake-executor-plugin-slurm: not installed") for line in lines), lines
+
+
+def test_a100_deprecated_name_and_threads(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = login / "profiles/a100/site.yaml"
+    edit(site, "    TORCH_NCCL_ASYNC_ERROR_HANDLING: 1", "    NCCL_ASYNC_ERROR_HANDLING: 1")
+    edit(site, "    OMP_NUM_THREADS: 1\n", "    OMP_NUM_THREADS: 8\n")
+    monkeypatch.setenv("SCALELADDER_IMAGE", "/images/scaleladder-rocm.sif")  # present; the build is what matters
+    monkeypatch.setenv("FAKE_TORCH", "2.14.1 13.0 None")
+    rc, lines = diagnose(login, "a100")
+    assert rc == 1
+    assert any(line.startswith("WARN") and "NCCL_ASYNC_ERROR_HANDLING is deprecated" in line and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in line
+               for line in lines), lines
+    assert any("8 ranks x (OMP_NUM_THREADS 8 + workers 7) = 120 threads on the 64 cores" in line for line in fatal(lines)), lines
+    # the CUDA 13 image: the driver floor is said before anything is queued
+    assert any("CUDA 13.0 needs NVIDIA driver >= 580" in line for line in lines), lines
+
+
+def test_compute_reports_a_driver_older_than_the_image_needs(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_TORCH", "2.14.1 13.0 None")
+    probe = {"gpus_seen": 8, "hostname": "gpu001", "cuda_version": "13.0", "hip_version": None, "nvidia_driver": "550.54.15",
+             "backend": "nccl", "hosts": ["gpu001"], "busbw_gbps": 180.0, "allreduce_ok": True}
+    monkeypatch.setenv("FAKE_PROBE", json.dumps(probe))
+    rc, lines = diagnose(login, "a100", compute=True)
+    assert rc == 1
+    assert any("NVIDIA driver 550.54.15 is older than the 580 that the image's CUDA 13.0 needs" in line and "cu128" in line
+               for line in fatal(lines)), lines
+    assert any(line.startswith("ok    compute: GPUs seen 8") for line in lines)
+
+
+def test_compute_sees_a_socket_fallback_between_nodes(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = {"gpus_seen": 8, "hostname": "frontier00001", "cuda_version": None, "hip_version": "7.0.51831",
+             "backend": "nccl", "hosts": ["frontier00001", "frontier00002"], "busbw_gbps": 1.2, "allreduce_ok": True}
+    monkeypatch.setenv("FAKE_PROBE", json.dumps(probe))
+    rc, lines = diagnose(login, compute=True)
+    assert rc == 1 and any("fell back to TCP sockets" in line for line in fatal(lines)), lines
+
+
+def test_compute_script_uses_the_site_launcher(login: Path) -> None:
+    d = doctor.Doctor(doctor.load_profile("frontier", login))
+    d.run_all()
+    script = doctor.compute_script(d, login / "results/doctor/compute.json", nodes=2)
+    assert "srun -N2 -n2 -c7 --gpus-per-task=1" in script and "apptainer exec --rocm" in script
+    assert re.search(r"scaleladder doctor --probe \S+compute.json --probe-device cuda\n$", script)
+    assert "export NCCL_NET_PLUGIN=" in script and "set -euo pipefail" in script
+    args = doctor.sbatch_args(d, 2, login / "log")
+    assert "--network=disable_rdzv_get" in args and "--account=abc123" in args and "--nodes=2" in args
+
+
+def test_unknown_profile_is_one_line(login: Path) -> None:
+    with pytest.raises(doctor.SpecError, match="no profile 'summit'"):
+        diagnose(login, "summit")
+
+
+def test_every_frontier_bind_source_is_a_documented_path_or_a_checked_variable() -> None:
+    site = yaml.safe_load((REPO / SITE).read_text())["site"]
+    sources = doctor.bind_sources(site["launcher"]) + doctor.bind_sources(site["scaleladder"])
+    documented = {"/opt/cray", "/var/spool/slurmd", "/lustre/orion", "/usr/lib64/libcxi.so.1", "/usr/lib64/libjansson.so.4"}
+    for src in sources:
+        assert src in documented or src.startswith("${SCALELADDER_"), src
