@@ -32,8 +32,14 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 run: setup
 	snakemake --profile profiles/local
 
+# The suite on TEST_WORKERS pytest-xdist workers, one test file per group (tests/conftest.py;
+# the Slurm tests in one group of their own). Most of a test's time is process start-up,
+# imports and waiting on torchrun/snakemake children, so 2 workers gain on 2 cores too.
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+PYTEST_ARGS  ?=
 test: setup
-	pytest -q -rs --durations=15
+	pytest -q -rs --durations=15 $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 lint: setup
 	snakemake --lint --profile profiles/local

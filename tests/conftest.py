@@ -21,6 +21,20 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How `make test` splits the suite over pytest-xdist workers (`--dist loadgroup`).
+
+    Each test file is one group, so a module-scoped fixture (the workflow test's whole DAG)
+    is built once, on one worker. Every test that needs the one-node Slurm cluster is in ONE
+    group, whatever its file: they would otherwise run at the same time on two workers and
+    meet on the same srun MASTER_PORT (the slurm-localhost profile's), and queue on the
+    node's CPUs (slurm.conf OverSubscribe=NO) past their timeouts. Without xdist the marks
+    do nothing."""
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def write_rung(root: Path, spec_path: str, status: str = "ok", **metrics: Any) -> Path:
     """A rung file as `scaleladder run` writes it (docs/design.md, "Result file")."""
     spec = RunSpec.from_path(spec_path)
