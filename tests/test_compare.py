@@ -173,3 +173,10 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "no such ladder file or folder" in capsys.readouterr().err
     assert cli(["compare", str(tmp_path)]) == 2
     assert "or NEW with --reference" in capsys.readouterr().err
+
+
+def test_an_interval_reaching_zero_makes_any_change_within_noise() -> None:
+    base = {"status": "ok", "items_per_s": 313.8, "items_per_s_ci_low": 0.0, "items_per_s_ci_high": 689.8}
+    new = {"status": "ok", "items_per_s": 250.0, "items_per_s_ci_low": 240.0, "items_per_s_ci_high": 260.0}
+    row = judge(SPEC, base, new, 0.05, 0.05)
+    assert row.verdict == "same" and "within noise" in row.notes and row.low == -1.0 and math.isinf(row.high)

@@ -138,3 +138,8 @@ def test_a_missing_repeat_is_named(tmp_path: Path) -> None:
     r2 = _repeat(r0, 2)
     with pytest.raises(SpecError, match=r"repeat\(s\) \[1\] missing"):
         aggregate([str(r0), str(r2)], str(tmp_path / "ladder.h5"))
+
+
+def test_scattered_repeats_bound_the_throughput_from_above_only() -> None:
+    s = between_runs([162.3, 314.0, 465.0])  # three repeats of one rung on a loaded 2-core VM
+    assert s["items_per_s_ci_low"] == 0.0 and s["items_per_s_ci_high"] > 465.0

@@ -123,8 +123,10 @@ def provenance_mismatch(spec: str, base: Rung, new: Rung) -> str:
 
 def _log_se(r: Rung) -> float:
     lo, hi, v = _num(r.get("items_per_s_ci_low")), _num(r.get("items_per_s_ci_high")), _num(r.get("items_per_s"))
-    if math.isnan(lo) or math.isnan(hi) or lo <= 0 or v <= 0:
+    if math.isnan(lo) or math.isnan(hi) or v <= 0:
         return math.nan
+    if lo <= 0:  # an interval reaching 0 bounds nothing on the log scale: the noise swamps the value
+        return math.inf
     return (math.log(hi) - math.log(lo)) / (2 * Z)  # inf for an unbounded interval
 
 

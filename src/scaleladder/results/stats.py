@@ -22,8 +22,9 @@ made of too little data.
 
 **Between runs** (:func:`between_runs`): ``repeats: R`` runs each rung R times in fresh
 processes. The rung's headline becomes the mean of the R throughputs, and its interval
-``mean ± t(R−1)·sd/√R``: the spread of whole runs, which includes what one run cannot
-see (placement, clocks, the node's neighbours). Within-run spread is kept beside it.
+``mean ± t(R−1)·sd/√R`` (its lower end no lower than 0): the spread of whole runs, which
+includes what one run cannot see (placement, clocks, the node's neighbours). Within-run
+spread is kept beside it.
 """
 
 from __future__ import annotations
@@ -107,7 +108,9 @@ def between_runs(values: Sequence[float], within: Sequence[tuple[float, float, f
     half = t975(r - 1) * sd / math.sqrt(r)
     attrs.update({
         "items_per_s": mean,
-        "items_per_s_ci_low": mean - half,
+        # a throughput is never below 0: with few, scattered repeats t·sd/√R can exceed the
+        # mean, and the interval then bounds the rung from above only
+        "items_per_s_ci_low": max(mean - half, 0.0),
         "items_per_s_ci_high": mean + half,
         "items_per_s_median": float(np.median(x)),
         "ci_method": f"between runs: t({r - 1}) over {r} repeats, {CONFIDENCE:.0%}",
