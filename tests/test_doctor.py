@@ -131,6 +131,8 @@ PLANTED = [
     ("HDF5 file locking on Lustre", SITE, ('    HDF5_USE_FILE_LOCKING: "FALSE"', '    HDF5_X: "FALSE"'),
      "HDF5_USE_FILE_LOCKING is not FALSE"),
     ("a bad config", SITE, ("workers: 6", "workers: six"), "config: invalid scaleladder config: config key 'workers'"),
+    ("a light rule as a cluster job", "workflow/rules/report.smk", ("    aggregate,\n", ""),
+     "rule(s) aggregate would each be a cluster job"),
 ]
 
 
@@ -243,3 +245,32 @@ def test_every_frontier_bind_source_is_a_documented_path_or_a_checked_variable()
     documented = {"/opt/cray", "/var/spool/slurmd", "/lustre/orion", "/usr/lib64/libcxi.so.1", "/usr/lib64/libjansson.so.4"}
     for src in sources:
         assert src in documented or src.startswith("${SCALELADDER_"), src
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_compute_through_the_real_one_node_slurm(tmp_path: Path) -> None:
+    """`doctor --compute` on the CI's one-node Slurm: sbatch, then the profile's own srun starts
+    2 CPU ranks of the probe (gloo); the report comes back from the compute node. Skipped
+    without Slurm, except under CI=true, where it fails (as tests/test_workflow_slurm.py)."""
+    import subprocess
+
+    from conftest import VENV_BIN, workflow_copy
+    from test_workflow_slurm import _slurm_state
+
+    why = _slurm_state()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but no Slurm cluster is up ({why}); .ci/slurm-up starts one")
+        pytest.skip(f"no Slurm cluster is up ({why}); run .ci/slurm-up")
+    wf = workflow_copy(tmp_path / "wf")
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"])
+    run = subprocess.run([os.path.join(VENV_BIN, "scaleladder"), "doctor", "--profile", "slurm-localhost", "--compute",
+                          "--timeout", "300"], cwd=wf, env=env, capture_output=True, text=True, timeout=400)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert "ok    compute: GPUs seen 0 per rank's node, expected 0" in out
+    m = re.search(r"ok    compute: 2-rank all-reduce \(gloo, 1 node\(s\)\) (\d+\.\d+) GB/s bus bandwidth", out)
+    assert m and float(m.group(1)) > 0, out
+    report = json.loads((wf / "results/doctor/compute.json").read_text())
+    assert report["world"] == 2 and report["launcher"] == "slurm" and report["allreduce_ok"] is True

@@ -63,6 +63,10 @@ SLINGSHOT_ENV = ("NCCL_CROSS_NIC", "HSA_FORCE_FINE_GRAIN_PCIE", "FI_MR_CACHE_MON
 #: filesystems one node's writes are visible from every other node
 SHARED_FS = ("lustre", "nfs", "nfs4", "gpfs", "beegfs", "cephfs", "ceph", "wekafs", "fuse.sshfs", "autofs")
 
+#: rules that take seconds on one core: never worth a cluster job (a rule not named here, a rung
+#: or a training job, is the workflow's to place)
+LIGHT_RULES = {"aggregate", "plots", "plan_plots", "report", "predicted_oom"}
+
 DEPRECATED_ENV = {"NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                   "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT"}
 
@@ -283,11 +287,12 @@ class Doctor:
         rules = set(re.findall(r"^\s*rule (\w+):", text, re.M))
         local = {name for block in re.findall(r"^localrules:\n((?:\s+\w+,?\n)+)", text, re.M)
                  for name in re.findall(r"\w+", block)}
-        remote = rules - local - {"rung", "rung_max"}
+        remote = rules - local
+        light = sorted(remote & LIGHT_RULES)
         data = sorted(remote & {"shard", "shard_slice"})  # big inputs may deserve an allocation (data.slices)
-        if sorted(remote - set(data)):
-            self.add(FATAL, f"workflow: rule(s) {', '.join(sorted(remote - set(data)))} would each be a cluster job (a whole "
-                            "node on an exclusive partition) for seconds of work; list them under localrules: in workflow/rules/")
+        if light:
+            self.add(FATAL, f"workflow: rule(s) {', '.join(light)} would each be a cluster job (a whole node on an "
+                            "exclusive partition) for seconds of work; list them under localrules: in workflow/rules/")
         if data:
             res = self.profile.resources("shard")
             self.add(WARN, f"workflow: {', '.join(data)} run as cluster jobs ({res.get('runtime', '?')} min each; on a "
