@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "plots": ("scaleladder.figures.plots", "add_arguments", "main", "draw the figures from an aggregated HDF5"),
     "report": ("scaleladder.figures.report", "add_arguments", "main", "write the Markdown/HTML report"),
     "doctor": ("scaleladder.doctor", "add_arguments", "main", "preflight a profile: what would make the campaign fail or lie"),
+    "budget": ("scaleladder.budget", "add_arguments", "main", "the campaign's cost in node-hours, before submission"),
     "compare": ("scaleladder.results.compare", "add_arguments", "main", "compare two ladders (or one with references): verdicts within noise"),
 }
 

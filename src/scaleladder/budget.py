@@ -1,0 +1,92 @@
+"""`scaleladder budget --profile NAME [--out results/budget.md] [--rungs]`: the campaign's cost
+in node-hours, before anything is submitted.
+
+The rungs come from the workflow's own expansion of the profile's ladder
+(:func:`scaleladder.workflow.prepare`, the planner's verdict included), per ladder block in
+config order (a rung in two blocks counts in the first, as the workflow runs it once); the
+time model and its calibration from finished rungs are ``campaign/cost.py``; the time limits
+are the ``runtime`` (minutes) the profile gives the ``rung`` and ``rung_max`` jobs. Finished
+rungs (their result files exist) are counted as measured and cost nothing more.
+
+``--out`` writes the table as Markdown (atomically); ``scaleladder report`` adds it to the
+report as a section when it lies beside the ladder file (results/budget.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from scaleladder import workflow as swf
+from scaleladder.campaign import cost
+from scaleladder.doctor import load_profile
+from scaleladder.errors import SpecError
+from scaleladder.results.store import atomic_path
+
+
+def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.Model]:
+    prof = load_profile(profile_name, repo, plan=True)
+    if prof.config_error or prof.ladder is None:
+        raise SpecError(f"profile {profile_name}: {prof.config_error}")
+    ladder, cfg = prof.ladder, prof.config
+    site = ladder.site
+    if not site.get("plan_device"):
+        raise SpecError(f"profile {profile_name} names no site.plan_device, so there is no device to price the rungs on")
+    b: dict[str, Any] = cfg.get("budget") or {}
+    mb = cfg.get("maxbatch") or {}
+    model = cost.Model(site["plan_device"], int(cfg["steps"]), b.get("mfu") or {},
+                       float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)))
+    measured = cost.read_measured([str(p) for p in (repo / "results" / "rungs").rglob("*.h5")])
+    from scaleladder.plan import predict
+
+    seen: set[str] = set()
+    blocks: list[tuple[str, list[cost.Estimate]]] = []
+    for i, block in enumerate(cfg["ladders"]):
+        specs, _ = swf.expand_ladder([block], ladder.ranks_per_node)
+        ests = []
+        for spec in specs:
+            if spec.path in seen:
+                continue
+            seen.add(spec.path)
+            world, rpn = swf.rank_args(spec, ladder.ranks_per_node)
+            fits = spec.path not in ladder.predicted_oom
+            max_batch, why = None, ""
+            if spec.batch == "max" and fits:
+                try:
+                    max_batch = predict(spec, world, rpn, site["plan_device"], data=swf.rung_data_path(spec, swf.data_source(cfg))).max_batch
+                except (SpecError, ValueError) as e:  # e.g. torch.compile, which the planner does not model
+                    why = f"not priced: no predicted max batch ({e})"
+            est = cost.estimate(spec, world, fits, max_batch, model, measured)
+            if why and not est.measured:
+                est = cost.Estimate(spec, world, spec.nodes, None, True, 0.0, 0.0, why, priced=False)
+            ests.append(est)
+        blocks.append((str(block.get("name") or f"ladders[{i}]"), ests))
+    limits = {rule: float(v) for rule in ("rung", "rung_max") if (v := prof.resources(rule).get("runtime"))}
+    return blocks, limits, model
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="profile folder name under profiles/ (frontier, a100, ...)")
+    p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
+    p.add_argument("--out", help="also write the table as Markdown here (e.g. results/budget.md, which the report shows)")
+    p.add_argument("--rungs", action="store_true", help="one line per rung: its job time and where the estimate comes from")
+
+
+def main(args: argparse.Namespace) -> int:
+    blocks, limits, model = estimates(args.profile, Path(args.repo).resolve())
+    rows = cost.block_table(blocks, limits)
+    mfu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(model.mfu.items())) or f"default {cost.DEFAULT_MFU}"
+    head = (f"Budget for profile {args.profile}: {model.steps} steps per rung on {model.plan_device}, start-up "
+            f"{model.startup_s:.0f} s per job, stated MFU {mfu}; calibrated from finished rungs where there are any.\n\n")
+    text = head + cost.markdown(rows)
+    if args.rungs:
+        text += "\n" + "\n".join(
+            f"{e.spec.path}: " + (f"{e.job_s / 60:.1f} min x {e.nodes} node(s) = {e.node_hours:.2f} node-h, step {e.step_s:.3f} s "
+                                  f"at batch {e.batch}; {e.source}" if e.fits else e.source)
+            for _, ests in blocks for e in ests) + "\n"
+    print(text, end="")
+    if args.out:
+        with atomic_path(args.out) as tmp:
+            tmp.write_text(text)
+    return 0

@@ -1,0 +1,215 @@
+"""What a ladder will cost, before anything is submitted: a time model per rung, and node-hours.
+
+A rung's job runs ``steps`` steps plus a fixed start-up (container, process group, loader
+warm-up: ``budget.startup_s`` in the profile's site.yaml). One step is predicted as
+
+    step time = local batch x model FLOPs per sample / (device peak x MFU)
+
+with the analytic FLOPs of ``models/flops.py`` (the MFU numerator the rung itself records),
+the device's dense peak at the rung's precision (``rung/devices.py``, the site's
+``plan_device``), and an MFU per strategy stated in the profile (``budget.mfu``: a strategy
+name, else its wrapper ``ddp``/``fsdp``/``fsdp2``/``single``, else ``default``).
+
+Calibration: as the campaign runs, measured rungs replace the stated MFU. A rung that was
+measured itself takes its own ``step_time_mean_s``; another takes the median measured MFU of
+the rungs of the SAME model and strategy (other sizes, nodes, batches, knobs); each estimate
+names where it comes from (``stated mfu 0.35`` or the spec paths it was calibrated on).
+
+A ``max`` rung is priced at the planner's predicted max batch, plus the search's probes
+(``probe_steps`` each, one per doubling up to that batch, as the search starts at the
+prediction and checks its neighbours: an estimate, said as such).
+
+Torch-free: this runs on a login node.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaleladder.models.flavors import get_flavor
+from scaleladder.models.flops import flava_flops, vit_flops
+from scaleladder.spec import RunSpec, SpecError
+
+#: FLAVA's heads run on masked tokens of matched pairs only (models/flops.py): the rung counts
+#: them on its first batch; before any run we take the pretraining recipe's rates. MLM masks
+#: 15% of text tokens, MIM 40% of patches, ITM swaps in a negative caption for half the pairs.
+MLM_RATE, MIM_RATE, POSITIVE_FRACTION = 0.15, 0.40, 0.5
+
+DEFAULT_MFU = 0.30
+DEFAULT_STARTUP_S = 120.0
+
+
+def peak_key(plan_device: str) -> str:
+    """The planner's device name -> rung/devices.py's peak table key ("a100-40gb" -> "a100")."""
+    from scaleladder.rung.devices import PEAKS
+
+    if plan_device in PEAKS:
+        return plan_device
+    head = plan_device.rsplit("-", 1)[0]
+    if head in PEAKS:
+        return head
+    raise KeyError(f"no peak FLOP/s for plan_device {plan_device!r} (rung/devices.py PEAKS: {', '.join(PEAKS)})")
+
+
+def peak_flops(plan_device: str, precision: str) -> float:
+    from scaleladder.rung.devices import PEAKS
+
+    return PEAKS[peak_key(plan_device)].for_precision(precision)
+
+
+def model_flops_per_sample(spec: RunSpec, global_batch: int) -> float:
+    f = get_flavor(spec.model)
+    if f.family == "vit":
+        return vit_flops(f, spec.strategy.ac).model
+    return flava_flops(f, global_batch, MLM_RATE * f.text_len, MIM_RATE * f.patches, POSITIVE_FRACTION, spec.strategy.ac).model
+
+
+def stated_mfu(spec: RunSpec, table: Mapping[str, float]) -> tuple[float, str]:
+    for key in (str(spec.strategy), spec.strategy.wrapper, "default"):
+        if key in table:
+            return float(table[key]), f"stated mfu {float(table[key]):.2f} ({key})"
+    return DEFAULT_MFU, f"default mfu {DEFAULT_MFU:.2f}"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a finished rung's record says (results/rungs/<spec>.h5 attributes)."""
+
+    spec: RunSpec
+    status: str
+    step_time_s: float | None
+    mfu: float | None
+    batch: int | None  # the local batch it ran (a max rung: the batch it found)
+
+
+@dataclass
+class Estimate:
+    spec: RunSpec
+    world: int
+    nodes: int
+    batch: int | None  # the local batch priced (None: nothing fits)
+    fits: bool
+    step_s: float
+    job_s: float
+    source: str  # where the step time comes from
+    measured: bool = False
+    priced: bool = True  # False: nothing to price it with (no predicted max batch); counted apart
+
+    @property
+    def node_hours(self) -> float:
+        return self.nodes * self.job_s / 3600
+
+
+@dataclass
+class Model:
+    """The time model's inputs, from the profile."""
+
+    plan_device: str
+    steps: int
+    mfu: Mapping[str, float] = field(default_factory=dict)
+    startup_s: float = DEFAULT_STARTUP_S
+    probe_steps: int = 5
+
+
+def calibrated_mfu(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float, list[str]] | None:
+    """Median measured MFU of the ok rungs of the same model and strategy (None: none yet)."""
+    same = [m for m in measured if m.status == "ok" and m.mfu and m.spec.model == spec.model
+            and str(m.spec.strategy) == str(spec.strategy)]
+    if not same:
+        return None
+    return statistics.median(m.mfu for m in same if m.mfu), sorted(m.spec.path for m in same)
+
+
+def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, model: Model,
+             measured: Mapping[str, Measured]) -> Estimate:
+    """One rung's job: its step time (measured, calibrated or stated), steps, start-up."""
+    own = measured.get(spec.path)
+    batch = spec.batch if isinstance(spec.batch, int) else max_batch
+    if not fits or batch is None:
+        return Estimate(spec, world, spec.nodes, None, False, 0.0, 0.0, "planner: does not fit, recorded without a job")
+    if own and own.status == "ok" and own.step_time_s:
+        step, source, done = own.step_time_s, "measured (this rung)", True
+        batch = own.batch or batch
+    else:
+        peak = peak_flops(model.plan_device, spec.precision)
+        cal = calibrated_mfu(spec, list(measured.values()))
+        if cal:
+            mfu, sources = cal
+            source = f"calibrated mfu {mfu:.3f} from " + ", ".join(sources)
+        else:
+            mfu, source = stated_mfu(spec, model.mfu)
+        step = batch * model_flops_per_sample(spec, batch * world) / (peak * mfu)
+        done = False
+    job = model.steps * step + model.startup_s
+    if spec.batch == "max":  # the search's probes, one per doubling up to the batch (an estimate)
+        probes = max(1, math.ceil(math.log2(max(batch, 2))))
+        job += probes * (model.probe_steps * step + model.startup_s)
+    return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done)
+
+
+def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Mapping[str, float]) -> list[dict[str, str]]:
+    """Per ladder block and in total: rungs, rungs to run, won't fit, node-hours, the longest job
+    against the time limit of its rule (``rung`` or ``rung_max``, minutes)."""
+    rows = []
+    everything: list[Estimate] = []
+    for name, ests in list(blocks) + [("total", [])]:
+        ests = list(ests) if name != "total" else everything
+        if name != "total":
+            everything += ests
+        todo = [e for e in ests if e.fits and not e.measured and e.priced]
+        longest = max(todo, key=lambda e: e.job_s, default=None)
+        limit = limits_min.get("rung_max" if longest and longest.spec.batch == "max" else "rung")
+        over = [e for e in todo if e.job_s / 60 > limits_min.get("rung_max" if e.spec.batch == "max" else "rung", math.inf)]
+        rows.append({
+            "ladder block": name,
+            "rungs": str(len(ests)),
+            "to run": str(len(todo)),
+            "won't fit": str(sum(not e.fits for e in ests)),
+            "measured": str(sum(e.measured for e in ests)),
+            "not priced": str(sum(not e.priced for e in ests)),
+            "node-hours to run": f"{sum(e.node_hours for e in todo):.1f}",
+            "longest job": (f"{longest.job_s / 60:.0f} min ({longest.spec.path})" if longest else "-"),
+            "time limit": (f"{limit:.0f} min" + (f", {len(over)} over" if over else "") if limit else "-"),
+        })
+    return rows
+
+
+def markdown(rows: Sequence[Mapping[str, str]]) -> str:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(r[k] for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
+    """Every finished rung record among ``paths`` (spec path -> what it measured)."""
+    from scaleladder.results.store import read_attrs
+
+    out: dict[str, Measured] = {}
+    for p in paths:
+        try:  # the file's path is its spec (a max rung's record names the batch it found in `batch`)
+            a: dict[str, Any] = read_attrs(p)
+            spec = RunSpec.from_path(_spec_path(p))
+        except (OSError, KeyError, ValueError, SpecError):  # not a rung record
+            continue
+        found = str(a.get("max_batch", a.get("batch", "")))
+        out[spec.path] = Measured(spec, str(a.get("status", "")), _float(a.get("step_time_mean_s")), _float(a.get("mfu")),
+                                  int(found) if found.isdigit() else None)
+    return out
+
+
+def _spec_path(path: str) -> str:
+    tail = path.split("results/rungs/", 1)[-1]
+    return tail[:-3] if tail.endswith(".h5") else tail
+
+
+def _float(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and f > 0 else None

@@ -1,0 +1,124 @@
+"""`scaleladder budget`: node-hours per ladder block before submission, from analytic FLOPs at a
+stated MFU, calibrated by finished rungs (real HDF5 records planted in results/rungs/)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from scaleladder import budget
+from scaleladder.campaign import cost
+from scaleladder.results.store import write_record
+from scaleladder.rung.devices import PEAKS
+from scaleladder.spec import RunSpec
+
+PEAK_A100_BF16 = PEAKS["a100"].bf16
+
+
+def model(**kw: object) -> cost.Model:
+    base = dict(plan_device="a100-40gb", steps=100, mfu={"default": 0.5, "ddp": 0.4}, startup_s=60.0, probe_steps=5)
+    base.update(kw)
+    return cost.Model(**base)  # type: ignore[arg-type]
+
+
+def plant(root: Path, path: str, **attrs: object) -> None:
+    write_record(root / "results" / "rungs" / f"{path}.h5", {"status": "ok", **attrs})
+
+
+def test_stated_mfu_time_model() -> None:
+    spec = RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n2/b32")
+    est = cost.estimate(spec, 16, True, None, model(), {})
+    step = 32 * cost.model_flops_per_sample(spec, 32 * 16) / (PEAK_A100_BF16 * 0.4)
+    assert est.step_s == pytest.approx(step) and est.job_s == pytest.approx(100 * step + 60)
+    assert est.node_hours == pytest.approx(2 * (100 * step + 60) / 3600)
+    assert est.source == "stated mfu 0.40 (ddp)"
+    # a strategy the table does not name falls back to its wrapper, then to 'default'
+    assert cost.estimate(RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b32"), 16, True, None, model(), {}).source \
+        == "stated mfu 0.50 (default)"
+
+
+def test_calibration_from_measured_rungs_of_the_same_model_and_strategy(tmp_path: Path) -> None:
+    # two finished fsdp-full rungs of vit-huge (other nodes/batch), one of another strategy, one OOM
+    plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n1/b16", step_time_mean_s=0.5, mfu=0.20)
+    plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b32", step_time_mean_s=0.9, mfu=0.30)
+    plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n8/b32", step_time_mean_s=0.7, mfu=0.10)
+    plant(tmp_path, "vit-huge/ddp/bf16-mixed/pre-lag/n1/b32", step_time_mean_s=0.3, mfu=0.45)
+    write_record(tmp_path / "results/rungs/vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b64.h5", {"status": "oom"})
+    measured = cost.read_measured([str(p) for p in (tmp_path / "results/rungs").rglob("*.h5")])
+    assert len(measured) == 5
+
+    spec = RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b32")
+    est = cost.estimate(spec, 16, True, None, model(), measured)
+    # the median of 0.20, 0.30, 0.10 (the OOM has no MFU; DDP is another strategy)
+    mfu = 0.20
+    assert est.step_s == pytest.approx(32 * cost.model_flops_per_sample(spec, 512) / (PEAK_A100_BF16 * mfu))
+    assert est.source == ("calibrated mfu 0.200 from vit-huge/fsdp-full/bf16-mixed/pre-lag/n1/b16, "
+                          "vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b32, vit-huge/fsdp-full/bf16-mixed/pre-lag/n8/b32")
+    # a rung measured itself takes its own step time and costs nothing more
+    own = cost.estimate(RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b32"), 32, True, None, model(), measured)
+    assert own.measured and own.step_s == 0.9 and own.source == "measured (this rung)"
+    # another model: the stated MFU still
+    other = cost.estimate(RunSpec.from_path("vit-1b/fsdp-full/bf16-mixed/pre-lag/n2/b32"), 16, True, None, model(), measured)
+    assert other.source == "stated mfu 0.50 (default)"
+    # the estimate sharpens as the campaign runs: one more measurement moves the median
+    plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b16", step_time_mean_s=0.4, mfu=0.40)
+    measured = cost.read_measured([str(p) for p in (tmp_path / "results/rungs").rglob("*.h5")])
+    assert cost.estimate(spec, 16, True, None, model(), measured).source.startswith("calibrated mfu 0.250 from ")
+
+
+def test_max_rungs_pay_for_the_search_and_unfit_rungs_cost_nothing() -> None:
+    spec = RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n1/bmax")
+    est = cost.estimate(spec, 8, True, 64, model(), {})
+    step = 64 * cost.model_flops_per_sample(spec, 64 * 8) / (PEAK_A100_BF16 * 0.4)
+    assert est.batch == 64 and est.job_s == pytest.approx(100 * step + 60 + math.ceil(math.log2(64)) * (5 * step + 60))
+    none = cost.estimate(RunSpec.from_path("vit-15b/ddp/bf16-mixed/pre-lag/n1/b32"), 8, False, None, model(), {})
+    assert not none.fits and none.node_hours == 0 and "does not fit" in none.source
+
+
+def test_block_table_flags_jobs_over_the_time_limit() -> None:
+    m = model(steps=100_000)
+    long = cost.estimate(RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32"), 8, True, None, m, {})
+    short = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b32"), 8, True, None, model(steps=10), {})
+    rows = cost.block_table([("big", [long]), ("small", [short])], {"rung": 60.0})
+    assert long.job_s / 60 > 60 and rows[0]["time limit"] == "60 min, 1 over" and rows[1]["time limit"] == "60 min"
+    assert rows[2]["ladder block"] == "total" and rows[2]["to run"] == "2"
+    assert float(rows[2]["node-hours to run"]) == pytest.approx(long.node_hours + short.node_hours, abs=0.06)
+
+
+def _run(repo: Path, profile: str, tmp_path: Path) -> str:
+    out = tmp_path / f"{profile}.md"
+    args = argparse.Namespace(profile=profile, repo=str(repo), out=str(out), rungs=True)
+    assert budget.main(args) == 0
+    return out.read_text()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    wf = tmp_path / "wf"
+    for part in ("profiles", "config", "workflow"):
+        shutil.copytree(REPO / part, wf / part)
+    return wf
+
+
+def test_frontier_and_a100_budgets_in_node_hours(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("USER", "tester")
+    for profile in ("frontier", "a100"):
+        text = _run(repo, profile, tmp_path)
+        total = next(line for line in text.splitlines() if line.startswith("| total |"))
+        cells = [c.strip() for c in total.strip("|").split("|")]
+        assert float(cells[6]) > 0, total  # node-hours to run
+        assert f"Budget for profile {profile}" in text and "stated mfu" in text
+    # a finished rung counts as measured and drops out of what is left to pay
+    before = next(line for line in text.splitlines() if line.startswith("| total |"))
+    plant(repo, "flava-350m/ddp/bf16-mixed/pre-lag/n1/b8", step_time_mean_s=0.2, mfu=0.3)
+    after_text = _run(repo, "a100", tmp_path)
+    after = next(line for line in after_text.splitlines() if line.startswith("| total |"))
+    assert before.split("|")[5].strip() == "0" and after.split("|")[5].strip() == "1"
+    assert float(after.split("|")[7]) < float(before.split("|")[7])
+    assert "flava-350m/ddp/bf16-mixed/pre-lag/n1/b8: " in after_text and "measured (this rung)" in after_text
+    assert "flava-350m/ddp/bf16-mixed/pre-lag/n1/bmax: " in after_text and "calibrated mfu 0.300 from flava-350m/ddp" in after_text
