@@ -1,0 +1,319 @@
+"""``scaleladder converge``: train one rung to a held-out accuracy; record time-to-train.
+
+A faster rung is only worth having if it still learns. This is the convergence rung
+(MLPerf's "time to train"): the rung's model, strategy and precision train on real,
+labelled shards through the real shard -> WebDataset loader path until the accuracy on a
+held-out shard set reaches ``--target`` or the step budget (``--steps``) runs out.
+
+Definitions (docs/metrics.md, "Convergence rungs"):
+
+* **Training** is :func:`scaleladder.rung.loop.train_loop` itself, the ladder's own timed
+  step, run in chunks of ``--eval-every`` steps on one endless loader stream. Each chunk
+  is a measured window (every rank passes a barrier first; the window's length is the
+  MAX over ranks), so **train_s** = the sum of the windows, and evaluation, which runs
+  between windows, is outside it by construction.
+* **Evaluation**: every rank runs the whole held-out set through the wrapped model
+  (under FSDP the forward needs every rank's shard; the set is small), in eval mode,
+  no gradients, in the rung's precision; the logits are read by a forward hook on the
+  classifier head (the model's forward returns only the loss). ``test_accuracy`` =
+  correct / held-out images, the same on every rank; rank 0 records it.
+* **time_to_target_s** = train_s at the first evaluation whose accuracy >= target;
+  **steps_to_target** = the steps trained by then. The run stops there.
+* **status**: ``ok`` when the target was reached within the budget, ``did-not-converge``
+  otherwise (time_to_target_s NaN, steps_to_target -1). Not reaching it is a RESULT,
+  recorded (exit 0) and shown in the report, never a crash: that is the point.
+
+Training reads the shards with ``augment=False`` unless ``--augment``: the ViT
+augmentation flips images left-right, which turns a handwritten 2 or 7 into a shape
+that is no digit (the digits set is the CPU's convergence data).
+
+Under a launcher (``--launcher 'torchrun ... -m scaleladder'``) the command re-runs
+itself as ``PREFIX converge ARGS`` and checks that a record appeared.
+
+Test hook: ``SCALELADDER_INJECT_NONLEARNER=PRECISION`` makes rungs of that precision
+step with learning rate 0, so their updates vanish as a precision's would if they
+rounded away (bf16 weights without master copies did exactly that here once,
+rung/optim.py). Used by tests/test_converge.py to show such a rung is caught; never set
+in profiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from scaleladder.rung.run import RunConfig, add_arguments as add_run_arguments, config_from_args
+from scaleladder.spec import SpecError, parse_positive
+
+KIND = "convergence"
+STATUS_OK = "ok"
+STATUS_MISSED = "did-not-converge"
+INJECT_ENV = "SCALELADDER_INJECT_NONLEARNER"
+EVAL_BATCH = 256  # held-out images per forward: memory only, the accuracy does not depend on it
+
+
+@dataclass(frozen=True)
+class ConvergeConfig:
+    run: RunConfig  # the rung; run.steps is the step budget, run.data the training shards
+    test_data: str  # the held-out shards: a manifest or its directory
+    target: float  # held-out accuracy to reach, in (0, 1]
+    eval_every: int
+    augment: bool
+
+    def argv(self) -> list[str]:
+        args = self.run.argv() + ["--test-data", self.test_data, "--target", repr(self.target), "--eval-every", str(self.eval_every)]
+        return args + (["--augment"] if self.augment else [])
+
+    def attrs(self) -> dict[str, Any]:
+        return {**self.run.attrs(), "kind": KIND, "test_data": self.test_data, "target": self.target,
+                "eval_every": self.eval_every, "step_budget": self.run.steps, "augment": self.augment}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_arguments(p)
+    # The run's defaults suit a throughput window; a convergence rung counts every step.
+    p.set_defaults(steps="3000", warmup="0", lr="1e-3", workers="0")
+    g = p.add_argument_group("convergence")
+    g.add_argument("--test-data", required=True, help="held-out shards (manifest.json or its directory), e.g. from `scaleladder digits`")
+    g.add_argument("--target", default="0.9", help="held-out accuracy to reach, in (0, 1] (default 0.9; docs/metrics.md)")
+    g.add_argument("--eval-every", default="50", help="steps between evaluations (default 50)")
+    g.add_argument("--augment", action="store_true", help="train with the ViT augmentation (random crop, left-right flip)")
+    g.add_argument("--launcher", default="", help="command prefix that starts the ranks and ends with the program, e.g. "
+                   "'torchrun --standalone --nproc-per-node 2 -m scaleladder' (empty: this process)")
+
+
+def config_from(a: argparse.Namespace) -> ConvergeConfig:
+    run = config_from_args(a)
+    if run.warmup != 0:
+        raise SpecError(f"--warmup {run.warmup}: a convergence rung times every step (give 0 or leave it out)")
+    if run.spec.batch == "max":
+        raise SpecError("a convergence rung needs a fixed batch, not 'max'")
+    if run.spec.strategy.compile:
+        raise SpecError(f"{run.spec.strategy}: -compile rungs are not convergence rungs yet (each chunk would recompile)")
+    from scaleladder.models.flavors import get_flavor
+
+    if get_flavor(run.spec.model).family != "vit":
+        raise SpecError(f"{run.spec.model}: convergence needs a classifier (a ViT flavor); FLAVA has no held-out accuracy")
+    if run.data == "synthetic":
+        raise SpecError("--data synthetic: a convergence rung trains on real labelled shards (see `scaleladder digits`)")
+    from scaleladder.data.manifest import resolve
+
+    if not resolve(a.test_data).is_file():
+        raise SpecError(f"--test-data {a.test_data!r}: no such manifest file or shard directory")
+    try:
+        target = float(a.target)
+    except ValueError:
+        raise SpecError(f"--target must be a number, got {a.target!r}") from None
+    if not 0.0 < target <= 1.0:
+        raise SpecError(f"--target must be in (0, 1], got {target}")
+    return ConvergeConfig(run, str(a.test_data), target, parse_positive("eval-every", a.eval_every), bool(a.augment))
+
+
+def main(args: argparse.Namespace) -> int:
+    from scaleladder.rung import launch
+
+    cfg = config_from(args)
+    env = launch.detect()
+    if args.launcher.strip() and env.source == "single":
+        return supervise(cfg, args.launcher)
+    from scaleladder.rung.run import check_world
+
+    check_world(cfg.run, env.world, env.nodes)
+    device = launch.pick_device(env, cfg.run.device)
+    launch.init(env, device)
+    try:
+        return _converge(cfg, env, device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def supervise(cfg: ConvergeConfig, launcher: str) -> int:
+    """Run the ranks under ``launcher``; a failed launch leaves no record behind."""
+    cmd = f"{launcher} converge {shlex.join(cfg.argv())}"
+    print(f"scaleladder converge: {cmd}", file=sys.stderr)
+    rc = subprocess.call(cmd, shell=True)
+    if rc == 0 and cfg.run.out.is_file():
+        return 0
+    cfg.run.out.unlink(missing_ok=True)
+    print(f"scaleladder converge: {cfg.run.spec.path}: the launch failed with exit code {rc}; no result written", file=sys.stderr)
+    return rc or 1
+
+
+# -- the held-out set -------------------------------------------------------------------
+
+
+def load_test_set(test_data: str, flavor: Any, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every held-out sample once, in shard order: (images [N,3,S,S] fp32, labels [N]).
+
+    Read with the loader's own transform (no augmentation: the whole image, resized),
+    straight from the shards, so train and test images are decoded the same way.
+    """
+    import webdataset as wds  # type: ignore[import-untyped]
+
+    from scaleladder.data.errors import DataError
+    from scaleladder.data.manifest import read_manifest
+    from scaleladder.data.transforms import VitTransform
+
+    m = read_manifest(test_data)
+    if not m.labelled:
+        raise DataError(f"{m.path}: not every held-out sample has a label")
+    transform = VitTransform(flavor, seed, 0, 1, augment=False)
+    pipeline = wds.DataPipeline(wds.SimpleShardList([str(s.path) for s in m.shards]), wds.tarfile_to_samples(), wds.map(transform))
+    samples = list(pipeline)
+    if len(samples) != m.samples:
+        raise DataError(f"{m.path}: read {len(samples)} held-out samples, the manifest says {m.samples}")
+    return torch.stack([s["image"] for s in samples]), torch.stack([s["label"] for s in samples])
+
+
+def _head(model: torch.nn.Module) -> torch.nn.Module:
+    """The classifier head inside any wrapper (DDP's ``module.``, FSDP's ``_fsdp_wrapped_module.``)."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "head":
+            return module
+    raise SpecError(f"{type(model).__name__}: no classifier head to read logits from")
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, prec: Any, device: torch.device) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``model`` on the held-out set, on every rank alike."""
+    captured: list[torch.Tensor] = []
+    hook = _head(model).register_forward_hook(lambda _m, _i, out: captured.append(out.detach().float()))
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    try:
+        for i in range(0, len(labels), EVAL_BATCH):
+            batch = {"image": images[i:i + EVAL_BATCH].to(device, prec.storage_dtype), "label": labels[i:i + EVAL_BATCH].to(device)}
+            captured.clear()
+            with prec.autocast(device):
+                loss = model(batch)
+            correct += int((captured[-1].argmax(dim=1) == batch["label"]).sum())
+            loss_sum += float(loss) * len(batch["label"])
+    finally:
+        hook.remove()
+        model.train()
+    return correct / len(labels), loss_sum / len(labels)
+
+
+# -- the rung ---------------------------------------------------------------------------
+
+
+def _converge(cfg: ConvergeConfig, env: Any, device: torch.device) -> int:
+    from scaleladder.data.loader import make_loader
+    from scaleladder.models.flavors import get_flavor
+    from scaleladder.rung import provenance
+    from scaleladder.rung.feed import DeviceFeed
+    from scaleladder.rung.loop import train_loop
+    from scaleladder.rung.optim import make_optimizer, make_scaler
+    from scaleladder.rung.precision import policy
+    from scaleladder.rung.run import build_wrapped, placement
+
+    run, spec = cfg.run, cfg.run.spec
+    flavor = get_flavor(spec.model)
+    where = placement(env, device, provenance.hosts())
+    prec = policy(spec.precision)
+    prec.apply_backend_flags()
+    if device.type == "cpu":
+        # TRAP: measured here, fp32 steps of vit-debug on digits slowed from 25 ms to 800 ms
+        # over 1,500 steps (CPU time, not load): as training settles, Adam's second moments
+        # and small gradients fall into the subnormal range, where x86 arithmetic takes a
+        # microcode slow path. Flushing subnormals to zero keeps the step time flat; a
+        # throughput rung is too short to reach them, a convergence rung is not.
+        torch.set_flush_denormal(True)
+    batch = int(spec.batch)
+    test_images, test_labels = load_test_set(cfg.test_data, flavor, run.seed)
+    loader = make_loader(run.data, flavor, batch, env.rank, env.world, run.steps, run.workers, run.seed,
+                         pin_memory=device.type == "cuda", augment=cfg.augment)
+    feed = iter(DeviceFeed(loader, device, prec.storage_dtype, run.steps))
+    wrapped, report, params = build_wrapped(run, "device", device, prec)
+    optimizer = make_optimizer(wrapped.parameters(), run.lr, spec.precision)
+    injected = os.environ.get(INJECT_ENV, "") == spec.precision
+    if injected:
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+    scaler = make_scaler(spec.precision, spec.strategy, device)
+
+    eval_steps: list[int] = []
+    accuracy: list[float] = []
+    test_loss: list[float] = []
+    train_s_at: list[float] = []
+    eval_s: list[float] = []
+    losses: list[np.ndarray] = []
+    step_times: list[np.ndarray] = []
+    train_s, done = 0.0, 0
+    reached = False
+    while done < run.steps and not reached:
+        n = min(cfg.eval_every, run.steps - done)
+        m = train_loop(wrapped, optimizer, itertools.islice(feed, n), n, 0, prec, device, scaler)
+        train_s += m.window_s
+        done += n
+        losses.append(m.loss)
+        step_times.append(m.step_time_s)
+        t0 = time.perf_counter()
+        acc, tl = evaluate(wrapped, test_images, test_labels, prec, device)
+        eval_s.append(time.perf_counter() - t0)
+        eval_steps.append(done)
+        accuracy.append(acc)
+        test_loss.append(tl)
+        train_s_at.append(train_s)
+        reached = acc >= cfg.target
+        if env.rank == 0:
+            print(f"{spec.path}: step {done}: held-out accuracy {acc:.4f} (target {cfg.target}), train {train_s:.1f} s", file=sys.stderr)
+    if env.rank != 0:
+        return 0
+
+    from scaleladder.results.store import write_record
+
+    status = STATUS_OK if reached else STATUS_MISSED
+    samples_per_s = batch * env.world * done / train_s
+    attrs: dict[str, Any] = {
+        "status": status,
+        **cfg.attrs(),
+        "world_size": env.world,
+        "params": params,
+        "fsdp_units": report.fsdp_units,
+        "init": "device",
+        **provenance.collect(where["device_name"]),
+        **where,
+        "train_samples": int(loader.manifest.samples),
+        "test_samples": int(len(test_labels)),
+        "steps_trained": done,
+        "train_s": train_s,
+        "eval_s": float(sum(eval_s)),
+        "samples_per_s": samples_per_s,
+        "items_per_s": samples_per_s,  # ViT: one item per sample
+        "epochs": batch * env.world * done / loader.manifest.samples,
+        "final_test_accuracy": accuracy[-1],
+        "best_test_accuracy": max(accuracy),
+        "final_loss": float(losses[-1][-1]),
+        "time_to_target_s": train_s if reached else math.nan,
+        "steps_to_target": done if reached else -1,
+        "injected_nonlearner": injected,
+    }
+    datasets = {
+        "eval/step": np.asarray(eval_steps, dtype=np.int64),
+        "eval/test_accuracy": np.asarray(accuracy),
+        "eval/test_loss": np.asarray(test_loss),
+        "eval/train_s": np.asarray(train_s_at),
+        "eval/eval_s": np.asarray(eval_s),
+        "loss": np.concatenate(losses),
+        "step_time_s": np.concatenate(step_times),
+    }
+    write_record(run.out, attrs, datasets)
+    verdict = (f"reached {cfg.target} at step {done} after {train_s:.1f} s of training" if reached
+               else f"DID NOT CONVERGE: best held-out accuracy {max(accuracy):.4f} < target {cfg.target} in {done} steps")
+    print(f"{spec.path}: {verdict} ({samples_per_s:.1f} samples/s) -> {run.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,133 @@
+# Accuracy kept: the convergence rungs (docs/metrics.md, "Convergence rungs"), on when
+# config `converge.enabled` is true. Each rung (strategy x precision x seed) trains
+# `converge.model` through the real shard -> loader path until the held-out accuracy
+# reaches `converge.target` or `converge.steps` run out, and records time-to-target
+# (`scaleladder converge`). A rung that misses is a recorded, FAILING result, shown in
+# the report; the job still succeeds.
+#
+#   snakemake --profile profiles/local --config 'converge={"enabled": true}'
+#
+# Data: `converge.train`/`converge.test` = "digits" (the default) exports scikit-learn's
+# handwritten digits and shards them with `scaleladder shard`, as any folder would be;
+# otherwise they name shard manifests (a real ViT flavor on a larger set, on a GPU).
+#
+# Wildcards are prefixed `c` so that the ladder's global wildcard constraints (model,
+# strategy, precision, ...) do not restrict these rules.
+
+from shlex import quote as shlex_quote
+
+from scaleladder.spec import RunSpec, default_knobs, parse_precision, parse_strategy
+
+CONVERGE = config["converge"]
+CONVERGE_SHARDS = "results/converge/shards"
+
+
+def converge_spec(strategy, precision):
+    """The rung as the site launches it: one rank for `single`, the node's ranks otherwise;
+    the local batch is the global batch over the ranks, so every rung sees the same
+    global batch (and so the same learning problem)."""
+    s = parse_strategy(strategy)
+    world = 1 if s.wrapper == "single" else RPN
+    if CONVERGE["global_batch"] % world:
+        raise WorkflowError(f"converge.global_batch {CONVERGE['global_batch']} does not divide over {world} ranks ({strategy})")
+    return RunSpec(CONVERGE["model"], s, parse_precision(precision), default_knobs(s), 1, CONVERGE["global_batch"] // world)
+
+
+def converge_data(split):
+    given = CONVERGE[split]
+    return f"{CONVERGE_SHARDS}/{split}/manifest.json" if given == "digits" else given
+
+
+CONVERGE_RECORDS = (
+    [
+        f"results/converge/rungs/{st}/{pr}/s{seed}.h5"
+        for st in CONVERGE["strategies"]
+        for pr in CONVERGE["precisions"]
+        for seed in CONVERGE["seeds"]
+    ]
+    if CONVERGE["enabled"]
+    else []
+)
+CONVERGE_TARGETS = CONVERGE_RECORDS + (["results/plots/convergence.png"] if CONVERGE["enabled"] else [])
+
+
+localrules:
+    digits,
+    converge_plots,
+
+
+rule digits:
+    output:
+        "results/converge/digits/digits.json",
+    log:
+        "results/logs/converge/digits.log",
+    params:
+        env=swf.env_exports(SITE),
+        scaleladder=SCALELADDER,
+        outdir=lambda wildcards, output: os.path.dirname(output[0]),
+    shell:
+        "{params.env}{params.scaleladder} digits --out {params.outdir} --overwrite > {log} 2>&1"
+
+
+rule digits_shard:
+    input:
+        "results/converge/digits/digits.json",
+    output:
+        f"{CONVERGE_SHARDS}/{{csplit}}/manifest.json",
+    log:
+        "results/logs/converge/shard-{csplit}.log",
+    wildcard_constraints:
+        csplit="train|test",
+    params:
+        env=swf.env_exports(SITE),
+        scaleladder=SCALELADDER,
+        images=lambda wildcards, input: os.path.join(os.path.dirname(input[0]), wildcards.csplit),
+        outdir=lambda wildcards, output: os.path.dirname(output[0]),
+    shell:
+        "{params.env}{params.scaleladder} shard --images {params.images} --out {params.outdir} --per-shard 128 "
+        "--seed 0 --overwrite --quiet > {log} 2>&1"
+
+
+rule converge_rung:
+    input:
+        train=converge_data("train"),
+        test=converge_data("test"),
+    output:
+        "results/converge/rungs/{cstrategy}/{cprecision}/s{cseed}.h5",
+    log:
+        "results/logs/converge/{cstrategy}/{cprecision}/s{cseed}.log",
+    wildcard_constraints:
+        cseed=r"\d+",
+    params:
+        env=swf.env_exports(SITE),
+        scaleladder=SCALELADDER,
+        spec=lambda wildcards: converge_spec(wildcards.cstrategy, wildcards.cprecision).path,
+        launcher=lambda wildcards: (
+            ""
+            if parse_strategy(wildcards.cstrategy).wrapper == "single"
+            else " --launcher " + shlex_quote(swf.launcher(SITE, RPN, converge_spec(wildcards.cstrategy, wildcards.cprecision)))
+        ),
+        device=swf.device_arg(SITE),
+        cv=CONVERGE,
+    resources:
+        bench_slot=1,
+    shell:
+        "{params.env}{params.scaleladder} converge --spec {params.spec} --steps {params.cv[steps]} --warmup 0 "
+        "--lr {params.cv[lr]} --seed {wildcards.cseed} --target {params.cv[target]} --eval-every {params.cv[eval_every]} "
+        "--data {input.train:q} --test-data {input.test:q} --workers 0{params.device}{params.launcher} --out {output:q} > {log} 2>&1"
+
+
+rule converge_plots:
+    input:
+        CONVERGE_RECORDS,
+    output:
+        png=report("results/plots/convergence.png", caption="../report/convergence.rst", category="Figures"),
+        pdf="results/plots/convergence.pdf",
+    log:
+        "results/logs/converge/plots.log",
+    params:
+        env=swf.env_exports(SITE),
+        scaleladder=SCALELADDER,
+        outdir=lambda wildcards, output: os.path.dirname(output.png),
+    shell:
+        "{params.env}{params.scaleladder} converge-plots --out-dir {params.outdir} {input:q} > {log} 2>&1"
