@@ -27,10 +27,12 @@ if "site" not in config:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/ladder.smk"
+include: "workflow/rules/converge.smk"
 include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
         swf.final_targets(LADDER),
+        CONVERGE_TARGETS,
     default_target: True

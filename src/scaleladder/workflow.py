@@ -112,6 +112,21 @@ def coerce_config_strings(cfg: dict[str, Any]) -> None:
         cfg["site"]["supervisor_can_launch"] = as_bool(cfg["site"]["supervisor_can_launch"])
     if isinstance(cfg.get("maxbatch"), dict):
         cfg["maxbatch"] = {k: as_int(v) for k, v in cfg["maxbatch"].items()}
+    if isinstance(cfg.get("converge"), dict):  # the convergence rungs (workflow/rules/converge.smk)
+        cv = cfg["converge"]
+        for key in ("global_batch", "steps", "eval_every"):
+            if key in cv:
+                cv[key] = as_int(cv[key])
+        if "enabled" in cv:
+            cv["enabled"] = as_bool(cv["enabled"])
+        if isinstance(cv.get("seeds"), list):
+            cv["seeds"] = [as_int(v) for v in cv["seeds"]]
+        for key in ("lr", "target"):
+            if isinstance(cv.get(key), str):
+                try:
+                    cv[key] = float(cv[key])
+                except ValueError:
+                    pass  # the schema names it
     for block in cfg.get("ladders") or []:
         if isinstance(block, dict):
             for key in ("batches", "nodes"):

@@ -83,6 +83,7 @@ rule report:
         ladder="results/ladder.h5",
         plots=rules.plots.output,
         plan_plots=[f"results/plots/{f}.png" for f in swf.plan_figures(SITE)],
+        converge=CONVERGE_TARGETS,  # empty unless converge.enabled (workflow/rules/converge.smk)
     output:
         html="results/report.html",
         md="results/report.md",
@@ -92,8 +93,9 @@ rule report:
         env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
         plotdir=lambda wildcards, input: os.path.dirname(input.plots[0]),
+        converge=(" --converge " + " ".join(CONVERGE_RECORDS)) if CONVERGE_RECORDS else "",
     conda:
         "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} report --ladder {input.ladder:q} --plots {params.plotdir} "
-        "--html {output.html:q} --md {output.md:q} > {log} 2>&1"
+        "--html {output.html:q} --md {output.md:q}{params.converge} > {log} 2>&1"

@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plots", required=True, help="folder holding the figures from `scaleladder plots`")
     parser.add_argument("--html", help="write the HTML page here")
     parser.add_argument("--md", help="write the Markdown page here")
+    parser.add_argument("--converge", nargs="*", default=[], metavar="H5",
+                        help="convergence records (`scaleladder converge`): adds the 'Accuracy kept' section")
 
 
 def _fmt(key: str, v: Any) -> str:
@@ -258,6 +260,11 @@ def main(args: argparse.Namespace) -> int:
     for out, render in ((args.html, render_html), (args.md, render_markdown)):
         if out:
             rel = os.path.relpath(args.plots, os.path.dirname(os.path.abspath(out)) or ".")
-            _write(out, render(rungs, root, rel, figures_in(args.plots)))
+            text = render(rungs, root, rel, figures_in(args.plots))
+            if args.converge:  # the section lives with its figure (figures/convergence.py)
+                from scaleladder.figures.convergence import read_records, with_section
+
+                text = with_section(text, read_records(args.converge), rel, html_page=render is render_html)
+            _write(out, text)
             print(f"scaleladder report: {out}")
     return 0
