@@ -122,3 +122,15 @@ def test_frontier_and_a100_budgets_in_node_hours(repo: Path, tmp_path: Path, mon
     assert float(after.split("|")[7]) < float(before.split("|")[7])
     assert "flava-350m/ddp/bf16-mixed/pre-lag/n1/b8: " in after_text and "measured (this rung)" in after_text
     assert "flava-350m/ddp/bf16-mixed/pre-lag/n1/bmax: " in after_text and "calibrated mfu 0.300 from flava-350m/ddp" in after_text
+
+
+def test_the_report_shows_the_budget_beside_the_ladder(tmp_path: Path) -> None:
+    from scaleladder.figures.report import with_budget
+
+    ladder = str(tmp_path / "ladder.h5")
+    assert with_budget("# report\n", ladder, html_page=False) == "# report\n"  # no budget.md: no section
+    (tmp_path / "budget.md").write_text("| ladder block | node-hours to run |\n|---|---|\n| total | 48.9 |\n")
+    md = with_budget("# report\n", ladder, html_page=False)
+    assert md.endswith("## Budget\n\n| ladder block | node-hours to run |\n|---|---|\n| total | 48.9 |\n")
+    page = with_budget("<html><body><h1>r</h1></body></html>", ladder, html_page=True)
+    assert "<h2>Budget</h2>\n<pre>| ladder block" in page and page.endswith("</pre>\n</body></html>")

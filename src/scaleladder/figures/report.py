@@ -249,6 +249,19 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def with_budget(text: str, ladder: str, html_page: bool) -> str:
+    """The report plus a "Budget" section: ``scaleladder budget --out results/budget.md`` beside
+    the ladder file, shown as written (what the campaign costs, its node-hours and sources)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(ladder)), "budget.md")
+    if not os.path.exists(path):
+        return text
+    with open(path) as f:
+        body = f.read()
+    if html_page:
+        return text.replace("</body></html>", f"<h2>Budget</h2>\n<pre>{html.escape(body)}</pre>\n</body></html>")
+    return text + "\n## Budget\n\n" + body
+
+
 def main(args: argparse.Namespace) -> int:
     if not (args.html or args.md):
         print("scaleladder report: error: give --html and/or --md", file=sys.stderr)
@@ -265,6 +278,7 @@ def main(args: argparse.Namespace) -> int:
                 from scaleladder.figures.convergence import read_records, with_section
 
                 text = with_section(text, read_records(args.converge), rel, html_page=render is render_html)
+            text = with_budget(text, args.ladder, html_page=render is render_html)
             _write(out, text)
             print(f"scaleladder report: {out}")
     return 0
