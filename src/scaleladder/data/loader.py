@@ -47,6 +47,7 @@ import webdataset as wds  # type: ignore[import-untyped]
 from torch.utils.data import IterableDataset
 
 from scaleladder.data import preflight, readers
+from scaleladder.data.devdecode import DeviceDecoder, check_decode
 from scaleladder.data.errors import DataError, one_line
 from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha256_file
 from scaleladder.data.tokenizer import check_vocab
@@ -130,8 +131,16 @@ class ShardLoader:
     exception comes back with the worker's whole traceback in its message).
     """
 
-    def __init__(self, loader: wds.WebLoader, steps: int, manifest: Manifest, flavor: Flavor) -> None:
+    def __init__(self, loader: wds.WebLoader, steps: int, manifest: Manifest, flavor: Flavor,
+                 decoder: DeviceDecoder | None = None) -> None:
         self.loader, self.steps, self.manifest, self.flavor = loader, steps, manifest, flavor
+        # decode="gpu": the batches hold encoded JPEGs; the rung's feed calls this on the
+        # device to make the images (devdecode.py). None: the workers made them.
+        self.decoder = decoder
+
+    @property
+    def decode_path(self) -> str:
+        return "cpu" if self.decoder is None else f"gpu ({self.decoder.device.type} decode)"
 
     def __len__(self) -> int:
         return self.steps
@@ -205,6 +214,8 @@ def make_loader(
     prefetch_factor: int = 2,
     augment: bool = True,
     keys: bool = False,
+    decode: str = "cpu",
+    decode_device: torch.device | None = None,
 ) -> ShardLoader:
     """A loader that yields exactly ``steps`` batches of ``local_batch`` samples on this rank.
 
@@ -216,20 +227,26 @@ def make_loader(
     ``verify``: sha256-check the shards first (sizes are always checked). ``augment=False``:
     the whole image, no flip, no ITM negatives (deterministic content, for checks).
     ``keys=True``: each batch also holds ``"__key__"``, the samples' keys (a list of str).
+    ``decode``: "cpu" (decode + image transforms in the workers: the reference) or "gpu"
+    (the workers pass encoded JPEGs; ``ShardLoader.decoder`` makes the images on the
+    device, see :mod:`devdecode`); "gpu" is refused with one line where there is no GPU.
+    ``decode_device`` overrides the decoder's device (tests run the "gpu" path on the CPU).
     """
     for what, value, low in (("local batch", local_batch, 1), ("steps", steps, 1), ("world", world, 1), ("workers", workers, 0)):
         if value < low:
             raise SpecError(f"{what} must be >= {low}, got {value}")
     if not 0 <= rank < world:
         raise SpecError(f"rank {rank} is outside world {world}")
+    decode_on = check_decode(decode, decode_device)  # before any shard is hashed: a refusal costs nothing
     m, notice = preflight.agreed(lambda: _prepare(manifest, flavor, rank, world, workers, resample, verify), rank, world)
     if notice and rank == 0:
         print(f"scaleladder: note: {notice}", file=sys.stderr, flush=True)
 
     if flavor.family == "flava":
-        transform: Any = FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment)
+        transform: Any = FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode)
     else:
-        transform = VitTransform(flavor, seed, rank, world, augment=augment)
+        transform = VitTransform(flavor, seed, rank, world, augment=augment, decode=decode)
+    decoder = DeviceDecoder(flavor.family, flavor.image_size, flavor.codebook_image_size, decode_on) if decode == "gpu" else None
     dataset = wds.DataPipeline(
         ShardStream(m, rank, world, seed, resample),
         wds.tarfile_to_samples(handler=_shard_read_error),
@@ -248,4 +265,4 @@ def make_loader(
     )
     # with_epoch on the LOADER (not the dataset): with several workers a per-dataset
     # epoch is per worker, and the total would be steps x workers.
-    return ShardLoader(loader.with_epoch(steps), steps, m, flavor)
+    return ShardLoader(loader.with_epoch(steps), steps, m, flavor, decoder)

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from scaleladder.data import synthetic
 from scaleladder.data.errors import DataError
 from scaleladder.data.labels import Labels
 
@@ -94,12 +93,16 @@ class Source:
 
 
 def iter_synthetic(samples: int, seed: int, image_size: int) -> Iterator[Item]:
+    from scaleladder.data import synthetic  # numpy: a third of a second to import, for this source only
+
     for i in range(samples):
         s = synthetic.make_sample(seed, i, image_size)
         yield RawSample(f"synthetic sample {i}", s.jpeg, s.caption, s.label, {"index": i})
 
 
 def _synthetic_item(seed: int, i: int, image_size: int) -> Item:
+    from scaleladder.data import synthetic
+
     s = synthetic.make_sample(seed, i, image_size)
     return RawSample(f"synthetic sample {i}", s.jpeg, s.caption, s.label, {"index": i})
 

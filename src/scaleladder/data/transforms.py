@@ -208,18 +208,51 @@ def _image(sample: dict[str, Any], min_side: int) -> Image.Image:
         raise _sample_error(sample, f"corrupt image ({e})") from None
 
 
+def draft_scale(width: int, height: int, min_side: int) -> int:
+    """The DCT scale (1, 2, 4 or 8) Pillow's ``draft("RGB", (min_side, min_side))`` picks (JpegImagePlugin)."""
+    scale = min(width // min_side, height // min_side)
+    return next(sc for sc in (8, 4, 2, 1) if scale >= sc)
+
+
+class Encoded:
+    """A JPEG left encoded for the device decoder: its bytes and the size the CPU path would
+    decode it at (Pillow's draft size), so that crop boxes are drawn alike."""
+
+    def __init__(self, sample: dict[str, Any], min_side: int) -> None:
+        from scaleladder.data.jpeg import read_frame
+
+        if "jpg" not in sample:
+            raise _sample_error(sample, "no image (jpg member)")
+        self.data = bytes(sample["jpg"])
+        frame = read_frame(self.data)
+        if frame is None or frame.components not in (1, 3):
+            raise _sample_error(sample, "corrupt image (no readable JPEG frame header)")
+        self.full = (frame.width, frame.height)
+        self.scale = draft_scale(frame.width, frame.height, min_side)
+        self.size = (-(-frame.width // self.scale), -(-frame.height // self.scale))
+
+    def members(self, box: tuple[float, float, float, float], flip: bool) -> dict[str, torch.Tensor]:
+        """``jpeg`` bytes, the ``box`` in full-size pixels, ``flip``: what :class:`devdecode.DeviceDecoder` reads."""
+        sc = self.scale
+        full = (int(box[0]) * sc, int(box[1]) * sc, min(int(box[2]) * sc, self.full[0]), min(int(box[3]) * sc, self.full[1]))
+        return {"jpeg": torch.frombuffer(bytearray(self.data), dtype=torch.uint8),
+                "box": torch.tensor(full, dtype=torch.int64), "flip": torch.tensor(flip)}
+
+
 class _PerReader:
     """Base: state (generators, tokenizer) created lazily in the process that uses it.
 
     ``augment=False`` keeps the whole image (no random crop, no flip) and makes no ITM
     negatives: deterministic content, for checks against what was written.
+    ``decode="gpu"``: no decode here; the sample carries the encoded image and its crop
+    for :mod:`devdecode` (the random draws are the same, in the same order).
     """
 
-    def __init__(self, seed: int, rank: int, world: int, augment: bool = True) -> None:
-        self.seed, self.rank, self.world, self.augment = seed, rank, world, augment
+    def __init__(self, seed: int, rank: int, world: int, augment: bool = True, decode: str = "cpu") -> None:
+        self.seed, self.rank, self.world, self.augment, self.decode = seed, rank, world, augment, decode
         self._ready = False
 
-    def _box(self, img: Image.Image) -> tuple[float, float, float, float]:
+    def _box(self, img: Image.Image | Encoded) -> tuple[float, float, float, float]:
         return random_crop_box(self.image_rng, *img.size) if self.augment else (0, 0, *img.size)
 
     def _setup(self) -> None:
@@ -233,8 +266,8 @@ class FlavaTransform(_PerReader):
     """A raw WebDataset sample -> the FLAVA pretraining tensors of one sample."""
 
     def __init__(self, flavor: Flavor, tokenizer_path: Path, seed: int, rank: int, world: int,
-                 itm_probability: float = ITM_PROBABILITY, augment: bool = True) -> None:
-        super().__init__(seed, rank, world, augment)
+                 itm_probability: float = ITM_PROBABILITY, augment: bool = True, decode: str = "cpu") -> None:
+        super().__init__(seed, rank, world, augment, decode)
         self.size = flavor.image_size
         self.codebook_size = flavor.codebook_image_size
         self.grid = flavor.image_size // flavor.patch
@@ -262,20 +295,27 @@ class FlavaTransform(_PerReader):
     def __call__(self, sample: dict[str, Any]) -> dict[str, torch.Tensor]:
         if not self._ready:
             self._setup()
-        img = _image(sample, self.size)
-        box = self._box(img)
-        image = to_tensor(img.resize((self.size, self.size), Image.Resampling.BICUBIC, box=box), CLIP_MEAN, CLIP_STD)
-        # DALL-E map_pixels: x -> (1 - 2 eps) x + eps
-        codebook = to_tensor(img.resize((self.codebook_size, self.codebook_size), Image.Resampling.LANCZOS, box=box),
-                             scale=1 - 2 * LOGIT_LAPLACE_EPS, offset=LOGIT_LAPLACE_EPS)
+        images: dict[str, torch.Tensor]
+        if self.decode == "gpu":
+            enc = Encoded(sample, self.size)
+            images = enc.members(self._box(enc), False)
+        else:
+            img = _image(sample, self.size)
+            box = self._box(img)
+            images = {
+                "image": to_tensor(img.resize((self.size, self.size), Image.Resampling.BICUBIC, box=box), CLIP_MEAN, CLIP_STD),
+                # DALL-E map_pixels: x -> (1 - 2 eps) x + eps
+                "image_for_codebook": to_tensor(
+                    img.resize((self.codebook_size, self.codebook_size), Image.Resampling.LANCZOS, box=box),
+                    scale=1 - 2 * LOGIT_LAPLACE_EPS, offset=LOGIT_LAPLACE_EPS),
+            }
         patches = block_mask(self.image_rng, self.grid, self.num_masking, self.min_block)
 
         caption, itm = self._itm(_caption(sample))
         ids = self.codec.encode(caption)
         masked, labels = self.codec.mlm(ids, self.text_rng)
         return {
-            "image": image,
-            "image_for_codebook": codebook,
+            **images,
             "image_patches_mask": torch.from_numpy(patches),
             "text": torch.from_numpy(ids),
             "text_masked": torch.from_numpy(masked),
@@ -287,8 +327,8 @@ class FlavaTransform(_PerReader):
 class VitTransform(_PerReader):
     """A raw WebDataset sample -> (normalised image, class label)."""
 
-    def __init__(self, flavor: Flavor, seed: int, rank: int, world: int, augment: bool = True) -> None:
-        super().__init__(seed, rank, world, augment)
+    def __init__(self, flavor: Flavor, seed: int, rank: int, world: int, augment: bool = True, decode: str = "cpu") -> None:
+        super().__init__(seed, rank, world, augment, decode)
         self.size = flavor.image_size
         self.num_classes = flavor.num_classes
 
@@ -300,6 +340,11 @@ class VitTransform(_PerReader):
         label = int(sample["cls"])
         if not 0 <= label < self.num_classes:
             raise _sample_error(sample, f"label {label} is outside the model's {self.num_classes} classes")
+        if self.decode == "gpu":
+            enc = Encoded(sample, self.size)
+            box = self._box(enc)
+            flip = bool(self.augment and self.image_rng.random() < 0.5)
+            return {**enc.members(box, flip), "label": torch.tensor(label, dtype=torch.int64)}
         img = _image(sample, self.size)
         img = img.resize((self.size, self.size), Image.Resampling.BICUBIC, box=self._box(img))
         if self.augment and self.image_rng.random() < 0.5:
@@ -319,8 +364,14 @@ def collate(samples: list[dict[str, Any]], keys: bool = False) -> dict[str, Any]
     batch: dict[str, Any] = {
         k: torch.from_numpy(np.stack([s[k].numpy() for s in samples]))
         for k in samples[0]
-        if not k.startswith("__")
+        if not k.startswith("__") and k != "jpeg"
     }
+    if "jpeg" in samples[0]:
+        # Encoded images (decode="gpu") differ in length: one flat tensor + offsets, so
+        # the batch still crosses from the worker in one shared-memory transfer per key.
+        lengths = [len(s["jpeg"]) for s in samples]
+        batch["jpeg"] = torch.from_numpy(np.concatenate([s["jpeg"].numpy() for s in samples]))
+        batch["jpeg_offsets"] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
     if keys:
         batch["__key__"] = [str(s["__key__"]) for s in samples]
     return batch

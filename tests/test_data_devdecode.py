@@ -1,0 +1,107 @@
+"""The loader's GPU decode path, tested where a CPU can test it (issue 15, part 1).
+
+The same code path as on a GPU, except that ``decode_jpeg`` and the resampling run on
+the CPU: the workers pass encoded JPEGs and crop boxes, :class:`DeviceDecoder` makes the
+images. Compared with the CPU-worker path (the reference) batch by batch.
+
+The tolerance, justified: the decoders agree bit for bit (libjpeg-turbo in Pillow and in
+torchvision on the CPU; checked below), the random draws are the same (everything but
+the images must be equal, exactly), and the resampling uses Pillow's filters and
+weights in float32 where Pillow uses 22-bit fixed point, rounding to 8 bits after each
+pass as Pillow does. A float sum that lands within ~1e-6 of a .5 tie can round the
+other way: one 8-bit level, at a small fraction of the pixels. So: every image element
+within one 8-bit level (1/255 divided by the normalisation's std), and fewer than 1% of
+them off at all. (Measured: 0 or 1 level, at about 0.004% of the pixels.) nvJPEG's IDCT
+may differ from libjpeg-turbo's by a level too; that is for the GPU check to measure.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from scaleladder.data import synthetic
+from scaleladder.data.cli import main as shard
+from scaleladder.data.devdecode import resample
+from scaleladder.data.loader import make_loader
+from scaleladder.data.transforms import CLIP_STD, IMAGENET_STD, random_crop_box
+from scaleladder.models.flavors import get_flavor
+from scaleladder.spec import SpecError
+
+
+def test_torchvision_cpu_decode_is_pillows() -> None:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    for i in range(8):
+        jpeg = synthetic.make_sample(3, i, 40 + 8 * i).jpeg
+        ours = decode_jpeg(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        assert np.array_equal(ours.permute(1, 2, 0).numpy(), np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB")))
+
+
+def test_resample_is_pillows_resize_on_loader_crops() -> None:
+    rng = np.random.default_rng(0)
+    diffs = []
+    for i in range(24):
+        img = Image.open(io.BytesIO(synthetic.make_sample(0, i, 64).jpeg)).convert("RGB")
+        chw = torch.from_numpy(np.array(img)).permute(2, 0, 1).float()
+        box = random_crop_box(rng, 64, 64)
+        for size, kind, pil in ((64, "bicubic", Image.Resampling.BICUBIC), (32, "lanczos", Image.Resampling.LANCZOS),
+                                (48, "bicubic", Image.Resampling.BICUBIC)):
+            ref = np.asarray(img.resize((size, size), pil, box=box)).astype(int)
+            got = resample(chw, box, size, kind).permute(1, 2, 0).numpy().astype(int)
+            diffs.append(np.abs(ref - got).ravel())
+    d = np.concatenate(diffs)
+    assert d.max() <= 1 and (d > 0).mean() < 0.01
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Synthetic shards at 64 px (flava-debug's side) and 48 px (vit-debug's 32 px, resized
+    without JPEG draft scaling, which only the CPU path does: see devdecode's docstring)."""
+    out = {}
+    for px in (64, 48):
+        d = tmp_path_factory.mktemp(f"s{px}")
+        assert shard(["--out", str(d), "--samples", "48", "--per-shard", "16", "--image-size", str(px), "--quiet"]) == 0
+        out[px] = d
+    return out
+
+
+@pytest.mark.parametrize("flavor_name,px", [("flava-debug", 64), ("vit-debug", 48)])
+def test_gpu_path_decoding_on_the_cpu_gives_the_cpu_paths_batches(shards: dict[int, Path], flavor_name: str, px: int,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    flavor = get_flavor(flavor_name)
+    common = dict(local_batch=8, rank=0, world=1, steps=3, workers=0, seed=5, pin_memory=False)
+    cpu = make_loader(shards[px], flavor, **common)  # type: ignore[arg-type]
+    dev = make_loader(shards[px], flavor, **common, decode="gpu", decode_device=torch.device("cpu"))  # type: ignore[arg-type]
+    assert cpu.decoder is None and dev.decoder is not None and dev.decode_path == "gpu (cpu decode)"
+    std = min(CLIP_STD if flavor.family == "flava" else IMAGENET_STD)
+    level = 1 / 255 / std + 1e-5  # one 8-bit level after normalisation (the codebook image's is smaller)
+    n = 0
+    for a, raw in zip(cpu, dev):
+        assert "jpeg" in raw and "image" not in raw  # the workers did not decode
+        b = dev.decoder(dict(raw))  # type: ignore[misc]
+        assert sorted(a) == sorted(b)
+        for k in a:
+            assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+            if k.startswith("image") and a[k].is_floating_point():
+                diff = (a[k] - b[k]).abs()
+                assert diff.max() <= level and (diff > 1e-5).float().mean() < 0.01, (k, diff.max())
+            else:
+                assert torch.equal(a[k], b[k]), k  # masks, text, labels: the same draws, exactly
+        n += 1
+    assert n == 3
+    capsys.readouterr()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_gpu_decode_is_refused_without_a_gpu(shards: dict[int, Path]) -> None:
+    with pytest.raises(SpecError) as e:
+        make_loader(shards[64], get_flavor("flava-debug"), 8, 0, 1, 2, 0, 0, False, decode="gpu")
+    assert "--decode gpu needs a GPU" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SpecError, match="expected one of cpu, gpu"):
+        make_loader(shards[64], get_flavor("flava-debug"), 8, 0, 1, 2, 0, 0, False, decode="nvjpeg")
