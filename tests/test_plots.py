@@ -169,3 +169,26 @@ def test_the_report_flags_a_fastest_claim_within_noise(tmp_path: Path) -> None:
     bare = [write_rung(tmp_path / "c", f"vit-debug/{s}/fp32/pre-lag/n1/b4", items_per_s=v) for s, v in (("ddp", 537.3), ("fsdp-full", 439.1))]
     (row,) = report.winners(read_ladder(str(_ladder(tmp_path / "c", bare)))[0])
     assert "DDP vs FSDP FULL_SHARD: no interval to tell them apart" in row["fastest"]  # 4 measured steps: no interval
+
+
+def test_a_rung_with_repeats_shows_each_run_beside_its_interval(tmp_path: Path) -> None:
+    import shutil
+
+    import h5py
+
+    r0 = write_rung(tmp_path, "vit-debug/ddp/fp32/pre-lag/n1/b4", items_per_s=439.1)
+    files = [r0]
+    for k, v in ((1, 537.3), (2, 480.0)):
+        files.append(Path(str(r0).removesuffix(".h5") + f".r{k}.h5"))
+        shutil.copy(r0, files[-1])
+        with h5py.File(files[-1], "r+") as f:
+            f.attrs["items_per_s"] = v
+    rungs = read_ladder(str(_ladder(tmp_path, files)))[0]
+    fig = fig_throughput_by_model(rungs, Palette(rungs))
+    from matplotlib.collections import PathCollection
+
+    (dots,) = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
+    assert sorted(dots.get_offsets()[:, 1]) == [439.1, 480.0, 537.3]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "one run (repeats)" in labels and "95% interval (docs/metrics.md)" in labels  # t(2) over the runs
+    plt.close("all")

@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from scaleladder.figures.rungs import Rung, family, interval, is_oom
+from scaleladder.figures.rungs import Rung, family, interval, is_oom, repeat_values
 from scaleladder.figures.style import Palette, model_label, oom_handles, oom_mark, strategy_label
 
 
@@ -50,6 +50,9 @@ def grouped_bars(
                     hi = 2 * v if math.isinf(hi) else hi
                     ax.errorbar(x, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt="none", ecolor="black",
                                 elinewidth=0.8, capsize=2)
+                reps = repeat_values(r)
+                if len(reps) > 1:  # every run of a rung with `repeats`: the spread the bar's mean hides
+                    ax.scatter([x] * len(reps), reps, s=10, color="black", marker=".", zorder=4)
                 if annotate:
                     ax.annotate(annotate(r), (x, v), xytext=(0, 2), textcoords="offset points", ha="center",
                                 va="bottom", fontsize=6)
@@ -69,5 +72,7 @@ def strategy_legend(fig: Figure, palette: Palette, strategies: list[str], rungs:
     if any(interval(r) for r in rungs):
         handles.append(Line2D([], [], color="black", marker="|", markersize=9, linestyle="none",
                               label="95% interval (docs/metrics.md)"))
+    if any(len(repeat_values(r)) > 1 for r in rungs):
+        handles.append(Line2D([], [], color="black", marker=".", linestyle="none", label="one run (repeats)"))
     handles += oom_handles(rungs)
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)

@@ -35,6 +35,12 @@ def interval(r: Rung) -> tuple[float, float] | None:
     return None if lo is None or hi is None else (lo, hi)
 
 
+def repeat_values(r: Rung) -> list[float]:
+    """Each run's throughput of a rung run with ``repeats`` (empty for a single run)."""
+    reps = r.get("items_per_s_repeats")
+    return [x for v in reps if (x := num(v)) is not None] if isinstance(reps, list) else []
+
+
 def is_ok(r: Rung) -> bool:
     return r.get("status") == "ok" and num(r.get("items_per_s")) is not None
 
