@@ -148,17 +148,20 @@ def test_fsdp_fp16_two_ranks_through_the_launcher(digits: dict[str, Path], tmp_p
     assert a["status"] == "ok" and a["world_size"] == 2 and a["final_test_accuracy"] >= 0.6
 
 
-def test_bad_input_is_one_line(digits: dict[str, Path], tmp_path: Path) -> None:
+def test_bad_input_is_one_line(digits: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before any process group or file exists (in-process: no rank starts)."""
+    from scaleladder.cli import main
+
+    data = ["--data", str(digits["train"]), "--test-data", str(digits["test"]), "--out", str(tmp_path / "x.h5")]
     cases = [
-        (("--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--target", "1.5"), "--target"),
-        (("--spec", "flava-debug/single/fp32/pre-lag/n1/b4"), "classifier"),
-        (("--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--warmup", "5"), "--warmup"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--target", "1.5", *data], "--target"),
+        (["--spec", "flava-debug/single/fp32/pre-lag/n1/b4", *data], "classifier"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--warmup", "5", *data], "--warmup"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", *data, "--data", "synthetic"], "synthetic"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", *data, "--test-data", str(tmp_path / "nope")], "--test-data"),
     ]
     for args, culprit in cases:
-        p = converge(digits, tmp_path / "x.h5", *args)
-        lines = [l for l in p.stderr.splitlines() if l.strip()]
-        assert p.returncode == 2 and len(lines) == 1 and culprit in lines[0], p.stderr
-    p = sl("converge", "--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--data", "synthetic", "--test-data", str(digits["test"]),
-           "--out", str(tmp_path / "x.h5"))
-    assert p.returncode == 2 and "synthetic" in p.stderr
-    assert not list(tmp_path.glob("*.h5"))
+        assert main(["converge", *args]) == 2
+        lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+        assert len(lines) == 1 and culprit in lines[0], lines
+    assert not list(tmp_path.iterdir())

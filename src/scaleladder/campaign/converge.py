@@ -226,13 +226,6 @@ def _converge(cfg: ConvergeConfig, env: Any, device: torch.device) -> int:
     where = placement(env, device, provenance.hosts())
     prec = policy(spec.precision)
     prec.apply_backend_flags()
-    if device.type == "cpu":
-        # TRAP: measured here, fp32 steps of vit-debug on digits slowed from 25 ms to 800 ms
-        # over 1,500 steps (CPU time, not load): as training settles, Adam's second moments
-        # and small gradients fall into the subnormal range, where x86 arithmetic takes a
-        # microcode slow path. Flushing subnormals to zero keeps the step time flat; a
-        # throughput rung is too short to reach them, a convergence rung is not.
-        torch.set_flush_denormal(True)
     batch = int(spec.batch)
     test_images, test_labels = load_test_set(cfg.test_data, flavor, run.seed)
     loader = make_loader(run.data, flavor, batch, env.rank, env.world, run.steps, run.workers, run.seed,

@@ -16,8 +16,8 @@ real shard -> WebDataset loader path. Layout::
 
 The split is a rule, not a draw: sample ``i`` (in scikit-learn's fixed order) is held
 out when ``i % 5 == 0``: 360 test images, 1,437 train, every digit in both (the file
-is ordered by writer, not by class, so every fifth image takes about a fifth of each
-class). Nothing random, so the split cannot drift with a seed or a library version.
+is not sorted by class, so every fifth image takes 15-26% of each class: 26-48 test
+images per digit). Nothing random, so the split cannot drift with a seed or a library version.
 
 Pixels are scaled 0..16 -> 0..255 (``round(v * 255 / 16)``), ink bright on black, as
 scikit-learn stores them; PNG, so the file is exact (the shard writer re-encodes to

@@ -14,6 +14,11 @@ by its own module:
 * ``pareto``               none of the seeds: throughput against peak memory per model, with
   the Pareto front, i.e. the strategies worth considering for a given memory budget.
 
+One more figure is drawn from other records: ``convergence`` (throughput beside
+time-to-accuracy per convergence rung, :mod:`scaleladder.figures.convergence`), from the
+records of ``scaleladder converge`` rather than the ladder file, by ``scaleladder
+converge-plots``.
+
 A rung that ran out of memory (status ``oom``) is a result: it is drawn as a red "OOM"
 cross where its bar or point would be; a rung the planner predicted would not fit and
 that was therefore not run (``predicted-oom``) gets a hollow red circle marked
