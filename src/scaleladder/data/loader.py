@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import random
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,9 @@ class ShardLoader:
         # decode="gpu": the batches hold encoded JPEGs; the rung's feed calls this on the
         # device to make the images (devdecode.py). None: the workers made them.
         self.decoder = decoder
+        self.workers = 0
+        self.work_s = 0.0  # seconds the transforms took, summed over workers (see samples_per_s)
+        self.samples = 0
 
     @property
     def decode_path(self) -> str:
@@ -145,7 +149,7 @@ class ShardLoader:
     def __len__(self) -> int:
         return self.steps
 
-    def record_attrs(self) -> dict[str, int]:
+    def record_attrs(self) -> dict[str, Any]:
         """What a rung record should keep about its data beyond the manifest path.
 
         ``tokenizer_vocab_size`` (FLAVA only): the model keeps its published vocabulary
@@ -153,13 +157,32 @@ class ShardLoader:
         the embedding unused; recording it shows that a run trained on fewer ids.
         """
         size = self.manifest.tokenizer_vocab_size
-        return {"tokenizer_vocab_size": size} if self.flavor.family == "flava" and size is not None else {}
+        attrs: dict[str, Any] = {"decode_path": self.decode_path, "loader_workers": self.workers}
+        if self.flavor.family == "flava" and size is not None:
+            attrs["tokenizer_vocab_size"] = size
+        return attrs
+
+    @property
+    def samples_per_s(self) -> float:
+        """The loader's own rate: samples over the seconds the transforms took (decode,
+        crop, resize, masks, text; summed over the workers, which run in parallel), times
+        the readers working at once. What the loader could deliver, whether or not the
+        steps waited for it. NaN before the first batch. Tar reading, shuffling and the
+        hand-over to the main process are not counted (small next to the transforms);
+        with decode="gpu", the device decode is part of the step time instead."""
+        if not self.work_s:
+            return float("nan")
+        return self.samples / self.work_s * max(self.workers, 1)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         n = 0
         try:
             for batch in self.loader:
                 n += 1
+                work = batch.pop("__work_s", None)
+                if work is not None:
+                    self.work_s += float(work)
+                    self.samples += len(next(iter(batch.values())))
                 yield batch
         except DataError as e:
             raise DataError(one_line(e)) from None
@@ -251,7 +274,7 @@ def make_loader(
         ShardStream(m, rank, world, seed, resample),
         wds.tarfile_to_samples(handler=_shard_read_error),
         _SeededShuffle(seed, rank, world, shuffle_buffer),
-        wds.map(transform),
+        wds.map(_Timed(transform)),
         wds.batched(local_batch, collation_fn=functools.partial(collate, keys=keys), partial=False),
     )
     pin = pin_memory and torch.cuda.is_available()  # pinning without a GPU only warns and costs time
@@ -265,4 +288,20 @@ def make_loader(
     )
     # with_epoch on the LOADER (not the dataset): with several workers a per-dataset
     # epoch is per worker, and the total would be steps x workers.
-    return ShardLoader(loader.with_epoch(steps), steps, m, flavor, decoder)
+    shard_loader = ShardLoader(loader.with_epoch(steps), steps, m, flavor, decoder)
+    shard_loader.workers = workers
+    return shard_loader
+
+
+class _Timed:
+    """The transform, timed: each sample carries the seconds it took (``__work_s``, summed
+    per batch by ``collate``), for the loader's own rate (``ShardLoader.samples_per_s``)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        t = time.perf_counter()
+        out: dict[str, Any] = self.fn(sample)
+        out["__work_s"] = time.perf_counter() - t
+        return out

@@ -372,6 +372,8 @@ def collate(samples: list[dict[str, Any]], keys: bool = False) -> dict[str, Any]
         lengths = [len(s["jpeg"]) for s in samples]
         batch["jpeg"] = torch.from_numpy(np.concatenate([s["jpeg"].numpy() for s in samples]))
         batch["jpeg_offsets"] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    if "__work_s" in samples[0]:  # the transforms' seconds (loader._Timed); popped by ShardLoader
+        batch["__work_s"] = torch.tensor(sum(s["__work_s"] for s in samples), dtype=torch.float64)
     if keys:
         batch["__key__"] = [str(s["__key__"]) for s in samples]
     return batch

@@ -29,7 +29,8 @@ on. Synthetic batches are made on the device before the loop and need no feed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,12 +48,37 @@ def to_device(batch: Batch, device: torch.device, dtype: torch.dtype) -> Batch:
     return out
 
 
-class DeviceFeed:
-    """Iterate ``batches`` as device batches of ``dtype``, prefetching one ahead on a GPU."""
+# A rung is called input-bound when its steps waited for the loader for more than this
+# fraction of the timed window's step time: 3% is above the noise of a host clock read
+# per step and well below what changes a throughput comparison.
+INPUT_BOUND_FRACTION = 0.03
 
-    def __init__(self, batches: Iterable[Batch], device: torch.device, dtype: torch.dtype, steps: int) -> None:
-        self.batches, self.device, self.dtype = batches, device, dtype
+
+class DeviceFeed:
+    """Iterate ``batches`` as device batches of ``dtype``, prefetching one ahead on a GPU.
+
+    ``decoder`` (the loader's ``decode="gpu"`` path, data/devdecode.py): called on each
+    host batch where the copy would be, on the side stream, so the JPEG decode and the
+    image transforms run on the device one step ahead, like the copy.
+    """
+
+    def __init__(self, batches: Iterable[Batch], device: torch.device, dtype: torch.dtype, steps: int,
+                 decoder: Callable[[Batch], Batch] | None = None) -> None:
+        self.batches, self.device, self.dtype, self.decoder = batches, device, dtype, decoder
         self.wait_s = np.zeros(steps)  # host seconds spent waiting for the loader, per batch handed out
+
+    def record_attrs(self, step_time_s: np.ndarray, warmup: int) -> dict[str, Any]:
+        """After the run: the loader's own rate, and whether the timed steps waited for it.
+
+        ``step_time_s`` are the timed steps (after ``warmup``); ``wait_s`` holds every step.
+        """
+        waited = float(self.wait_s[warmup:warmup + len(step_time_s)].sum())
+        fraction = waited / max(float(np.sum(step_time_s)), 1e-12)
+        attrs: dict[str, Any] = {"loader_wait_fraction": fraction, "input_bound": bool(fraction > INPUT_BOUND_FRACTION)}
+        rate = getattr(self.batches, "samples_per_s", None)
+        if rate is not None:
+            attrs["loader_samples_per_s"] = float(rate)
+        return attrs
 
     def __len__(self) -> int:
         return len(self.wait_s)
@@ -69,7 +95,7 @@ class DeviceFeed:
         if self.device.type != "cuda":
             i = 0
             while (b := self._next_host(it, i)) is not None:
-                yield to_device(b, self.device, self.dtype)
+                yield self._convert(b)
                 i += 1
             return
         side = torch.cuda.Stream(self.device)
@@ -89,4 +115,9 @@ class DeviceFeed:
         if batch is None:
             return None
         with torch.cuda.stream(side):
-            return to_device(batch, self.device, self.dtype)
+            return self._convert(batch)
+
+    def _convert(self, batch: Batch) -> Batch:
+        if self.decoder is not None:
+            batch = self.decoder(batch)  # the images made on the device (from pinned host bytes)
+        return to_device(batch, self.device, self.dtype)

@@ -60,6 +60,7 @@ class RunConfig:
     peak_tflops: float | None
     init: str
     compile_backend: str = ""  # the torch.compile backend of a -compile rung ("" otherwise)
+    decode: str = "cpu"  # --data rungs: JPEG decode in the loader workers ("cpu") or on the device ("gpu")
 
     def argv(self, **override: Any) -> list[str]:
         """The `run` arguments that reproduce this config (used by launch and maxbatch)."""
@@ -72,6 +73,8 @@ class RunConfig:
             args += ["--codebook-weights", self.codebook_weights]
         if self.peak_tflops is not None:
             args += ["--peak-tflops", repr(self.peak_tflops)]
+        if self.decode != "cpu":
+            args += ["--decode", self.decode]
         if self.compile_backend:
             args += ["--compile-backend", self.compile_backend]
         return args
@@ -96,6 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", default="100", help="first steps excluded from every figure (default 100)")
     p.add_argument("--data", default="synthetic", help="'synthetic' (batches made on the device), a shard manifest.json, or its directory")
     p.add_argument("--workers", default="4", help="data-loader workers per rank")
+    p.add_argument("--decode", default="cpu", help="--data rungs: 'cpu' (JPEG decode + transforms in the workers) or 'gpu' "
+                   "(workers pass encoded JPEGs; nvJPEG decode and transforms on the device; refused without a GPU)")
     p.add_argument("--seed", default="0", help="integer >= 0: weights, synthetic batches, data order")
     p.add_argument("--lr", default="1e-4", help="AdamW learning rate")
     p.add_argument("--out", required=True, help="result .h5 (written atomically by rank 0)")
@@ -149,7 +154,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     if out.suffix != ".h5":
         raise SpecError(f"--out {a.out!r} must end in .h5")
     return RunConfig(spec, steps, warmup, a.data, parse_nonnegative("workers", a.workers), parse_nonnegative("seed", a.seed),
-                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend)
+                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend, a.decode)
 
 
 def oom_marker(out: Path, rank: int) -> Path:
@@ -403,6 +408,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     }
     if isinstance(source, DeviceFeed):
         datasets["loader_wait_s"] = source.wait_s
+        attrs.update(source.record_attrs(m.step_time_s[cfg.warmup:], cfg.warmup))  # loader rate, input_bound
     write_record(cfg.out, attrs, datasets)
     print(
         f"{spec.path}: {attrs['items_per_s']:.1f} items/s, step {attrs['step_time_mean_s'] * 1e3:.1f} ms, "
@@ -436,8 +442,9 @@ def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.de
 
     # Loader batches stay fp32 in pinned host memory; DeviceFeed copies them one step
     # ahead on a side stream and converts the dtype on the device (rung/feed.py).
-    loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, cfg.workers, cfg.seed, pin_memory=device.type == "cuda")
-    return DeviceFeed(loader, device, dtype, cfg.steps), loader.record_attrs()
+    loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, cfg.workers, cfg.seed, pin_memory=device.type == "cuda",
+                         decode=cfg.decode)
+    return DeviceFeed(loader, device, dtype, cfg.steps, decoder=loader.decoder), loader.record_attrs()
 
 
 def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
