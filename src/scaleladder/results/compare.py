@@ -53,8 +53,8 @@ Z = 1.959964  # two-sided 95% (stats.CONFIDENCE)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", metavar="BASE NEW",
-                   help="two ladder files or folders of rung files; with --reference, NEW alone is enough")
+    p.add_argument("runs", nargs="+", metavar="LADDER",
+                   help="BASE NEW: two ladder files or folders of rung files; with --reference, NEW alone is enough")
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="a throughput change smaller than this fraction is never a verdict (default 0.05)")
     p.add_argument("--memory-tolerance", type=float, default=0.05,
@@ -272,7 +272,7 @@ def figure(rows: Sequence[Row], out: str, tolerance: float, title: str) -> str:
 
     shown = [r for r in rows if not math.isnan(r.change)]
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(shown))))
-    ax.axvspan(-100 * tolerance, 100 * tolerance, color="#eeeeee", zorder=0, label=f"±{tolerance:.0%} tolerance")
+    ax.axvspan(-100 * tolerance, 100 * tolerance, color="#eeeeee", zorder=0)
     ax.axvline(0, color="black", linewidth=0.8)
     for i, r in enumerate(shown):
         err = None if math.isnan(r.low) else [[100 * (r.change - r.low)], [100 * min(r.high - r.change, 10.0)]]
@@ -283,7 +283,10 @@ def figure(rows: Sequence[Row], out: str, tolerance: float, title: str) -> str:
     ax.set_xlabel(f"throughput change NEW/BASE − 1 (%), {CONFIDENCE:.0%} interval where known")
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in COLORS.items()]
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in COLORS.items()]
+    handles.append(Patch(facecolor="#eeeeee", label=f"±{tolerance:.0%} tolerance"))
     ax.legend(handles=handles, fontsize=7, loc="best")
     ax.set_title(title, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
