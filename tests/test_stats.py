@@ -113,6 +113,7 @@ def test_aggregate_keeps_every_repeat_and_the_spread_between_them(tmp_path: Path
     assert r["items_per_s"] == pytest.approx(np.mean([439.1, 537.3, 480.0]))
     assert r["items_per_s_ci_low"] < 439.1 and r["items_per_s_ci_high"] > 537.3
     assert r["samples_per_s"] == pytest.approx(r["items_per_s"] / 2)  # write_rung: samples = items / 2
+    assert r["mfu"] == pytest.approx(0.3 * r["items_per_s"] / 439.1)  # rates follow the headline
     assert r["within_run_rel_halfwidth"] == pytest.approx(0.0)  # write_rung's steps are all 0.1 s
     with h5py.File(out, "r") as f:
         g = f["rungs/vit-debug/ddp/fp32/pre-lag/n1/b4/repeats"]

@@ -125,9 +125,12 @@ def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> None:
     within = [(float(r.attrs.get("items_per_s", math.nan)), float(r.attrs.get("items_per_s_ci_low", math.nan)),
                float(r.attrs.get("items_per_s_ci_high", math.nan))) for r in ok]
     summary = between_runs(values, within)
-    # samples/s follows items/s: one sample is items_per_sample items in every repeat.
-    ratio = float(g.attrs.get("samples_per_s", math.nan)) / float(g.attrs.get("items_per_s", math.nan) or math.nan)
-    summary["samples_per_s"] = summary["items_per_s"] * ratio
+    # Every rate proportional to items/s follows the headline (same samples, FLOPs and peak in
+    # every repeat), so MFU and items/s never disagree; timings and memory stay repeat 0's.
+    scale = summary["items_per_s"] / float(g.attrs.get("items_per_s", math.nan) or math.nan)
+    for k in ("samples_per_s", "tflops_per_device", "mfu", "hfu"):
+        if k in g.attrs:
+            summary[k] = float(g.attrs[k]) * scale
     for k, v in summary.items():
         g.attrs[k] = v
 
