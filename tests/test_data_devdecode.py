@@ -105,3 +105,18 @@ def test_gpu_decode_is_refused_without_a_gpu(shards: dict[int, Path]) -> None:
     assert "--decode gpu needs a GPU" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(SpecError, match="expected one of cpu, gpu"):
         make_loader(shards[64], get_flavor("flava-debug"), 8, 0, 1, 2, 0, 0, False, decode="nvjpeg")
+
+
+def test_the_report_names_input_bound_rungs() -> None:
+    from scaleladder.figures.report import render_html, render_markdown
+
+    base = {"model": "vit-debug", "strategy": "ddp", "precision": "fp32", "knobs": "pre-lag", "nodes": 1, "batch": 4,
+            "status": "ok", "items_per_s": 100.0, "world_size": 1, "decode_path": "cpu", "loader_workers": 2}
+    fed = {**base, "spec": "vit-debug/ddp/fp32/pre-lag/n1/b4", "input_bound": False, "loader_wait_fraction": 0.001}
+    starved = {**base, "spec": "vit-debug/ddp/fp32/pre-lag/n1/b8", "batch": 8, "input_bound": np.bool_(True),
+               "loader_wait_fraction": 0.25, "loader_samples_per_s": 410.0}
+    md = render_markdown([fed, starved], {}, "plots", figures=[])
+    assert "## Input-bound rungs" in md
+    assert "- vit-debug/ddp/fp32/pre-lag/n1/b8: waited 25.0% of its step time for batches (decode cpu, 2 worker(s) per rank, loader 410 samples/s per rank)" in md
+    assert "n1/b4: waited" not in md and "Input-bound rungs" in render_html([fed, starved], {}, "plots", figures=[])
+    assert "Input-bound" not in render_markdown([fed], {}, "plots", figures=[])

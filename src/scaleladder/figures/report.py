@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import os
 import sys
 from collections import defaultdict
@@ -121,6 +122,24 @@ def within_noise(rungs: list[Rung]) -> list[str]:
     return lines
 
 
+INPUT_NOTE = ("These rungs trained on shards (--data) and their steps waited for the loader's next batch for more than "
+              "3% of the timed step time (rung/feed.py): their throughput measures the input pipeline as well as the "
+              "model. More loader workers per rank, or --decode gpu, in the site profile's loader block (docs/data.md).")
+
+
+def input_bound(rungs: list[Rung]) -> list[str]:
+    """The rungs whose record says ``input_bound`` (loader wait > 3% of the timed step time), one line each."""
+    lines = []
+    for r in _sorted_rungs(rungs):
+        if not is_ok(r) or not bool(r.get("input_bound", False)):
+            continue
+        rate = r.get("loader_samples_per_s")
+        lines.append(f"{r.get('spec', r.get('model'))}: waited {100 * float(r.get('loader_wait_fraction', math.nan)):.1f}% of "
+                     f"its step time for batches (decode {r.get('decode_path', '?')}, {r.get('loader_workers', '?')} "
+                     f"worker(s) per rank" + (f", loader {float(rate):.0f} samples/s per rank" if num(rate) else "") + ")")
+    return lines
+
+
 def winners(rungs: list[Rung]) -> list[dict[str, str]]:
     """Per model and node count: the fastest measured strategy, and the one that fits the
     largest batch; plus which strategies ran out of memory."""
@@ -191,6 +210,8 @@ def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figu
     noise = within_noise(rungs)
     if noise:
         out += ["## Differences within noise", "", NOISE_NOTE, ""] + [f"- {line}" for line in noise] + [""]
+    if slow := input_bound(rungs):
+        out += ["## Input-bound rungs", "", INPUT_NOTE, ""] + [f"- {line}" for line in slow] + [""]
     for name in figures:
         out += [f"## {TITLES[name]}", "", f"![{TITLES[name]}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
     out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
@@ -222,6 +243,10 @@ def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures:
     if noise:
         parts.append(f"<h2>Differences within noise</h2><p>{e(NOISE_NOTE)}</p><ul>")
         parts += [f"<li>{e(line)}</li>" for line in noise]
+        parts.append("</ul>")
+    if slow := input_bound(rungs):
+        parts.append(f"<h2>Input-bound rungs</h2><p>{e(INPUT_NOTE)}</p><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in slow]
         parts.append("</ul>")
     for name in figures:
         src = f"{plot_rel}/{name}.png"
