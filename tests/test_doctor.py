@@ -130,7 +130,7 @@ PLANTED = [
      "threads: 8 ranks x (OMP_NUM_THREADS 7 + workers 6) = 104 threads on the 56 cores"),
     ("HDF5 file locking on Lustre", SITE, ('    HDF5_USE_FILE_LOCKING: "FALSE"', '    HDF5_X: "FALSE"'),
      "HDF5_USE_FILE_LOCKING is not FALSE"),
-    ("a bad config", SITE, ("workers: 6", "workers: six"), "config: invalid scaleladder config: config key 'workers'"),
+    ("a bad config", SITE, ("\nworkers: 6\n", "\nworkers: six\n"), "config key 'workers': 'six' is not of type 'integer'"),
     ("a light rule as a cluster job", "workflow/rules/report.smk", ("    aggregate,\n", ""),
      "rule(s) aggregate would each be a cluster job"),
 ]

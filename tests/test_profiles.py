@@ -329,3 +329,21 @@ def test_the_package_names_no_site() -> None:
             if m and not (f.name in allowed and m.group(0).lower() in ("mi250x-gcd", "a100-40gb")):
                 offending.append(f"{f.relative_to(REPO)}:{line}: {text.strip()[:80]}")
     assert not offending, "\n".join(offending)
+
+
+def test_frontier_writes_the_shards_where_snakemake_runs(wf: Path, tmp_path: Path) -> None:
+    """site.local_data: a few MB of shards are not worth a whole exclusive Frontier node. The
+    shard job runs locally (here it meets a fake apptainer that fails), never through sbatch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    for tool in ("sbatch", "apptainer", "sinfo", "squeue", "sacct", "scontrol", "sacctmgr"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\nexit 1\n')
+        (bin_dir / tool).chmod(0o755)
+    env = snakemake_env(PATH=f"{bin_dir}{os.pathsep}{VENV_BIN}{os.pathsep}{os.environ['PATH']}", SCALELADDER_SLURM_ACCOUNT="abc123",
+                        SCALELADDER_RCCL_NET_PLUGIN="/sw/rccl/lib/librccl-net.so", USER="tester")
+    out = subprocess.run([os.path.join(VENV_BIN, "snakemake"), "--profile", "profiles/frontier", "results/shards/224px/manifest.json"],
+                         cwd=wf, env=env, capture_output=True, text=True, timeout=300)
+    log = calls.read_text() if calls.exists() else ""
+    assert "localrule shard:" in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "apptainer exec --workdir" in log and "sbatch" not in log

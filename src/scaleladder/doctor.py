@@ -289,15 +289,16 @@ class Doctor:
                  for name in re.findall(r"\w+", block)}
         remote = rules - local
         light = sorted(remote & LIGHT_RULES)
-        data = sorted(remote & {"shard", "shard_slice"})  # big inputs may deserve an allocation (data.slices)
+        # big inputs may deserve an allocation (data.slices); site.local_data makes them local rules
+        data = [] if self.site.get("local_data") else sorted(rules & {"shard", "shard_slice"})
         if light:
             self.add(FATAL, f"workflow: rule(s) {', '.join(light)} would each be a cluster job (a whole node on an "
                             "exclusive partition) for seconds of work; list them under localrules: in workflow/rules/")
         if data:
             res = self.profile.resources("shard")
             self.add(WARN, f"workflow: {', '.join(data)} run as cluster jobs ({res.get('runtime', '?')} min each; on a "
-                           "partition that allocates whole nodes, a whole node each): for the embedded or a small data set "
-                           "run them first where Snakemake runs: snakemake --profile profiles/local results/shards/<px>px/manifest.json")
+                           "partition that allocates whole nodes, a whole node each): for a small data set set "
+                           f"site.local_data: true in profiles/{self.profile.name}/site.yaml")
 
     def check_env(self) -> None:
         env = dict(self.env)

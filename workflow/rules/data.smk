@@ -84,3 +84,18 @@ else:
             "{params.env}{params.scaleladder} shard --parts {params.parts} --gather {params.slices} --out {params.outdir} "
             "--samples {params.samples} --per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} "
             "--overwrite --quiet {params.sources} > {log} 2>&1"
+
+
+# A site whose partition allocates whole nodes (site.local_data: true, Frontier's batch) writes
+# the shards where Snakemake runs: as a cluster job a few MB of shards cost a whole exclusive
+# node in node-hours and hours in the queue. Elsewhere they stay jobs (data.slices spreads a
+# large set over several).
+if SITE.get("local_data"):
+
+    localrules:
+        shard,
+
+    if SHARD_SLICES > 1:
+
+        localrules:
+            shard_slice,
