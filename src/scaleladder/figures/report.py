@@ -184,6 +184,7 @@ def _summary(rungs: list[Rung], root: dict[str, Any]) -> list[tuple[str, str]]:
         ("site", str(prov.get("site", "-"))),
         ("rungs", f"{len(rungs)} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or '-'})"),
         ("steps per rung", f"{prov.get('steps', '-')} ({prov.get('warmup', '-')} warm-up steps excluded)"),
+        ("runs per rung", f"{prov.get('repeats', 1)} (repeats; the intervals: docs/metrics.md, 'Uncertainty')"),
         ("devices", ", ".join(devices) or "-"),
         ("torch", ", ".join(sorted({str(r.get("torch_version")) for r in rungs if r.get("torch_version")})) or "-"),
         ("scaleladder", f"{root.get('scaleladder_version', '-')} (git {str(root.get('git_commit', ''))[:12] or '-'})"),
