@@ -180,3 +180,10 @@ def test_an_interval_reaching_zero_makes_any_change_within_noise() -> None:
     new = {"status": "ok", "items_per_s": 250.0, "items_per_s_ci_low": 240.0, "items_per_s_ci_high": 260.0}
     row = judge(SPEC, base, new, 0.05, 0.05)
     assert row.verdict == "same" and "within noise" in row.notes and row.low == -1.0 and math.isinf(row.high)
+
+
+def test_an_upgrade_is_named_not_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ladder(tmp_path / "a", rung(tmp_path / "a", SPEC, 0.1, 0.02, 0, torch_version="2.5.1+cu124"))
+    new = ladder(tmp_path / "b", rung(tmp_path / "b", SPEC, 0.1, 0.02, 1, torch_version="2.14.1+cu128"))
+    assert cli(["compare", base, new, "--figure", str(tmp_path / "c.png")]) == 0
+    assert "  changed: torch_version: '2.5.1+cu124' -> '2.14.1+cu128'" in capsys.readouterr().out.splitlines()

@@ -48,6 +48,8 @@ from scaleladder.results.store import atomic_path
 Rung = dict[str, Any]
 #: What must match for two rungs to measure the same thing: device, world, data.
 PROVENANCE = ("device_name", "world_size", "ranks_per_node", "data", "tokenizer_vocab_size")
+#: What a user changes on purpose between two runs (an upgrade): reported, never refused.
+SOFTWARE = ("torch_version", "cuda_version", "hip_version", "python_version", "container_image", "git_commit")
 OOM = ("oom", "predicted-oom")
 Z = 1.959964  # two-sided 95% (stats.CONFIDENCE)
 
@@ -203,6 +205,19 @@ def compare(base: Mapping[str, Rung], new: Mapping[str, Rung], tolerance: float 
     return rows
 
 
+def what_changed(base: Mapping[str, Rung], new: Mapping[str, Rung]) -> list[str]:
+    """The software the two runs differ in, over the rungs they share: ``torch_version:
+    '2.5.1' -> '2.14.1'`` (several values on a side are listed, sorted)."""
+    common = sorted(set(base) & set(new))
+    lines = []
+    for k in SOFTWARE:
+        b = sorted({str(base[s][k]) for s in common if k in base[s]})
+        n = sorted({str(new[s][k]) for s in common if k in new[s]})
+        if b != n:
+            lines.append(f"{k}: {', '.join(map(repr, b)) or '-'} -> {', '.join(map(repr, n)) or '-'}")
+    return lines
+
+
 # -- references ---------------------------------------------------------------------------
 
 
@@ -303,8 +318,11 @@ def main(args: argparse.Namespace) -> int:
     new = load(args.runs[-1])
     rows: list[Row] = []
     if len(args.runs) == 2:
-        rows = compare(load(args.runs[0]), new, args.tolerance, args.memory_tolerance, args.allow_provenance_change)
+        base = load(args.runs[0])
+        rows = compare(base, new, args.tolerance, args.memory_tolerance, args.allow_provenance_change)
         print(f"scaleladder compare: {args.runs[0]} -> {args.runs[1]} (tolerance {args.tolerance:.0%})")
+        for line in what_changed(base, new) or ["no software change recorded (torch, CUDA/HIP, python, image, commit)"]:
+            print(f"  changed: {line}")
         print(table(rows))
         figure(rows, args.figure, args.tolerance, f"{args.runs[0]} → {args.runs[1]}")
         print(f"scaleladder compare: figure -> {args.figure}")
