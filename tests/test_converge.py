@@ -101,20 +101,20 @@ def test_planted_nonlearner_is_caught_and_shown(digits: dict[str, Path], tmp_pat
     """A precision whose updates vanish trains without error and reaches nothing: it must
     be a recorded failing result (exit 0), drawn and flagged in the report."""
     out = tmp_path / "planted.h5"
-    p = converge(digits, out, "--spec", "vit-debug/single/bf16-mixed/pre-lag/n1/b32", "--steps", "100",
-                 env={"SCALELADDER_INJECT_NONLEARNER": "bf16-mixed"})
+    p = converge(digits, out, "--spec", "vit-debug/single/bf16-mixed/pre-lag/n1/b32", "--steps", "50",
+                 "--eval-every", "25", env={"SCALELADDER_INJECT_NONLEARNER": "bf16-mixed"})
     assert p.returncode == 0, p.stderr
     assert "DID NOT CONVERGE" in p.stderr
     with h5py.File(out) as f:
         a = dict(f.attrs)
         acc = f["eval/test_accuracy"][()]
     assert a["status"] == "did-not-converge" and a["injected_nonlearner"]
-    assert a["steps_to_target"] == -1 and np.isnan(a["time_to_target_s"]) and a["steps_trained"] == 100
+    assert a["steps_to_target"] == -1 and np.isnan(a["time_to_target_s"]) and a["steps_trained"] == 50
     assert acc.max() < 0.3 and acc[0] == acc[-1]  # frozen weights: the same (chance-level) answers throughout
 
     # A healthy run of the same rung to set beside it (short: only the figure needs it).
     ok = tmp_path / "ok.h5"
-    assert converge(digits, ok, "--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--steps", "100", "--target", "0.3").returncode == 0
+    assert converge(digits, ok, "--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--steps", "50", "--target", "0.2").returncode == 0
 
     plots = tmp_path / "plots"
     p = sl("converge-plots", "--out-dir", str(plots), str(out), str(ok))

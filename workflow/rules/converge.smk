@@ -14,41 +14,11 @@
 # Wildcards are prefixed `c` so that the ladder's global wildcard constraints (model,
 # strategy, precision, ...) do not restrict these rules.
 
-from shlex import quote as shlex_quote
-
-from scaleladder.spec import RunSpec, default_knobs, parse_precision, parse_strategy
+import scaleladder.campaign.converge_rungs as cvr
 
 CONVERGE = config["converge"]
-CONVERGE_SHARDS = "results/converge/shards"
-
-
-def converge_spec(strategy, precision):
-    """The rung as the site launches it: one rank for `single`, the node's ranks otherwise;
-    the local batch is the global batch over the ranks, so every rung sees the same
-    global batch (and so the same learning problem)."""
-    s = parse_strategy(strategy)
-    world = 1 if s.wrapper == "single" else RPN
-    if CONVERGE["global_batch"] % world:
-        raise WorkflowError(f"converge.global_batch {CONVERGE['global_batch']} does not divide over {world} ranks ({strategy})")
-    return RunSpec(CONVERGE["model"], s, parse_precision(precision), default_knobs(s), 1, CONVERGE["global_batch"] // world)
-
-
-def converge_data(split):
-    given = CONVERGE[split]
-    return f"{CONVERGE_SHARDS}/{split}/manifest.json" if given == "digits" else given
-
-
-CONVERGE_RECORDS = (
-    [
-        f"results/converge/rungs/{st}/{pr}/s{seed}.h5"
-        for st in CONVERGE["strategies"]
-        for pr in CONVERGE["precisions"]
-        for seed in CONVERGE["seeds"]
-    ]
-    if CONVERGE["enabled"]
-    else []
-)
-CONVERGE_TARGETS = CONVERGE_RECORDS + (["results/plots/convergence.png"] if CONVERGE["enabled"] else [])
+CONVERGE_RECORDS = cvr.records(CONVERGE)
+CONVERGE_TARGETS = CONVERGE_RECORDS + (["results/plots/convergence.png"] if CONVERGE_RECORDS else [])
 
 
 localrules:
@@ -65,6 +35,8 @@ rule digits:
         env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
+    conda:
+        "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} digits --out {params.outdir} --overwrite > {log} 2>&1"
 
@@ -73,7 +45,7 @@ rule digits_shard:
     input:
         "results/converge/digits/digits.json",
     output:
-        f"{CONVERGE_SHARDS}/{{csplit}}/manifest.json",
+        os.path.join(cvr.SHARDS, "{csplit}", "manifest.json"),
     log:
         "results/logs/converge/shard-{csplit}.log",
     wildcard_constraints:
@@ -83,6 +55,8 @@ rule digits_shard:
         scaleladder=SCALELADDER,
         images=lambda wildcards, input: os.path.join(os.path.dirname(input[0]), wildcards.csplit),
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
+    conda:
+        "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} shard --images {params.images} --out {params.outdir} --per-shard 128 "
         "--seed 0 --overwrite --quiet > {log} 2>&1"
@@ -90,8 +64,8 @@ rule digits_shard:
 
 rule converge_rung:
     input:
-        train=converge_data("train"),
-        test=converge_data("test"),
+        train=cvr.data_path(CONVERGE, "train"),
+        test=cvr.data_path(CONVERGE, "test"),
     output:
         "results/converge/rungs/{cstrategy}/{cprecision}/s{cseed}.h5",
     log:
@@ -101,16 +75,16 @@ rule converge_rung:
     params:
         env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
-        spec=lambda wildcards: converge_spec(wildcards.cstrategy, wildcards.cprecision).path,
-        launcher=lambda wildcards: (
-            ""
-            if parse_strategy(wildcards.cstrategy).wrapper == "single"
-            else " --launcher " + shlex_quote(swf.launcher(SITE, RPN, converge_spec(wildcards.cstrategy, wildcards.cprecision)))
+        spec=lambda wildcards: cvr.rung_spec(CONVERGE, wildcards.cstrategy, wildcards.cprecision, RPN).path,
+        launcher=lambda wildcards: cvr.launcher_arg(
+            wildcards.cstrategy, swf.launcher(SITE, RPN, cvr.rung_spec(CONVERGE, wildcards.cstrategy, wildcards.cprecision, RPN))
         ),
         device=swf.device_arg(SITE),
         cv=CONVERGE,
     resources:
         bench_slot=1,
+    conda:
+        "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} converge --spec {params.spec} --steps {params.cv[steps]} --warmup 0 "
         "--lr {params.cv[lr]} --seed {wildcards.cseed} --target {params.cv[target]} --eval-every {params.cv[eval_every]} "
@@ -129,5 +103,7 @@ rule converge_plots:
         env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
         outdir=lambda wildcards, output: os.path.dirname(output.png),
+    conda:
+        "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} converge-plots --out-dir {params.outdir} {input:q} > {log} 2>&1"
