@@ -155,7 +155,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
 def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
     out = dry_run(wf, "local")
     target = "results/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b4.h5"
-    args = ARGS.format(steps=6, warmup=2, data="results/shards/32px/manifest.json", workers=0, out=target)
+    args = ARGS.format(steps=12, warmup=2, data="results/shards/32px/manifest.json", workers=0, out=target)
     log = "results/logs/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b4.log"
     assert shell_of(out, "rung", target) == (
         'export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; scaleladder launch '
@@ -166,7 +166,7 @@ def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
     assert shell_of(out, "rung_max", mx).startswith(
         'export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; scaleladder maxbatch '
         "--launcher 'torchrun --standalone --nnodes 1 --nproc-per-node 2 -m scaleladder' --max-batch-cap 4 "
-        "--spec flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax --steps 6")
+        "--spec flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax --steps 12")
     counts = job_counts(out)
     assert counts["rung"] == 9 and counts["rung_max"] == 4 and counts["shard"] == 2  # 32 px (ViT) and 64 px (FLAVA)
     assert "slurm" not in out and "srun" not in out
