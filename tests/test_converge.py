@@ -165,3 +165,21 @@ def test_bad_input_is_one_line(digits: dict[str, Path], tmp_path: Path, capsys: 
         lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
         assert len(lines) == 1 and culprit in lines[0], lines
     assert not list(tmp_path.iterdir())
+
+
+def test_workflow_rungs_share_one_global_batch() -> None:
+    from scaleladder.campaign import converge_rungs as cvr
+    from scaleladder.spec import SpecError
+
+    cv = {"enabled": True, "model": "vit-debug", "strategies": ["single", "fsdp-full"], "precisions": ["fp32", "bf16-true"],
+          "seeds": [0, 1], "global_batch": 32, "train": "digits", "test": "/data/held-out/manifest.json"}
+    assert cvr.records({**cv, "enabled": False}) == []
+    assert len(cvr.records(cv)) == 8 and "results/converge/rungs/fsdp-full/bf16-true/s1.h5" in cvr.records(cv)
+    assert cvr.rung_spec(cv, "single", "fp32", 2).path == "vit-debug/single/fp32/pre-lag/n1/b32"
+    assert cvr.rung_spec(cv, "fsdp-full", "bf16-true", 2).path == "vit-debug/fsdp-full/bf16-true/pre-lag/n1/b16"
+    with pytest.raises(SpecError, match="global_batch 32 does not divide over 3"):
+        cvr.rung_spec(cv, "ddp", "fp32", 3)
+    assert cvr.data_path(cv, "train") == "results/converge/shards/train/manifest.json"
+    assert cvr.data_path(cv, "test") == "/data/held-out/manifest.json"
+    assert cvr.launcher_arg("single", "torchrun -m scaleladder") == ""
+    assert cvr.launcher_arg("ddp", "torchrun -m scaleladder") == " --launcher 'torchrun -m scaleladder'"

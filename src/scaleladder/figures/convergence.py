@@ -94,8 +94,7 @@ def fig_convergence(records: Sequence[dict[str, Any]]) -> Figure:
             axes[1].barh(i, float(np.median(tt)), color="#55a868")
             axes[1].plot(tt, [i] * len(tt), "k.", ms=4)
         acc = [float(r["final_test_accuracy"]) for r in rs]
-        missed = len(ok) < len(rs)
-        axes[2].barh(i, float(np.median(acc)), color=OOM_COLOR if missed else "#55a868")
+        axes[2].barh(i, float(np.median(acc)), color=OOM_COLOR if len(ok) < len(rs) else "#55a868")
         axes[2].plot(acc, [i] * len(acc), "k.", ms=4)
     # Did-not-converge marks go at the right edge of the time axis, once its extent is known.
     edge = longest_s * 1.05 if longest_s > 0 else 1.0
