@@ -133,6 +133,19 @@ def test_planted_nonlearner_is_caught_and_shown(digits: dict[str, Path], tmp_pat
     page = with_section("<html><body><h1>r</h1></body></html>", records, "plots", html_page=True)
     assert page.index("FAILING") < page.index("</body>") and "convergence.png" in page
 
+    # The real report command, on a one-rung ladder, with the convergence records beside it.
+    from conftest import write_rung
+    from scaleladder.results.aggregate import aggregate
+
+    ladder = tmp_path / "ladder.h5"
+    aggregate([str(write_rung(tmp_path, "vit-debug/ddp/fp32/pre-lag/n1/b4"))], str(ladder))
+    p = sl("report", "--ladder", str(ladder), "--plots", str(plots), "--md", str(tmp_path / "r.md"), "--html", str(tmp_path / "r.html"),
+           "--converge", str(out), str(ok))
+    assert p.returncode == 0, p.stderr
+    for page_file in ("r.md", "r.html"):
+        text = (tmp_path / page_file).read_text()
+        assert "Accuracy kept" in text and "FAILING" in text and "convergence.png" in text
+
 
 @pytest.mark.slow
 def test_fsdp_fp16_two_ranks_through_the_launcher(digits: dict[str, Path], tmp_path: Path) -> None:
