@@ -67,7 +67,7 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", required=True, help="profile folder name under profiles/ (frontier, a100, ...)")
+    p.add_argument("--profile", required=True, help="a folder name under profiles/")
     p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
     p.add_argument("--out", help="also write the table as Markdown here (e.g. results/budget.md, which the report shows)")
     p.add_argument("--rungs", action="store_true", help="one line per rung: its job time and where the estimate comes from")

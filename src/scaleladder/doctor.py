@@ -13,10 +13,11 @@ any is fatal. The checks read the profile exactly as Snakemake will run it:
   ``LD_LIBRARY_PATH``: Apptainer refuses a missing bind source, so one kills every rung;
 * the network plugin of a multi-node GPU site: forced (``NCCL_NET_PLUGIN`` + ``NCCL_NET``), so a
   missing plugin fails instead of RCCL/NCCL falling back to TCP sockets; its shared-library
-  dependencies resolve inside the image with the binds (``ldd``); OLCF's Slingshot settings;
+  dependencies resolve inside the image with the binds (``ldd``); on a Slingshot site (the
+  profile binds libcxi) the libfabric CXI settings the site documents;
   ``FI_CXI_RDZV_PROTO=alt_read`` only together with ``--network=disable_rdzv_get``;
 * threads: ranks per node x (OMP threads + loader workers) within the cores the job asks for;
-* ``results/`` on a filesystem every node sees, and ``HDF5_USE_FILE_LOCKING=FALSE`` on Lustre;
+* ``results/`` on a filesystem every node sees, and ``HDF5_USE_FILE_LOCKING=FALSE`` there;
 * Snakemake and the SLURM executor plugin installed, at the lock's versions.
 
 ``--compute`` then submits ONE tiny job (``sbatch --wait``) through the site's real launcher:
@@ -55,13 +56,14 @@ FATAL, WARN, OK = "FATAL", "WARN", "ok"
 #: table; 12.x and 13.x by minor-version compatibility: docs/workflow.md, "Sources")
 DRIVER_FLOOR = {13: 580, 12: 525, 11: 450}
 
-#: environment OLCF lists as "strongly recommended ... for both correctness and best performance
-#: at scale" for RCCL over Slingshot with the aws-ofi-nccl plugin (docs/workflow.md, "Sources")
+#: environment the Slingshot sites list as "strongly recommended ... for both correctness and best
+#: performance at scale" for RCCL/NCCL with the libfabric plugin (docs/workflow.md, "Sources")
 SLINGSHOT_ENV = ("NCCL_CROSS_NIC", "HSA_FORCE_FINE_GRAIN_PCIE", "FI_MR_CACHE_MONITOR", "FI_CXI_DISABLE_HOST_REGISTER",
                  "FI_CXI_DEFAULT_CQ_SIZE", "FI_CXI_DEFAULT_TX_SIZE", "FI_CXI_RX_MATCH_MODE", "FI_CXI_RDZV_PROTO")
 
-#: filesystems one node's writes are visible from every other node
-SHARED_FS = ("lustre", "nfs", "nfs4", "gpfs", "beegfs", "cephfs", "ceph", "wekafs", "fuse.sshfs", "autofs")
+#: filesystems only the node that mounts them sees (``stat -f -c %T`` names); anything else is
+#: taken for a network or parallel filesystem, where HDF5's flock-based file locking fails or hangs
+LOCAL_FS = ("ext2/ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlayfs", "zfs", "f2fs", "ramfs", "squashfs")
 
 #: rules that take seconds on one core: never worth a cluster job (a rule not named here, a rung
 #: or a training job, is the workflow's to place)
@@ -278,8 +280,8 @@ class Doctor:
 
     def check_local_rules(self) -> None:
         """Under a SLURM executor every rule but the rungs' must be a local rule: a few MB of
-        shards or a plot as a cluster job costs a whole exclusive node (Frontier allocates whole
-        nodes) and hours of queue."""
+        shards or a plot as a cluster job costs a whole exclusive node (where the partition
+        allocates whole nodes) and hours of queue."""
         if self.profile.executor != "slurm":
             return
         rules_dir = self.profile.repo / "workflow" / "rules"
@@ -402,8 +404,8 @@ class Doctor:
                 if not inside and not host:
                     self.add(WARN, f"APPTAINERENV_LD_LIBRARY_PATH: {folder} is not under any bind; only the image's own files are there")
                 elif host and not self.path(folder).is_dir():
-                    self.add(FATAL, f"APPTAINERENV_LD_LIBRARY_PATH: {folder} does not exist on this system "
-                                    "(Frontier's libfabric is /opt/cray/libfabric/2.x since 2026-05; set SCALELADDER_LIBFABRIC)")
+                    self.add(FATAL, f"APPTAINERENV_LD_LIBRARY_PATH: {folder} does not exist on this system (a library "
+                                    "moved in a system upgrade?); fix the path in the profile or the variable it names")
         if seen:
             self.add(OK, f"binds: {len(seen)} sources checked")
 
@@ -421,18 +423,18 @@ class Doctor:
         if "NCCL_NET" not in declared:
             self.add(FATAL, "network: NCCL_NET is not forced, so a plugin that fails to load falls back to TCP sockets "
                             "without an error; set NCCL_NET (OFI on more than one node)")
-        if self.rocm:
+        if "libcxi" in str(self.site.get("launcher", "")):  # the CXI provider: a Slingshot network
             missing = [k for k in SLINGSHOT_ENV if k not in declared]
             if missing:
-                self.add(FATAL, f"network: OLCF's required Slingshot settings are missing from site.env: {', '.join(missing)} "
-                                "(docs/workflow.md lists them with their values)")
+                self.add(FATAL, f"network: Slingshot settings the site requires are missing from site.env: {', '.join(missing)} "
+                                "(docs/workflow.md lists them with their values and source)")
             if declared.get("FI_MR_CACHE_MONITOR") == "memhooks":
                 self.add(FATAL, "network: FI_MR_CACHE_MONITOR=memhooks deadlocks with the RCCL plugin; use kdreg2")
             extra = str(self.profile.resources("rung").get("slurm_extra", ""))
             alt = str(declared.get("FI_CXI_RDZV_PROTO", "")) == "alt_read"
             if alt != ("disable_rdzv_get" in extra):
                 self.add(FATAL, "network: FI_CXI_RDZV_PROTO=alt_read and sbatch --network=disable_rdzv_get go together "
-                                f"(OLCF); the profile has {'only the first' if alt else 'only the second'}: "
+                                f"(the site's docs); the profile has {'only the first' if alt else 'only the second'}: "
                                 "set both (slurm_extra of the rung rule, site.env)")
         if plugin and self.path(plugin).is_file() and shutil.which("apptainer", path=self.env.get("PATH")):
             self.check_plugin_libraries(plugin)
@@ -464,7 +466,8 @@ class Doctor:
         cpus = int(res.get("cpus_per_task") or 1) * int(res.get("tasks_per_node") or 1)
         omp_text = self.expanded_env.get("OMP_NUM_THREADS", "1")
         omp = int(omp_text) if omp_text.isdigit() else 1
-        workers = int(self.profile.config.get("workers", 0))
+        loader = self.profile.config.get("loader") or {}  # the input pipeline's own count, where a profile sets one
+        workers = int(loader.get("workers", self.profile.config.get("workers", 0)))
         need = self.rpn * (omp + workers)
         if need > cpus:
             self.add(FATAL, f"threads: {self.rpn} ranks x (OMP_NUM_THREADS {omp} + workers {workers}) = {need} threads on the "
@@ -487,16 +490,16 @@ class Doctor:
         results = self.profile.repo / "results"
         folder = results if results.exists() else self.profile.repo
         kind = self.fs_type(folder)
-        shared = kind in SHARED_FS or kind.startswith("fuse.")
+        shared = kind not in LOCAL_FS and kind != "unknown"
         fatal = False
         if self.profile.executor == "slurm" and not shared and self.cluster_nodes() != 1:
             fatal = True  # (a one-node cluster, as in CI, sees its own disk)
             self.add(FATAL, f"results/: on {kind} ({folder}), which the compute nodes do not see; run the workflow from "
-                            "a shared filesystem (Lustre/NFS: on Frontier /lustre/orion/<proj>/...)")
-        if kind == "lustre" and self.expanded_env.get("HDF5_USE_FILE_LOCKING", self.env.get("HDF5_USE_FILE_LOCKING")) != "FALSE":
+                            "the site's parallel or network filesystem")
+        if shared and self.expanded_env.get("HDF5_USE_FILE_LOCKING", self.env.get("HDF5_USE_FILE_LOCKING")) != "FALSE":
             fatal = True
-            self.add(FATAL, "results/ is on Lustre but HDF5_USE_FILE_LOCKING is not FALSE: HDF5's flock fails there; "
-                            "add HDF5_USE_FILE_LOCKING: \"FALSE\" to site.env")
+            self.add(FATAL, f"results/ is on {kind}, a network filesystem, but HDF5_USE_FILE_LOCKING is not FALSE: HDF5's "
+                            "flock fails or hangs there; add HDF5_USE_FILE_LOCKING: \"FALSE\" to site.env")
         if not fatal:
             self.add(OK, f"results/: {kind}")
 
@@ -624,7 +627,7 @@ def run_compute(d: Doctor, timeout_s: int) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", help="profile folder name under profiles/ (frontier, a100, slurm-localhost, local)")
+    p.add_argument("--profile", help="a folder name under profiles/")
     p.add_argument("--compute", action="store_true", help="also submit one tiny job through the site's launcher")
     p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds to wait for the --compute job (queue included)")

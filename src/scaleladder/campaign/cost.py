@@ -44,7 +44,7 @@ DEFAULT_STARTUP_S = 120.0
 
 
 def peak_key(plan_device: str) -> str:
-    """The planner's device name -> rung/devices.py's peak table key ("a100-40gb" -> "a100")."""
+    """The planner's device name -> rung/devices.py's peak table key (a memory suffix dropped)."""
     from scaleladder.rung.devices import PEAKS
 
     if plan_device in PEAKS:
