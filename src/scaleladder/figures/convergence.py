@@ -115,7 +115,8 @@ def fig_convergence(records: Sequence[dict[str, Any]]) -> Figure:
     axes[1].set_xlim(0, edge * 1.02)
     axes[2].set_xlabel("held-out accuracy at the end")
     axes[2].set_xlim(0, 1)
-    fig.suptitle(f"Accuracy kept: {first['model']}, local batch {first['batch']}, lr {float(first['lr']):g}, "
+    global_batches = sorted({int(r["batch"]) * int(r.get("world_size", 1)) for _, rs in rows for r in rs})
+    fig.suptitle(f"Accuracy kept: {first['model']}, global batch {', '.join(map(str, global_batches))}, lr {float(first['lr']):g}, "
                  f"target {', '.join(f'{t:g}' for t in targets)} within {budget_max} steps; "
                  f"{first.get('device_name', '')} ({len(records)} runs)")
     return fig
