@@ -342,7 +342,10 @@ def test_frontier_writes_the_shards_where_snakemake_runs(wf: Path, tmp_path: Pat
         (bin_dir / tool).chmod(0o755)
     env = snakemake_env(PATH=f"{bin_dir}{os.pathsep}{VENV_BIN}{os.pathsep}{os.environ['PATH']}", SCALELADDER_SLURM_ACCOUNT="abc123",
                         SCALELADDER_RCCL_NET_PLUGIN="/sw/rccl/lib/librccl-net.so", USER="tester")
-    out = subprocess.run([os.path.join(VENV_BIN, "snakemake"), "--profile", "profiles/frontier", "results/shards/224px/manifest.json"],
+    # one rung in the ladder: the DAG is built in seconds, and the shard rule is the same
+    out = subprocess.run([os.path.join(VENV_BIN, "snakemake"), "--profile", "profiles/frontier", "results/shards/224px/manifest.json",
+                          "--slurm-init-seconds-before-status-checks", "1",  # the plugin's 40 s default wait, at exit too
+                          "--config", "ladders=[{models: [vit-base], strategies: [ddp], batches: [32]}]"],
                          cwd=wf, env=env, capture_output=True, text=True, timeout=300)
     log = calls.read_text() if calls.exists() else ""
     assert "localrule shard:" in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
