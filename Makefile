@@ -17,7 +17,7 @@ LOCK    := containers/constraints-cuda.txt
 # the snakemake jobs and the tests call `scaleladder`, `torchrun`, `snakemake` by name
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test lint dryrun lock clean gpu-wheels gpu-check
+.PHONY: setup run test lint dryrun lock verify-pins clean gpu-wheels gpu-check
 
 setup: $(VENV)/.installed
 
@@ -50,6 +50,11 @@ dryrun: setup
 # after a deliberate upgrade in the venv: re-pin what the images install
 lock: setup
 	$(BIN)/python containers/lock.py
+
+# Every pin of each image's lock, asked of the index that image installs it from (needs the
+# package indexes; ~5 min; not part of `make test`). docs/workflow.md, "Containers".
+verify-pins: setup
+	$(BIN)/python containers/verify_pins.py cuda rocm
 
 # Wheels of what the GPU machine lacks (torchmultimodal, iopath, webdataset, braceexpand, scaleladder)
 # into .whl/, then a check that they import and train with only what that machine has.
