@@ -2,8 +2,10 @@
 the real `scaleladder shard`, trained through the real loader until a held-out accuracy;
 a planted non-learner recorded as failing and shown; the figure and the report section.
 
-Budget (dev-cpu, 2 cores shared): export + two shard runs ~12 s, the fp32 run ~30 s, the
-planted run ~10 s, the 2-rank FSDP fp16 run ~40 s (slow). The whole precision x strategy
+Budget (dev-cpu: 2-core AMD EPYC VM, no GPU, load average 1.7; `pytest -q tests/test_converge.py
+--durations=10`): 75 s in all: export + two shard runs 6 s, the fp32 run 17 s, the planted run
+with its report 19 s, the 2-rank FSDP fp16 run 28 s (slow); three times that when the machine
+is busy. The whole precision x strategy
 matrix is the workflow's (`converge.enabled`), measured in docs/metrics.md.
 """
 
