@@ -422,6 +422,7 @@ def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: Te
     """
     log = sys.stderr if log is None else log
     validate_config(cfg, schema)
+    apply_loader(cfg)
     rpn = resolve_ranks_per_node(cfg["site"], gpu_count)
     rungs, skipped = expand_ladder(cfg["ladders"], rpn)
     selected = [s for s in rungs if is_selected(s, cfg.get("select") or {})]
@@ -591,6 +592,18 @@ def shard_sources(cfg: Mapping[str, Any]) -> str:
     if data.get("vocab"):
         args.append(f"--vocab {data['vocab']}")
     return " ".join(args)
+
+
+def apply_loader(cfg: dict[str, Any]) -> None:
+    """The site profile's ``loader`` block, as the rung rules pass it on (issue 15): its
+    ``workers`` become ``--workers``, its ``decode`` reaches ``scaleladder run --decode``'s
+    default through the site's job environment (``SCALELADDER_DECODE``)."""
+    loader = cfg.get("loader") or {}
+    if "workers" in loader:
+        cfg["workers"] = int(loader["workers"])
+    if loader.get("decode", "cpu") != "cpu":  # cpu is run's own default: nothing to export
+        cfg["site"].setdefault("env", {})
+        cfg["site"]["env"] = {**(cfg["site"]["env"] or {}), "SCALELADDER_DECODE": str(loader["decode"])}
 
 
 def shard_slices(cfg: Mapping[str, Any]) -> int:

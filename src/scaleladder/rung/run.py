@@ -99,8 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", default="100", help="first steps excluded from every figure (default 100)")
     p.add_argument("--data", default="synthetic", help="'synthetic' (batches made on the device), a shard manifest.json, or its directory")
     p.add_argument("--workers", default="4", help="data-loader workers per rank")
-    p.add_argument("--decode", default="cpu", help="--data rungs: 'cpu' (JPEG decode + transforms in the workers) or 'gpu' "
-                   "(workers pass encoded JPEGs; nvJPEG decode and transforms on the device; refused without a GPU)")
+    p.add_argument("--decode", default=os.environ.get("SCALELADDER_DECODE", "cpu"), help="--data rungs: 'cpu' (JPEG decode + transforms in the workers) or 'gpu' "
+                   "(workers pass encoded JPEGs; nvJPEG decode and transforms on the device; refused without a GPU); "
+                   "default: $SCALELADDER_DECODE (a site profile's loader.decode) or cpu")
     p.add_argument("--seed", default="0", help="integer >= 0: weights, synthetic batches, data order")
     p.add_argument("--lr", default="1e-4", help="AdamW learning rate")
     p.add_argument("--out", required=True, help="result .h5 (written atomically by rank 0)")
