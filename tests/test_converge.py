@@ -3,9 +3,9 @@ the real `scaleladder shard`, trained through the real loader until a held-out a
 a planted non-learner recorded as failing and shown; the figure and the report section.
 
 Budget (dev-cpu: 2-core AMD EPYC VM, no GPU, load average 1.7; `pytest -q tests/test_converge.py
---durations=10`): 75 s in all: export + two shard runs 6 s, the fp32 run 17 s, the planted run
-with its report 19 s, the 2-rank FSDP fp16 run 28 s (slow); three times that when the machine
-is busy. The whole precision x strategy
+--durations=10`): about 110 s in all: export + two shard runs 6 s, the fp32 run 17 s, the
+planted run with its report 19 s, the 2-rank FSDP fp16 run 28 s (slow), the workflow rule from
+nothing 33 s (slow); three times that when the machine is busy. The whole precision x strategy
 matrix is the workflow's (`converge.enabled`), measured in docs/metrics.md.
 """
 
@@ -198,3 +198,25 @@ def test_workflow_rungs_share_one_global_batch() -> None:
     assert cvr.data_path(cv, "test") == "/data/held-out/manifest.json"
     assert cvr.launcher_arg("single", "torchrun -m scaleladder") == ""
     assert cvr.launcher_arg("ddp", "torchrun -m scaleladder") == " --launcher 'torchrun -m scaleladder'"
+
+
+@pytest.mark.slow
+def test_workflow_rule_runs_and_shows_a_failing_rung(tmp_path: Path) -> None:
+    """The real rules on the local profile, from nothing: digits -> shard -> two convergence
+    rungs -> figure. The planted bf16-mixed non-learner fails as a RESULT: its job succeeds,
+    its record says did-not-converge, the figure job runs. Tiny budget: the rule is the test."""
+    from conftest import snakemake, workflow_copy
+
+    wf = workflow_copy(tmp_path / "wf")
+    cv = ('converge={"enabled": true, "strategies": ["single"], "precisions": ["fp32", "bf16-mixed"], '
+          '"steps": 50, "eval_every": 25, "target": 0.2}')
+    snakemake(wf, "--profile", "profiles/local", "--config", cv, "--", "results/plots/convergence.png",
+              SCALELADDER_INJECT_NONLEARNER="bf16-mixed", OMP_NUM_THREADS="1")
+    status = {}
+    for prec in ("fp32", "bf16-mixed"):
+        with h5py.File(wf / "results" / "converge" / "rungs" / "single" / prec / "s0.h5") as f:
+            status[prec] = (f.attrs["status"], f.attrs["spec"], f.attrs["test_samples"])
+    assert status == {"fp32": ("ok", "vit-debug/single/fp32/pre-lag/n1/b32", 360),
+                      "bf16-mixed": ("did-not-converge", "vit-debug/single/bf16-mixed/pre-lag/n1/b32", 360)}
+    assert (wf / "results" / "plots" / "convergence.png").stat().st_size > 0
+    assert "FAILING" in (wf / "results" / "logs" / "converge" / "plots.log").read_text()
