@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -132,21 +133,36 @@ def bench_checksums(shards: Path, repeats: int) -> None:
     print(f"  sha256 of every shard      : MB/s {_rates(times, mb)}")
 
 
-def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, workers: int, repeats: int, warmup: int = 3) -> None:
+def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, workers: int, repeats: int, warmup: int = 3,
+                 decode: str = "cpu") -> None:
+    """``decode="gpu"``: with a GPU, the workers' part and the device decode (synchronised per
+    batch); without one, the workers' part only (tar parsing, JPEG header, masks, text)."""
     flavor = get_flavor(flavor_name)
+    cuda = torch.cuda.is_available()
     with contextlib.redirect_stderr(io.StringIO()):  # the small-tokenizer note, once per configuration
         loader = make_loader(manifest, flavor, local_batch=batch, rank=0, world=1, steps=warmup + repeats * batches,
-                             workers=workers, seed=0, pin_memory=False)
+                             workers=workers, seed=0, pin_memory=cuda and decode == "gpu", decode=decode,
+                             decode_device=None if cuda or decode == "cpu" else torch.device("cpu"))
+    decoder = loader.decoder if cuda else None
+
+    def step(it: Any) -> None:
+        b = next(it)
+        if decoder is not None:
+            decoder(b)
+            torch.cuda.synchronize()
+
     it = iter(loader)
-    for _ in range(warmup):  # worker start-up, tokenizer load (checksums ran in make_loader)
-        next(it)
+    for _ in range(warmup):  # worker start-up, tokenizer load, nvJPEG init (checksums ran in make_loader)
+        step(it)
     times = []
     for _ in range(repeats):  # consecutive windows of one run
         t = time.perf_counter()
         for _ in range(batches):
-            next(it)
+            step(it)
         times.append(time.perf_counter() - t)
     label = f"{workers} worker(s)" if workers else "in main process"
+    if decode == "gpu":
+        label += ", GPU decode" if cuda else ", workers' part of GPU decode (no GPU here)"
     per = _rates(times, batches * batch / max(workers, 1))
     print(f"  {flavor_name:11s} {flavor.image_size} px, {label:16s}: samples/s {_rates(times, batches * batch)};  per worker {per}")
 
@@ -185,6 +201,8 @@ def main() -> int:
         for flavor in ("flava-350m", "vit-base"):
             for workers in args.workers:
                 bench_loader(manifest, flavor, args.batch, args.batches, workers, args.repeats)
+            for workers in args.workers[:2]:
+                bench_loader(manifest, flavor, args.batch, args.batches, workers, args.repeats, decode="gpu")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
