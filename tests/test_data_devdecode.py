@@ -120,3 +120,25 @@ def test_the_report_names_input_bound_rungs() -> None:
     assert "- vit-debug/ddp/fp32/pre-lag/n1/b8: waited 25.0% of its step time for batches (decode cpu, 2 worker(s) per rank, loader 410 samples/s per rank)" in md
     assert "n1/b4: waited" not in md and "Input-bound rungs" in render_html([fed, starved], {}, "plots", figures=[])
     assert "Input-bound" not in render_markdown([fed], {}, "plots", figures=[])
+
+
+def test_a_rung_on_shards_records_its_input_pipeline(shards: dict[int, Path], tmp_path: Path) -> None:
+    """The real `scaleladder run` (one CPU rank): the record says which decode path ran, the
+    loader's own rate and whether the steps waited for it; --decode gpu is refused here."""
+    import subprocess
+    import sys
+
+    import h5py
+
+    out = tmp_path / "r.h5"
+    run = [sys.executable, "-m", "scaleladder", "run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "4",
+           "--warmup", "1", "--data", str(shards[48]), "--workers", "0"]
+    p = subprocess.run([*run, "--out", str(out)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out) as f:
+        a = f.attrs
+        assert a["decode_path"] == "cpu" and a["loader_workers"] == 0 and a["loader_samples_per_s"] > 0
+        assert 0 <= a["loader_wait_fraction"] and bool(a["input_bound"]) == (a["loader_wait_fraction"] > 0.03)
+    if not torch.cuda.is_available():
+        p = subprocess.run([*run, "--decode", "gpu", "--out", str(tmp_path / "g.h5")], capture_output=True, text=True)
+        assert p.returncode == 2 and "--decode gpu needs a GPU" in p.stderr and not (tmp_path / "g.h5").exists()

@@ -81,6 +81,13 @@ def pil_weights(in_size: int, lo: float, hi: float, out_size: int, kind: str) ->
     return w
 
 
+@lru_cache(maxsize=8192)
+def _weights_on(device: torch.device, in_size: int, lo: float, hi: float, out_size: int, kind: str) -> Tensor:
+    # Kept on the device: crops repeat (the same draft sizes, the same boxes without
+    # augmentation), and a fresh host-to-device copy per image would sync the side stream.
+    return torch.from_numpy(pil_weights(in_size, lo, hi, out_size, kind)).to(device, torch.float32)
+
+
 def _round8(x: Tensor) -> Tensor:
     # Pillow: fixed-point sum + half, shifted (round half up), clipped to 0..255.
     return torch.floor(x + 0.5).clamp_(0, 255)
@@ -97,12 +104,10 @@ def resample(img: Tensor, box: tuple[int, int, int, int], size: int, kind: str) 
         return img[:, y0:y1, x0:x1]
 
     def horizontal(x: Tensor) -> Tensor:
-        wx = torch.from_numpy(pil_weights(w, float(x0), float(x1), size, kind)).to(img.device, torch.float32)
-        return _round8(x @ wx.T)  # (C, H, W) @ (W, size)
+        return _round8(x @ _weights_on(img.device, w, float(x0), float(x1), size, kind).T)  # (C, H, W) @ (W, size)
 
     def vertical(x: Tensor) -> Tensor:
-        wy = torch.from_numpy(pil_weights(h, float(y0), float(y1), size, kind)).to(img.device, torch.float32)
-        return _round8(wy @ x)  # (size, H) @ (C, H, W')
+        return _round8(_weights_on(img.device, h, float(y0), float(y1), size, kind) @ x)  # (size, H) @ (C, H, W')
 
     if not need_v:
         return horizontal(img)
