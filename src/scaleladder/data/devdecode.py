@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -153,6 +154,18 @@ class DeviceDecoder:
         self.family, self.size, self.codebook_size, self.device = family, size, codebook_size, device
         self.mean, self.std = (CLIP_MEAN, CLIP_STD) if family == "flava" else (IMAGENET_MEAN, IMAGENET_STD)
         self.eps = LOGIT_LAPLACE_EPS
+        self.cpu_fallbacks = 0  # images the device decoder refused, decoded on the CPU instead
+
+    def _one(self, data: Tensor, decode_jpeg: Any, mode: Any) -> Tensor:
+        try:
+            out: Tensor = decode_jpeg(data, mode=mode, device=self.device)
+            return out
+        except RuntimeError:
+            if self.device.type == "cpu":
+                raise  # the shard writer checked every JPEG: this one is damaged after writing
+            self.cpu_fallbacks += 1
+            cpu: Tensor = decode_jpeg(data, mode=mode)
+            return cpu.to(self.device)
 
     def __call__(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg  # type: ignore[import-untyped]
@@ -160,7 +173,13 @@ class DeviceDecoder:
         flat, offsets = batch.pop("jpeg"), batch.pop("jpeg_offsets").tolist()
         boxes, flips = batch.pop("box").tolist(), batch.pop("flip").tolist()
         data = [flat[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
-        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        try:
+            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            # One image the device decoder cannot take (nvJPEG and some progressive or
+            # unusual JPEGs: not verified here, no GPU) must not stop the run: decode one
+            # by one, and on the CPU where the device refuses, counted in ``cpu_fallbacks``.
+            images = [self._one(d, decode_jpeg, ImageReadMode.RGB) for d in data]
         main, codebook = [], []
         for img, box, flip in zip(images, boxes, flips):
             x = img.to(torch.float32)
