@@ -142,14 +142,19 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
         assert shell_of(out, rule, target) == f"{env}{sl} {verb} --launcher {launcher} {plan} --spec {spec} {args} > {log} 2>&1"
         res = resources_of(out, rule, target)
         assert res["nodes"] == "1" and res["gpu"] == "8" and res["slurm_extra"] == "--exclusive"
-    full = job_counts(dry_run(wf, "a100"))
+    whole = dry_run(wf, "a100")
+    full = job_counts(whole)
     # the seed's 6 FLAVA sizes x 3 strategies x {8, max}; beside it (issue 12) the same sizes under the
     # seed's reentrant AC and FSDP2 (3 strategies), and 4 ViT sizes x 8 FSDP1/FSDP2/compile rungs x {32, max}
     assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36 + 36 + 4 * 8 * 2
-    # A batch that fits at b8 fits in the search; the converse fails once: the planner puts
+    # A batch that fits at b8 may not fit... and still have a max-batch search: the planner puts
     # FLAVA-1.8B under DDP at a max batch of 4 on 8xA100-40GB (docs/planner.md), so its b8
     # is a predicted OOM while its search runs.
-    assert full["rung_max"] == full["rung"] + 1
+    assert "results/predicted/flava-1.8b/ddp/bf16-mixed/pre-lag/n1/b8.h5" in whole
+    assert "results/rungs/flava-1.8b/ddp/bf16-mixed/pre-lag/n1/bmax.h5" in whole
+    # ... and FLAVA-10B fits under the seed's reentrant AC, where our default AC does not.
+    assert "results/rungs/flava-10b/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b8.h5" in whole
+    assert "results/predicted/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5" in whole
 
 
 def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
@@ -168,7 +173,7 @@ def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
         "--launcher 'torchrun --standalone --nnodes 1 --nproc-per-node 2 -m scaleladder' --max-batch-cap 4 "
         "--spec flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax --steps 12")
     counts = job_counts(out)
-    assert counts["rung"] == 9 and counts["rung_max"] == 4 and counts["shard"] == 2  # 32 px (ViT) and 64 px (FLAVA)
+    assert counts["rung"] == 16 and counts["rung_max"] == 4 and counts["shard"] == 2  # 32 px (ViT) and 64 px (FLAVA)
     assert "slurm" not in out and "srun" not in out
 
 

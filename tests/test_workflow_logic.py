@@ -425,7 +425,7 @@ def test_validation_fills_the_schemas_defaults_once_everywhere() -> None:
                      "knobs": [DEFAULT_KNOBS], "nodes": [1]}
     assert second["precisions"] == ["bf16-mixed"]  # given values are kept
     assert c["site"] == dict(SITE, cpu_ranks=2, device="auto", plan_device="", image="", supervisor_can_launch=True,
-                             env={}, prologue="")
+                             env={}, prologue="", local_data=False)
     # a default object is filled in turn (data: {} -> its own defaults)
     assert c["data"] == {"source": "embedded", "samples": 256, "per_shard": 64, "seed": 0}
     assert (c["seed"], c["workers"], c["run_predicted_oom"], c["maxbatch"], c["select"]) == (0, 0, False, {}, {})
