@@ -472,8 +472,8 @@ PINNED: dict[str, dict[str, int]] = {
     "slurm-localhost": {"rung": 2, "rung_max": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 7},
     "frontier": {"rung": 238, "predicted_oom": 95, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1,
                  "total": 338},
-    "a100": {"rung": 60, "rung_max": 62, "predicted_oom": 14, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
-             "all": 1, "total": 141},
+    "a100": {"rung": 60, "rung_max": 50, "predicted_oom": 14, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
+             "all": 1, "total": 129},
 }
 SHARDS = {"local": 2, "slurm-localhost": 1, "frontier": 1, "a100": 1}  # 32+64 px (debug flavors); 224 px
 
