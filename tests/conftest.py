@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist registers it itself; without xdist (TEST_WORKERS=0, -p no:xdist) the mark is inert
+    config.addinivalue_line("markers", "xdist_group(name): tests an xdist worker runs together (loadgroup)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """How `make test` splits the suite over pytest-xdist workers (`--dist loadgroup`).
 

@@ -201,3 +201,22 @@ def test_provenance_reads_the_commit_baked_into_an_image(monkeypatch: pytest.Mon
         monkeypatch.delenv(var, raising=False)
     got = provenance.collect("dev")
     assert got["git_commit"] == "0123abc" and got["container_image"] == "scaleladder:cuda"
+
+
+def test_the_conda_env_installs_this_checkout_from_snakemakes_copy_of_it(tmp_path: Path) -> None:
+    """--software-deployment-method conda: Snakemake builds the env from a COPY of
+    workflow/envs/scaleladder.yaml under .snakemake/conda/, so its pip lines must not be
+    relative to the file. They name ${SCALELADDER_REPO}, which pip expands and
+    workflow/rules/common.smk sets. Checked the way conda would run them, from elsewhere
+    (no conda here: the pip step is the part that broke)."""
+    env = (REPO / "workflow/envs/scaleladder.yaml").read_text()
+    lines = [re.sub(r"\s+#.*$", "", m) for m in re.findall(r"^\s+- (-[ce] .*)$", env, re.M)]
+    assert lines and all("${SCALELADDER_REPO}" in ln and "../" not in ln for ln in lines)
+    (tmp_path / "req.txt").write_text("\n".join(lines) + "\n")
+    pip = [os.path.join(VENV_BIN, "python"), "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
+           "--no-build-isolation", "-r", "req.txt"]
+    ok = subprocess.run(pip, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "SCALELADDER_REPO": str(REPO)})
+    assert ok.returncode == 0 and "Would install scaleladder" in ok.stdout, ok.stderr[-2000:]
+    smk = (REPO / "workflow/rules/common.smk").read_text()
+    assert 'os.environ.setdefault("SCALELADDER_REPO"' in smk

@@ -159,6 +159,25 @@ def test_rerun_one_model_by_config_selection(done: Path) -> None:
     assert len(rungs) == 3
 
 
+def test_forcerun_names_each_rule_a_rung_can_be(wf: Path) -> None:
+    """docs/workflow.md: `--forcerun rung` reruns only the `rung` rule's jobs, never a `max`
+    rung (a `rung_max` job); rerunning a model's whole ladder takes `--forcerun rung rung_max`.
+    Shown on the local ladder (it has max rungs) with every output in place, as a dry run:
+    the outputs exist, so only the forced rules are planned."""
+    conf = ("--config", "data={source: synthetic}", "select={models: [flava-debug]}")
+    listing = snakemake(wf, *PROFILE, "--summary", *conf).stdout
+    for line in listing.splitlines()[1:]:
+        f = wf / line.split("\t")[0]
+        if line.startswith("results/"):
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+    assert "Nothing to be done" in snakemake(wf, *PROFILE, "-n", *conf).stdout
+    only_rung = jobs(snakemake(wf, *PROFILE, "-n", *conf, "--forcerun", "rung").stdout)
+    both = jobs(snakemake(wf, *PROFILE, "-n", *conf, "--forcerun", "rung", "rung_max").stdout)
+    assert only_rung["rung"] > 0 and "rung_max" not in only_rung
+    assert both["rung"] == only_rung["rung"] and both["rung_max"] > 0
+
+
 def test_aggregation_is_idempotent(done: Path) -> None:
     ladder = done / "results/ladder.h5"
 
