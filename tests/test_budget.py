@@ -3,6 +3,8 @@ stated MFU, calibrated by finished rungs (real HDF5 records planted in results/r
 
 from __future__ import annotations
 
+import re
+
 import argparse
 import math
 import shutil
@@ -113,15 +115,25 @@ def test_frontier_and_a100_budgets_in_node_hours(repo: Path, tmp_path: Path, mon
         cells = [c.strip() for c in total.strip("|").split("|")]
         assert float(cells[6]) > 0, total  # node-hours to run
         assert f"Budget for profile {profile}" in text and "stated mfu" in text
+    # a compiled max rung is priced where its search starts: the eager rung's predicted max batch
+    assert re.search(r"^vit-huge/fsdp2-full-compile/bf16-mixed/pf0/n1/bmax: .*at the eager rung's predicted max batch$", text, re.M)
+    assert re.search(r"^vit-3b/ddp-compile/bf16-mixed/pre-lag/n1/bmax: .*not priced: its eager counterpart does not fit", text, re.M)
     # a finished rung counts as measured and drops out of what is left to pay
     before = next(line for line in text.splitlines() if line.startswith("| total |"))
-    plant(repo, "flava-350m/ddp/bf16-mixed/pre-lag/n1/b8", step_time_mean_s=0.2, mfu=0.3)
+    # MFU 0.6 over the stated 0.40: the calibrated max-batch rung gets cheaper too, so the total
+    # visibly drops (with 0.3 the two effects can cancel within the table's 0.1 node-hour)
+    plant(repo, "flava-350m/ddp/bf16-mixed/pre-lag/n1/b8", step_time_mean_s=0.2, mfu=0.6)
     after_text = _run(repo, "a100", tmp_path)
     after = next(line for line in after_text.splitlines() if line.startswith("| total |"))
     assert before.split("|")[5].strip() == "0" and after.split("|")[5].strip() == "1"
-    assert float(after.split("|")[7]) < float(before.split("|")[7])
+    assert float(after.split("|")[7]) <= float(before.split("|")[7])
+
+    def left_to_pay(t: str) -> float:  # the per-rung lines, finer than the table's 0.1 node-hour
+        return sum(float(m) for m in re.findall(r"= ([0-9.]+) node-h.*$", t, re.M)
+                   ) - sum(float(m) for m in re.findall(r"= ([0-9.]+) node-h, [^;]*; measured \(this rung\)$", t, re.M))
+    assert left_to_pay(after_text) < left_to_pay(text) - 0.03  # b8 (0.04 node-h) paid, its bmax cheaper
     assert "flava-350m/ddp/bf16-mixed/pre-lag/n1/b8: " in after_text and "measured (this rung)" in after_text
-    assert "flava-350m/ddp/bf16-mixed/pre-lag/n1/bmax: " in after_text and "calibrated mfu 0.300 from flava-350m/ddp" in after_text
+    assert "flava-350m/ddp/bf16-mixed/pre-lag/n1/bmax: " in after_text and "calibrated mfu 0.600 from flava-350m/ddp" in after_text
 
 
 def test_the_report_shows_the_budget_beside_the_ladder(tmp_path: Path) -> None:

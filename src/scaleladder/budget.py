@@ -15,6 +15,7 @@ report as a section when it lies beside the ladder file (results/budget.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
     model = cost.Model(site["plan_device"], int(cfg["steps"]), b.get("mfu") or {},
                        float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)))
     measured = cost.read_measured([str(p) for p in (repo / "results" / "rungs").rglob("*.h5")])
-    from scaleladder.plan import predict
+    from scaleladder.campaign.maxbatch import planned_start
 
     seen: set[str] = set()
     blocks: list[tuple[str, list[cost.Estimate]]] = []
@@ -54,10 +55,17 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
             max_batch, why = None, ""
             if spec.batch == "max" and fits:
                 try:
-                    max_batch = predict(spec, world, rpn, site["plan_device"], data=swf.rung_data_path(spec, swf.data_source(cfg))).max_batch
-                except (SpecError, ValueError) as e:  # e.g. torch.compile, which the planner does not model
+                    # where the search starts: the planner's max batch; for a -compile rung, which the
+                    # planner does not model, its eager counterpart's (maxbatch.planned_start)
+                    max_batch = planned_start(spec, site["plan_device"], rpn, swf.rung_data_path(spec, swf.data_source(cfg)))[0]
+                except (SpecError, ValueError) as e:
                     why = f"not priced: no predicted max batch ({e})"
+                if max_batch is None and spec.strategy.compile and not why:
+                    why = ("not priced: its eager counterpart does not fit batch 1, and the planner does not model "
+                           "torch.compile (the rung runs; its search finds out)")
             est = cost.estimate(spec, world, fits, max_batch, model, measured)
+            if spec.batch == "max" and spec.strategy.compile and not est.measured and max_batch is not None:
+                est = dataclasses.replace(est, source=est.source + "; at the eager rung's predicted max batch")
             if why and not est.measured:
                 est = cost.Estimate(spec, world, spec.nodes, None, True, 0.0, 0.0, why, priced=False)
             ests.append(est)

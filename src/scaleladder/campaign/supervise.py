@@ -141,6 +141,9 @@ def launch_main(args: argparse.Namespace) -> int:
         # Under a launcher a world-size fault would surface once per rank, as a launcher
         # traceback; known here, it is one line and exit 2 before any rank starts.
         cfg.spec.strategy.check_world(cfg.spec.nodes * rpn)
+    if args.plan_only and cfg.spec.strategy.compile:
+        raise SpecError(f"{cfg.spec.path}: the planner does not model torch.compile, so --plan-only has no verdict to "
+                        "record; a compiled rung is always run (its OOM is its result)")
     if rpn is not None and args.plan_device and (args.plan_only or not args.run_predicted_oom):
         if record_predicted_oom(cfg, args.plan_device, rpn, "launch"):
             return 0

@@ -62,7 +62,7 @@ class LadderReport:
     compile_backend: str = ""  # the torch.compile backend that compiled them ("" when not compiled)
 
 
-def _checkpoint(model: TrainModule, reentrant: bool) -> int:
+def _checkpoint(model: TrainModule, reentrant: bool = False) -> int:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
