@@ -218,5 +218,14 @@ def test_the_conda_env_installs_this_checkout_from_snakemakes_copy_of_it(tmp_pat
     ok = subprocess.run(pip, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                         env={**os.environ, "SCALELADDER_REPO": str(REPO)})
     assert ok.returncode == 0 and "Would install scaleladder" in ok.stdout, ok.stderr[-2000:]
-    smk = (REPO / "workflow/rules/common.smk").read_text()
-    assert 'os.environ.setdefault("SCALELADDER_REPO"' in smk
+    assert "swf.export_repo(" in (REPO / "workflow/rules/common.smk").read_text()
+    import scaleladder.workflow as swf
+
+    saved = os.environ.pop("SCALELADDER_REPO", None)
+    try:
+        swf.export_repo(str(REPO / "workflow" / "rules" / ".." / ".."))
+        assert os.environ["SCALELADDER_REPO"] == str(REPO)
+    finally:
+        os.environ.pop("SCALELADDER_REPO", None)
+        if saved is not None:
+            os.environ["SCALELADDER_REPO"] = saved

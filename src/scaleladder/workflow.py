@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -351,6 +352,16 @@ def rung_inputs(spec: RunSpec, source: str) -> list[str]:
     """The rung rule's input: its shard manifest, or nothing for synthetic data."""
     path = rung_data_path(spec, source)
     return [] if path == "synthetic" else [path]
+
+
+def export_repo(root: str) -> None:
+    """Set ``SCALELADDER_REPO`` (unless set) to this checkout, for the conda env's pip lines.
+
+    workflow/envs/scaleladder.yaml installs ``-e ${SCALELADDER_REPO}[...]``, which pip expands
+    from the environment. TRAP: Snakemake builds an env from its own copy of the file under
+    .snakemake/conda/, so a path relative to the file (``../..``) points nowhere; conda runs
+    pip as Snakemake's child, so a variable set in Snakemake's process reaches it."""
+    os.environ.setdefault("SCALELADDER_REPO", os.path.normpath(root))
 
 
 def planned_not_to_fit(spec: RunSpec, cfg: Mapping[str, Any], ranks_per_node: int) -> bool:

@@ -17,11 +17,8 @@ import scaleladder.workflow as swf
 SCHEMA = os.path.normpath(os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
 
 # For --software-deployment-method conda: workflow/envs/scaleladder.yaml names this checkout
-# as ${SCALELADDER_REPO}, which pip expands from the environment when conda runs it. TRAP:
-# Snakemake builds the env from its own copy of the file under .snakemake/conda/, so a path
-# relative to the env file (../..) points nowhere. conda runs pip as Snakemake's child:
-# setting the variable here reaches it.
-os.environ.setdefault("SCALELADDER_REPO", os.path.normpath(os.path.join(workflow.current_basedir, "..", "..")))
+# as ${SCALELADDER_REPO} (swf.export_repo says why).
+swf.export_repo(os.path.join(workflow.current_basedir, "..", ".."))
 
 # Validates `config` once (filling the schema's defaults into it), expands the ladder and
 # asks the planner about every rung. A bad config fails here, before any job, naming the key.
