@@ -8,9 +8,11 @@ It drives the real command-line programs as subprocesses — ``scaleladder run``
 PER RUNG, so every rung starts with a clean allocator (a rung after an OOM in the same
 process would measure a fragmented or poisoned cache), and measures:
 
-* strategies: every strategy that runs on one rank (single, ddp, fsdp-full,
-  fsdp-grad-op, fsdp-no-shard, each with and without activation checkpointing) for
-  vit-base, vit-huge and flava-350m in bf16-mixed at a fixed batch;
+* strategies: every strategy that is distinct on one rank (single, ddp, fsdp-full,
+  fsdp2-full, each with and without activation checkpointing, and single-compile) for
+  vit-base, vit-huge and flava-350m in bf16-mixed at a fixed batch (fsdp-grad-op and
+  fsdp-no-shard are not run: FSDP1 at world size 1 runs them as NO_SHARD, like fsdp-full;
+  every row names the sharding that ran, read from the wrapped model);
 * harness/bare step time (bench_rung.py);
 * loader-fed against synthetic throughput for vit-base (shards written by ``shard``);
 * fp32 / tf32 / bf16-mixed / fp16-mixed for vit-base ``single``;
@@ -66,10 +68,17 @@ BENCH_RUNG = Path(__file__).resolve().parent / "bench_rung.py"
 
 ROLES = ("vit-base", "vit-huge", "flava-350m")  # the models the issue names; "role" = the GPU flavor a row stands for
 STRATEGIES = ("single", "single-ac", "ddp", "ddp-ac", "fsdp-full", "fsdp-full-ac",
-              "fsdp-grad-op", "fsdp-grad-op-ac", "fsdp-no-shard", "fsdp-no-shard-ac",
               # FSDP2 beside FSDP1, and one compiled rung (issue 12); the planner does not
               # model compile, so its planner row says so
               "fsdp2-full", "fsdp2-full-ac", "single-compile")
+# TRAP (torch FSDP1, _init_utils._init_core_state): at world size 1 FSDP1 replaces FULL_SHARD
+# and SHARD_GRAD_OP by NO_SHARD with a warning only, so on one GPU fsdp-grad-op* and
+# fsdp-no-shard* would measure fsdp-full*'s strategy again under other names (issue 22).
+# They are not run; fsdp-full* stands for all three, and every record says what ran
+# (`sharding_ran`, read from the wrapped model). Rows that still ran the same strategy are
+# marked (Check.same_as) and left out of the AC-cost and planner targets.
+ONE_RANK_SAME = {"fsdp-grad-op": "fsdp-full", "fsdp-grad-op-ac": "fsdp-full-ac",
+                 "fsdp-no-shard": "fsdp-full", "fsdp-no-shard-ac": "fsdp-full-ac"}
 MAXBATCH_STRATEGIES = ("ddp", "fsdp-full", "fsdp-full-ac")
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 SECTIONS = ("strategies", "harness", "loader", "precision", "maxbatch")  # measuring sections, in run order
@@ -484,6 +493,29 @@ class Check:
         status = "oom" if OOM_RE.search(tail) else "error"
         return Rung(section, role, spec, status, None, {}, f"exit {cmd.rc}: {cmd.last_line()} (see {cmd.log.name})", cmd.seconds)
 
+    def same_as(self, r: Rung) -> Rung | None:
+        """The earlier strategies row that ran the SAME strategy as ``r`` (None when ``r`` is the
+        first of its kind): same model, precision, knobs and batch, same AC and compile, and the
+        same ``sharding_ran`` read from the wrapped model. On one rank FSDP1's full, grad-op and
+        no-shard are all NO_SHARD (issue 22): such rows are marked, never shown as different
+        strategies, and left out of the AC-cost and planner targets."""
+        ran = r.attrs.get("sharding_ran")
+        if r.section != "strategies" or r.status != "ok" or not ran:
+            return None
+
+        def key(x: Rung) -> tuple[Any, ...]:
+            parts = x.spec.split("/")
+            strategy = parts[1]
+            return (x.role, parts[0], *parts[2:], str(x.attrs.get("sharding_ran")), strategy.endswith("-ac") or "-ac-" in strategy,
+                    "-compile" in strategy, str(x.attrs.get("wrapper", "")))
+
+        for other in self.rungs:
+            if other is r:
+                return None
+            if other.section == "strategies" and other.status == "ok" and other.attrs.get("sharding_ran") and key(other) == key(r):
+                return other
+        return None
+
     @staticmethod
     def describe(r: Rung) -> str:
         if r.status != "ok":
@@ -648,7 +680,9 @@ class Check:
             data = "synthetic" if str(r.attrs.get("data", "synthetic")) == "synthetic" else "loader"
             spec = with_batch(r.spec, batch)
             pred = self.predict(spec, data)
+            dup = self.same_as(r)
             row: dict[str, Any] = {"rung": r.spec, "section": r.section, "batch": batch, "data": data,
+                                   "same_as": dup.spec if dup else "",
                                    "measured_active_gib": r.mem("peak_active_gib"),
                                    "measured_reserved_gib": r.mem("peak_reserved_gib"),
                                    # absent in records of runners that predate it: missing, not a crash
@@ -780,7 +814,7 @@ class Check:
                          verdict(worst[0] <= TARGET_AC_COST)])
         else:
             rows.append(["AC throughput cost", f"<= {TARGET_AC_COST:.0%}", "n/a", verdict(None, "no AC pair ran")])
-        errs = [(abs(p["error"]), p["error"], p["rung"]) for p in self.planner if math.isfinite(p["error"])]
+        errs = [(abs(p["error"]), p["error"], p["rung"]) for p in self.planner if math.isfinite(p["error"]) and not p.get("same_as")]
         if errs:
             worst_p = max(errs)
             within = sum(e <= TARGET_PLANNER for e, _, _ in errs)
@@ -793,7 +827,8 @@ class Check:
 
     def ac_costs(self) -> dict[str, float]:
         """1 - throughput(X-ac) / throughput(X), for every pair that both ran ok."""
-        rows = {r.spec: r for r in self.rungs if r.section == "strategies" and r.status == "ok"}
+        # a row that ran the same strategy as an earlier one is not a pair of its own (issue 22)
+        rows = {r.spec: r for r in self.rungs if r.section == "strategies" and r.status == "ok" and self.same_as(r) is None}
         costs: dict[str, float] = {}
         for spec, r in rows.items():
             parts = spec.split("/")
@@ -875,20 +910,26 @@ class Check:
     def _md_strategies(self) -> list[str]:
         rows = [r for r in self.rungs if r.section == "strategies"]
         L = [f"## Strategies at a fixed batch ({PRECISION}, one rank)", "",
-             "At one rank FSDP (FSDP1) runs every sharding strategy as `NO_SHARD` (torch warns and switches): the "
-             "fsdp-* rows differ in wrapping and prefetching, not in what each rank holds. AC cost = 1 − throughput "
-             "with AC ÷ throughput without.", ""]
+             "At one rank FSDP1 runs every sharding strategy as `NO_SHARD` (torch warns and switches), so "
+             "`fsdp-grad-op*` and `fsdp-no-shard*` are not run: they would measure `fsdp-full*` again. FSDP2 keeps "
+             "its schedule but shards over one rank. 'ran as' is the sharding read from the wrapped model "
+             "(`sharding_ran`); a row that ran the same strategy as an earlier row says so and is left out of the "
+             "AC-cost and planner targets. AC cost = 1 − throughput with AC ÷ throughput without.", ""]
         if not rows:
             return L + ["Not run.", ""]
         costs = self.ac_costs()
         body = []
         for r in rows:
-            body.append([r.role, f"`{r.spec}`", *self._status_cells(r), fmt(r.num("items_per_s")),
+            dup = self.same_as(r)
+            ran = str(r.attrs.get("sharding_ran", "")) or "n/a"
+            if dup is not None:
+                ran += f" (same strategy as `{dup.spec.split('/')[1]}`)"
+            body.append([r.role, f"`{r.spec}`", *self._status_cells(r), ran, fmt(r.num("items_per_s")),
                          fmt(1e3 * r.num("step_time_mean_s"), 1), pct(r.num("mfu")), fmt(r.num("tflops_per_device"), 1),
                          gib(r.mem("peak_active_gib")), gib(r.mem("peak_reserved_gib")),
                          gib(r.mem("peak_device_used_gib")), pct(costs[r.spec]) if r.spec in costs else "",
                          f"`{r.file.name}`" if r.file else ""])
-        return L + table(["model", "rung", "status", "items/s", "step (ms)", "MFU", "TFLOP/s", "peak active (GiB)",
+        return L + table(["model", "rung", "status", "ran as", "items/s", "step (ms)", "MFU", "TFLOP/s", "peak active (GiB)",
                           "peak reserved (GiB)", "device used (GiB)", "AC cost", "file"], body) + [""]
 
     def _md_maxbatch(self) -> list[str]:
@@ -972,7 +1013,8 @@ class Check:
              "the device reports in use. error = predicted ÷ measured active − 1.", ""]
         if not self.planner:
             return L + ["No rung to compare.", ""]
-        body = [[f"`{p['rung']}`", p["section"], str(p["batch"]), p["data"], gib(p["predicted_gib"]),
+        body = [[f"`{p['rung']}`" + (f" (same strategy as `{p['same_as'].split('/')[1]}`)" if p.get("same_as") else ""),
+                 p["section"], str(p["batch"]), p["data"], gib(p["predicted_gib"]),
                  gib(p["measured_active_gib"]), f"{p['error']:+.1%}" if math.isfinite(p["error"]) else "n/a",
                  gib(p["measured_reserved_gib"]), gib(p["required_gib"]), gib(p["measured_device_used_gib"])]
                 for p in self.planner]

@@ -150,3 +150,30 @@ def test_bad_sections_is_one_line() -> None:
     with pytest.raises(SystemExit) as e:
         gc.parse_args(["--sections", "strategies,nope"])
     assert e.value.code == 2
+
+
+def test_same_strategy_rows_are_marked_not_shown_as_different_strategies(tmp_path: Path) -> None:
+    # issue 22: on one GPU FSDP1's full, grad-op and no-shard all run as NO_SHARD. The records say so
+    # (sharding_ran, read from the wrapped model); the report marks the later rows and keeps them out
+    # of the AC-cost and planner targets. The one-GPU selection does not run them at all.
+    assert not {s for _, s in gc.FULL.strategies} & set(gc.ONE_RANK_SAME)
+    c = _check(tmp_path)
+    made = []
+    for strategy, ips, ran in (("fsdp-full", 100.0, "fsdp1:NO_SHARD"), ("fsdp-full-ac", 80.0, "fsdp1:NO_SHARD"),
+                               ("fsdp-no-shard", 101.0, "fsdp1:NO_SHARD"), ("fsdp-no-shard-ac", 50.0, "fsdp1:NO_SHARD"),
+                               ("fsdp2-full", 90.0, "fsdp2:shard1:reshard"), ("ddp", 99.0, "ddp")):
+        spec = f"vit-base/{strategy}/bf16-mixed/{'pf0' if strategy.startswith('fsdp2') else 'pre-lag'}/n1/b128"
+        f = write_rung(tmp_path, spec, items_per_s=ips, batch="128", world_size=1, gpus_per_node=1, sharding_ran=ran)
+        made.append(c.judge("strategies", "vit-base", spec, gc.Command("x", ["x"], 0, 1.0, f), f))
+    c.rungs = made
+    assert [getattr(c.same_as(r), "spec", None) for r in made] == [
+        None, None, made[0].spec, made[1].spec, None, None]
+    assert set(c.ac_costs()) == {"vit-base/fsdp-full-ac/bf16-mixed/pre-lag/n1/b128"}  # no-shard-ac's 50% is not a pair
+    c.planner = [{"rung": r.spec, "section": "strategies", "batch": "128", "data": "synthetic", "same_as": getattr(c.same_as(r), "spec", ""),
+                  "measured_active_gib": 10.0, "measured_reserved_gib": 12.0, "measured_device_used_gib": math.nan,
+                  "predicted_gib": 10.0 * (2.0 if c.same_as(r) else 1.0), "required_gib": math.nan,
+                  "error": 1.0 if c.same_as(r) else 0.0} for r in made]
+    md = c.markdown("complete")
+    assert "| vit-base | `vit-base/fsdp-no-shard/bf16-mixed/pre-lag/n1/b128` | ok | fsdp1:NO_SHARD (same strategy as `fsdp-full`) |" in md
+    assert "| vit-base | `vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b128` | ok | fsdp1:NO_SHARD |" in md
+    assert "4 of 4 rungs within" in md  # the two same-strategy planner rows are not counted

@@ -333,3 +333,17 @@ def test_meta_init_rejects_a_codebook_file_that_does_not_fit(tmp_path: Path) -> 
     torch.save({"blocks.input.w": torch.zeros(1)}, bad)
     with pytest.raises(SpecError, match="bad.pt"):
         build_wrapped(_cfg(tmp_path, "fsdp-full", bad), "meta", CPU, policy("fp32"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("strategy,ran", [
+    # issue 22: FSDP1 on one rank replaces FULL_SHARD / SHARD_GRAD_OP by NO_SHARD (a warning only)
+    ("fsdp-full", "fsdp1:NO_SHARD"), ("fsdp-grad-op-ac", "fsdp1:NO_SHARD"), ("fsdp-no-shard", "fsdp1:NO_SHARD"),
+    # FSDP2 keeps its schedule on a one-rank mesh, sharded over 1 rank
+    ("fsdp2-full", "fsdp2:shard1:reshard"), ("fsdp2-grad-op", "fsdp2:shard1:keep"),
+    ("fsdp2-hybrid1", "fsdp2:shard1xreplicate1:reshard"),
+    ("single", "none"), ("ddp", "ddp"),
+])
+def test_the_record_says_what_sharding_ran_not_what_the_spec_asked(strategy: str, ran: str) -> None:
+    wrapped, _ = _ladder("vit-debug", strategy)
+    got = ladder.sharding_ran(wrapped)
+    assert got == {"sharding_ran": ran, "param_shard_fraction": 1.0}, got

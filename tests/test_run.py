@@ -316,6 +316,8 @@ def test_an_fsdp2_rung_records_its_units_and_knobs(tmp_path: Path) -> None:
         a = f.attrs
         assert a["status"] == "ok" and a["wrapper"] == "fsdp2" and a["knobs"] == "pf1" and a["knob_prefetch_layers"] == 1
         assert a["fsdp_layer_units"] == 2 and a["fsdp_units"] == 3  # each layer, and the root
+        # issue 22: read from the wrapped model; FSDP2 on one rank shards over 1 rank
+        assert a["sharding_ran"] == "fsdp2:shard1:reshard" and a["param_shard_fraction"] == 1.0
         assert a["compile"] == False and a["compile_backend"] == "" and "compile_s" not in a  # noqa: E712
     # --strategy without --knobs takes the generation's default
     out2 = tmp_path / "r2.h5"
@@ -324,6 +326,13 @@ def test_an_fsdp2_rung_records_its_units_and_knobs(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     with h5py.File(out2) as f:
         assert f.attrs["spec"] == "vit-debug/fsdp2-grad-op-ac/fp32/pf0/n1/b4" and f.attrs["ac_layers"] == 2
+        assert f.attrs["sharding_ran"] == "fsdp2:shard1:keep"
+    # FSDP1 at world size 1 is NO_SHARD whatever the spec asked (torch switches with a warning)
+    out3 = tmp_path / "r3.h5"
+    p = sl("run", "--spec", "vit-debug/fsdp-full/fp32/pre-lag/n1/b4", "--steps", "2", "--warmup", "1", "--out", str(out3))
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out3) as f:
+        assert f.attrs["sharding"] == "full" and f.attrs["sharding_ran"] == "fsdp1:NO_SHARD"
 
 
 def _compiled_record(out: Path, layers: int, units: int) -> None:

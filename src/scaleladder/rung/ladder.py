@@ -474,3 +474,62 @@ def apply_strategy(
 def _qualname(cls: type) -> str:
     # Two torchmultimodal classes are both called TransformerEncoderLayer: name the module.
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def sharding_ran(model: nn.Module) -> dict[str, Any]:
+    """What the data-parallel wrapper actually does on this rank, read from the WRAPPED
+    model, never from the spec (record attributes ``sharding_ran``, ``param_shard_fraction``).
+
+    TRAP (torch FSDP1, ``_init_utils._init_core_state``): at world size 1 FSDP1 silently
+    replaces FULL_SHARD and SHARD_GRAD_OP with NO_SHARD (a warning only), so one-GPU
+    ``fsdp-full``, ``fsdp-grad-op`` and ``fsdp-no-shard`` rungs run the same strategy; their
+    records say ``fsdp1:NO_SHARD``. FSDP2 (``fully_shard``) keeps its schedule on a one-rank
+    mesh (it still copies each unit into an unsharded buffer before use and, with
+    reshard-after-forward, frees it after forward) but shards over 1 rank: it holds the
+    whole model, ``param_shard_fraction`` 1.0.
+
+    * ``sharding_ran``: ``none`` (single), ``ddp``, ``fsdp1:<ShardingStrategy>`` (the
+      strategies of all units, ``+``-joined if they differ), or
+      ``fsdp2:shard<S>[xreplicate<R>]:<reshard|keep>`` (the block units' mesh and
+      reshard-after-forward; the root never reshards after forward and is not counted).
+    * ``param_shard_fraction``: parameter elements this rank holds ÷ the model's (padding
+      excluded); 1.0 where nothing is sharded.
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return {"sharding_ran": "ddp", "param_shard_fraction": 1.0}
+    fsdp1 = [m for m in model.modules() if isinstance(m, FSDP)]
+    if fsdp1:
+        names = sorted({m.sharding_strategy.name for m in fsdp1})
+        local = full = 0
+        for m in fsdp1:
+            handle = m._handle
+            if handle is None:  # a unit with no parameters of its own
+                continue
+            flat = handle.flat_param
+            full += flat._unpadded_unsharded_size.numel()
+            # the shard's padding is not model state; the unpadded count is what the rank owns
+            local += flat.numel() - int(getattr(flat, "_shard_numel_padded", 0))
+        return {"sharding_ran": "fsdp1:" + "+".join(names), "param_shard_fraction": local / full if full else 1.0}
+    fsdp2 = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if fsdp2:
+        kinds = set()
+        for m in fsdp2:
+            if m is model:
+                continue  # the root: FSDP2 never reshards it after forward
+            group = m._get_fsdp_state()._fsdp_param_group
+            if group is None:
+                continue
+            info = group.mesh_info
+            mesh = f"shard{info.shard_mesh_size}"
+            if hasattr(info, "replicate_mesh_size"):
+                mesh += f"xreplicate{info.replicate_mesh_size}"
+            kinds.add(f"{mesh}:{'reshard' if group.post_forward_mesh_info is not None else 'keep'}")
+        local = full = 0
+        for p in model.parameters():
+            full += p.numel()
+            local += p._local_tensor.numel() if hasattr(p, "_local_tensor") else p.numel()
+        return {"sharding_ran": "fsdp2:" + "+".join(sorted(kinds)), "param_shard_fraction": local / full if full else 1.0}
+    return {"sharding_ran": "none", "param_shard_fraction": 1.0}

@@ -326,6 +326,7 @@ def _codebook_state(model: Any, weights: str | None) -> dict[str, torch.Tensor] 
 
 def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dict[str, Any]) -> int:
     from scaleladder.rung import provenance
+    from scaleladder.rung.ladder import sharding_ran
     from scaleladder.rung.loop import train_loop
     from scaleladder.rung.devices import peak_flops
     from scaleladder.models.flavors import get_flavor
@@ -366,6 +367,9 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "fsdp_layer_units": report.fsdp_layer_units,
         "ac_layers": report.ac_layers,
         "compiled_layers": report.compiled_layers,
+        # what the wrapper actually did, read from the wrapped model (FSDP1 at world size 1
+        # is NO_SHARD whatever the spec says: rung.ladder.sharding_ran)
+        **sharding_ran(wrapped),
         "init": init,
         **data_attrs,
         **provenance.collect(where["device_name"]),
