@@ -123,7 +123,7 @@ def test_without_intervals_the_tolerance_decides_and_says_noise_unknown(tmp_path
     b = load(ladder(tmp_path / "a", write_rung(tmp_path / "a", SPEC, items_per_s=439.1)))  # 6 steps: no interval
     n = load(ladder(tmp_path / "b", write_rung(tmp_path / "b", SPEC, items_per_s=537.3)))
     (row,) = compare(b, n)
-    assert math.isnan(row.low) and row.verdict == "faster" and "noise unknown (no interval)" in row.notes
+    assert math.isnan(row.low) and row.verdict == "faster" and row.notes[0].startswith("judged on tolerance alone, noise unknown (no interval: 4 measured steps")
 
 
 def test_the_interval_of_the_change_combines_both_on_the_log_scale() -> None:
@@ -187,3 +187,34 @@ def test_an_upgrade_is_named_not_refused(tmp_path: Path, capsys: pytest.CaptureF
     new = ladder(tmp_path / "b", rung(tmp_path / "b", SPEC, 0.1, 0.02, 1, torch_version="2.14.1+cu128"))
     assert cli(["compare", base, new, "--figure", str(tmp_path / "c.png")]) == 0
     assert "  changed: torch_version: '2.5.1+cu124' -> '2.14.1+cu128'" in capsys.readouterr().out.splitlines()
+
+
+def test_compare_uses_the_stored_standard_errors_not_the_width_over_1_96() -> None:
+    # issue 22: three repeats each. Dividing each interval by 2×1.96 overstated the noise by
+    # t(2)/1.96 = 2.2×, and this 6% change read as "within noise"; the standard errors with
+    # Welch–Satterthwaite's 4 degrees of freedom see it.
+    from scaleladder.results.stats import between_runs, t_quantile
+
+    base = {"status": "ok", **between_runs([100.0, 102.0, 98.0])}
+    new = {"status": "ok", **between_runs([106.0, 108.0, 104.0])}
+    sb, sn = base["items_per_s_se"] / 100.0, new["items_per_s_se"] / 106.0
+    dof = (sb**2 + sn**2) ** 2 / (sb**4 / 2 + sn**4 / 2)
+    assert 3.9 < dof < 4.0  # rounded down to 3: the safe side
+    d, half = math.log(1.06), t_quantile(3) * math.hypot(sb, sn)
+    change, low, high = throughput_change(base, new)
+    assert change == pytest.approx(0.06) and low == pytest.approx(math.expm1(d - half)) and high == pytest.approx(math.expm1(d + half))
+    row = judge(SPEC, base, new, 0.05, 0.05)
+    assert row.verdict == "faster", row
+    # a record from before issue 22 (interval only) is read through the t its ci_method names
+    old = {k: v for k, v in base.items() if k not in ("items_per_s_se", "ci_dof")}
+    # (up to the log of a linear interval: within 1% here, where 1.96 would be 2.2× off)
+    assert throughput_change(old, new)[1] == pytest.approx(low, rel=0.01)
+
+
+def test_compare_says_plainly_when_it_judged_on_tolerance_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the default config's rungs: 6 steps, 2 of warm-up, under the 9 an interval needs
+    a = ladder(tmp_path / "a", write_rung(tmp_path / "a", SPEC, items_per_s=100.0))
+    b = ladder(tmp_path / "b", write_rung(tmp_path / "b", SPEC, items_per_s=101.0))
+    assert cli(["compare", a, b, "--figure", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 1 rung(s) have no 95% interval and were judged on the ±5% tolerance alone" in out

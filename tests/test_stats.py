@@ -144,3 +144,34 @@ def test_a_missing_repeat_is_named(tmp_path: Path) -> None:
 def test_scattered_repeats_bound_the_throughput_from_above_only() -> None:
     s = between_runs([162.3, 314.0, 465.0])  # three repeats of one rung on a loaded 2-core VM
     assert s["items_per_s_ci_low"] == 0.0 and s["items_per_s_ci_high"] > 465.0
+
+
+def test_t_quantiles_are_exact_not_the_normal_above_30() -> None:
+    # issue 22: 1.96 above 30 degrees of freedom made intervals ~4% too narrow at t(31)
+    from scaleladder.results.stats import t_quantile
+
+    published = {1: 12.7062, 2: 4.3027, 3: 3.1824, 9: 2.2622, 30: 2.0423, 31: 2.0395, 40: 2.0211, 60: 2.0003, 120: 1.9799}
+    for dof, t in published.items():
+        assert t975(dof) == pytest.approx(t, abs=1e-4), dof
+    assert t_quantile(10, 0.90) == pytest.approx(1.8125, abs=1e-4)
+    try:
+        from scipy import stats as sps  # not a dependency; where it is installed, hold the two together
+    except ImportError:
+        return
+    for dof in range(1, 301):
+        assert t975(dof) == pytest.approx(float(sps.t.ppf(0.975, dof)), rel=1e-10), dof
+
+
+def test_each_interval_stores_its_standard_error_and_degrees_of_freedom() -> None:
+    from scaleladder.results.stats import t_quantile
+
+    steps = np.r_[[1.0, 1.0], ar1(np.random.default_rng(3), 1, 36, phi=0.5)[0]]
+    a = within_run(steps, warmup=2, items_per_s=320.0)
+    mean, half, _, _ = batch_means(steps[2:])
+    assert a["ci_dof"] == 5  # 6 batches of 6
+    assert a["items_per_s_se"] == pytest.approx(320.0 * half / t_quantile(5) / mean)
+    short = within_run(np.full(6, 0.1), warmup=2, items_per_s=100.0)
+    assert short["ci_dof"] == 0 and math.isnan(short["items_per_s_se"])
+    s = between_runs([100.0, 102.0, 98.0])
+    assert s["ci_dof"] == 2 and s["items_per_s_se"] == pytest.approx(2.0 / math.sqrt(3))
+    assert s["items_per_s_ci_high"] - s["items_per_s"] == pytest.approx(t_quantile(2) * s["items_per_s_se"])

@@ -4,12 +4,19 @@ BASE and NEW are each a ladder file (``results/ladder.h5``) or a folder of rung 
 (``results/rungs``; aggregated on the fly, repeats included). For every rung in either:
 
 * throughput: the change NEW/BASE − 1, its 95% interval, and a verdict. The interval
-  combines both rungs' intervals (``items_per_s_ci_low/high``, results/stats.py) on the
-  log scale, ``exp(d ± 1.96·√(s_b² + s_n²)) − 1`` with ``s = ln(hi/lo) / 3.92``. A rung is
+  combines both rungs' standard errors on the log scale, ``exp(d ± t(ν)·√(s_b² + s_n²)) − 1``
+  with ``s = items_per_s_se / items_per_s`` and ``ν`` the Welch–Satterthwaite degrees of
+  freedom of the two rungs' ``ci_dof`` (results/stats.py stores both beside each interval).
+  TRAP: recovering ``s`` as ``ln(hi/lo) / 3.92`` overstates the noise by t/1.96 (2.2× at
+  3 repeats), since the intervals were built with t(b−1) or t(R−1); a record without
+  ``items_per_s_se`` (written before issue 22) is read through the t its ``ci_method``
+  names. A rung is
   **slower** (a regression) only when the whole interval is below 0 *and* the change is
   beyond ``--tolerance``; **faster** likewise; otherwise **same**, "within noise" (the
   interval holds 0) or "within tolerance". Where a rung has no interval (a window under
-  9 steps, say) the verdict rests on the tolerance alone and says "noise unknown".
+  9 steps, say: the default config's 6 steps with 2 of warm-up) the verdict rests on the
+  tolerance alone: the row says "judged on tolerance alone" with the record's reason,
+  and a closing line counts such rows.
 * peak memory (``peak_reserved_gib``) and max batch: a peak more than
   ``--memory-tolerance`` higher, or a smaller max batch, is a regression too.
 * **new** / **missing**: in one run only; **oom-changed**: fitted in one run and ran out
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -42,7 +50,7 @@ import yaml  # type: ignore[import-untyped]
 
 from scaleladder.errors import SpecError
 from scaleladder.results.aggregate import FORMAT, aggregate, read_ladder
-from scaleladder.results.stats import CONFIDENCE
+from scaleladder.results.stats import CONFIDENCE, t_quantile
 from scaleladder.results.store import atomic_path
 
 Rung = dict[str, Any]
@@ -123,25 +131,50 @@ def provenance_mismatch(spec: str, base: Rung, new: Rung) -> str:
     return ""
 
 
-def _log_se(r: Rung) -> float:
-    lo, hi, v = _num(r.get("items_per_s_ci_low")), _num(r.get("items_per_s_ci_high")), _num(r.get("items_per_s"))
+def _dof(r: Rung) -> float:
+    """The interval's degrees of freedom: ``ci_dof``, else the t its ``ci_method`` names
+    ("… t(3) …", records from before issue 22), else NaN (unknown: read as the normal)."""
+    dof = _num(r.get("ci_dof"))
+    if dof >= 1:
+        return dof
+    m = re.search(r"\bt\((\d+)\)", str(r.get("ci_method", "")))
+    return float(m.group(1)) if m and int(m.group(1)) >= 1 else math.nan
+
+
+def _log_se(r: Rung) -> tuple[float, float]:
+    """(standard error of ln items_per_s, its degrees of freedom); NaN where there is no interval."""
+    v, se, dof = _num(r.get("items_per_s")), _num(r.get("items_per_s_se")), _dof(r)
+    if v > 0 and math.isfinite(se) and se >= 0 and dof >= 1:
+        return se / v, dof
+    lo, hi = _num(r.get("items_per_s_ci_low")), _num(r.get("items_per_s_ci_high"))
     if math.isnan(lo) or math.isnan(hi) or v <= 0:
-        return math.nan
+        return math.nan, math.nan
     if lo <= 0:  # an interval reaching 0 bounds nothing on the log scale: the noise swamps the value
-        return math.inf
-    return (math.log(hi) - math.log(lo)) / (2 * Z)  # inf for an unbounded interval
+        return math.inf, dof
+    # An older record: only the interval. Undo ITS t (the normal's z only where it names none).
+    return (math.log(hi) - math.log(lo)) / (2 * (t_quantile(int(dof)) if dof >= 1 else Z)), dof
 
 
 def throughput_change(base: Rung, new: Rung) -> tuple[float, float, float]:
-    """NEW/BASE − 1 and its 95% interval (NaN where either rung has none)."""
+    """NEW/BASE − 1 and its 95% interval (NaN where either rung has none): the standard
+    errors of the two logs combined, with t at the Welch–Satterthwaite degrees of freedom."""
     b, n = _num(base.get("items_per_s")), _num(new.get("items_per_s"))
     if not (b > 0 and n > 0):
         return math.nan, math.nan, math.nan
     d = math.log(n / b)
-    se = math.hypot(_log_se(base), _log_se(new))
+    (sb, vb), (sn, vn) = _log_se(base), _log_se(new)
+    se = math.hypot(sb, sn)
     if math.isnan(se):
         return math.expm1(d), math.nan, math.nan
-    return math.expm1(d), math.expm1(d - Z * se), math.expm1(d + Z * se)
+    if not math.isfinite(se) or se == 0:
+        return math.expm1(d), math.expm1(d - se), math.expm1(d + se)  # unbounded, or exact
+    if math.isnan(vb) or math.isnan(vn):
+        t = Z  # an interval of unknown degrees of freedom: read as the normal's
+    else:
+        # Welch–Satterthwaite; rounded down, which widens the interval (the safe side)
+        dof = (sb**2 + sn**2) ** 2 / (sb**4 / vb + sn**4 / vn)
+        t = t_quantile(max(1, int(dof)))
+    return math.expm1(d), math.expm1(d - t * se), math.expm1(d + t * se)
 
 
 def judge(spec: str, base: Rung | None, new: Rung | None, tolerance: float, memory_tolerance: float) -> Row:
@@ -162,7 +195,8 @@ def judge(spec: str, base: Rung | None, new: Rung | None, tolerance: float, memo
     if math.isnan(row.change):
         row.notes.append("no throughput in one of them")
     elif math.isnan(row.low):
-        row.notes.append("noise unknown (no interval)")
+        why = "; ".join(dict.fromkeys(n for r in (base, new) if (n := str(r.get("ci_note", "") or ""))))
+        row.notes.append("judged on tolerance alone, noise unknown (no interval" + (f": {why})" if why else ")"))
         if abs(row.change) > tolerance:
             row.verdict = "faster" if row.change > 0 else "slower"
         else:
@@ -324,6 +358,11 @@ def main(args: argparse.Namespace) -> int:
         for line in what_changed(base, new) or ["no software change recorded (torch, CUDA/HIP, python, image, commit)"]:
             print(f"  changed: {line}")
         print(table(rows))
+        blind = [r for r in rows if any(n.startswith("judged on tolerance alone") for n in r.notes)]
+        if blind:
+            print(f"scaleladder compare: {len(blind)} of {len(rows)} rung(s) have no {CONFIDENCE:.0%} interval and were judged "
+                  f"on the ±{args.tolerance:.0%} tolerance alone (an interval needs at least 9 measured steps: "
+                  "raise steps - warmup, or run repeats)")
         figure(rows, args.figure, args.tolerance, f"{args.runs[0]} → {args.runs[1]}")
         print(f"scaleladder compare: figure -> {args.figure}")
     if args.reference:
