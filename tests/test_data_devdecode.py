@@ -142,3 +142,81 @@ def test_a_rung_on_shards_records_its_input_pipeline(shards: dict[int, Path], tm
     if not torch.cuda.is_available():
         p = subprocess.run([*run, "--decode", "gpu", "--out", str(tmp_path / "g.h5")], capture_output=True, text=True)
         assert p.returncode == 2 and "--decode gpu needs a GPU" in p.stderr and not (tmp_path / "g.h5").exists()
+
+
+# -- issue 22: what actually decoded, a missing device decoder, and the stream order ------------------
+
+
+def _jpegs(n: int) -> list[torch.Tensor]:
+    return [torch.frombuffer(bytearray(synthetic.make_sample(1, i, 16).jpeg), dtype=torch.uint8) for i in range(n)]
+
+
+class _FakeStream:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def synchronize(self) -> None:
+        self.log.append("sync")
+
+
+def test_the_side_stream_is_synchronised_before_the_device_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchvision allocates decode_jpeg's output on the current stream but writes it on its own:
+    # the current stream's queued kernels must be done before the decode call (devdecode._settle).
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_jpeg as host_decode
+
+    from scaleladder.data.devdecode import DeviceDecoder
+
+    log: list[str] = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream(log))
+
+    def fake_decode(data, mode, device=None):  # type: ignore[no-untyped-def]
+        log.append(f"decode on {device}")
+        return [host_decode(d, mode=mode) for d in data]
+
+    dec = DeviceDecoder("vit", 16, 16, torch.device("cuda", 0))
+    images = dec._decode_images(_jpegs(3), fake_decode, ImageReadMode.RGB)
+    assert log == ["sync", "decode on cuda:0"] and len(images) == 3
+    assert dec.record_attrs() == {"decode_images": 3, "decode_cpu_fallbacks": 0, "decode_cpu_fallback_fraction": 0.0}
+
+
+def test_host_fallbacks_are_counted_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A device decoder that refuses every image (a torchvision without nvJPEG): each is decoded on
+    # the host, and the record says so instead of "gpu".
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_jpeg as host_decode
+
+    from scaleladder.data.devdecode import DeviceDecoder
+    from scaleladder.rung.feed import DeviceFeed
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream([]))
+
+    def refuses(data, mode, device=None):  # type: ignore[no-untyped-def]
+        if device is not None:
+            raise RuntimeError("torchvision.io.decode_jpeg: not compiled with nvJPEG")
+        return host_decode(data, mode=mode)
+
+    dec = DeviceDecoder("vit", 16, 16, torch.device("cuda", 0))
+    assert len(dec._decode_images(_jpegs(4), refuses, ImageReadMode.RGB)) == 4
+    feed = DeviceFeed([], torch.device("cpu"), torch.float32, 2, decoder=dec)  # the feed puts it in the record
+    a = feed.record_attrs(np.full(1, 0.1), 1)
+    assert a["decode_images"] == 4 and a["decode_cpu_fallbacks"] == 4 and a["decode_cpu_fallback_fraction"] == 1.0
+    assert a["decode_path"].startswith("host fallback")
+
+
+def test_a_missing_device_decoder_fails_the_rung_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchvision.io
+
+    from scaleladder.data.devdecode import check_decode
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def no_nvjpeg(data, mode=None, device=None):  # type: ignore[no-untyped-def]
+        raise RuntimeError("Not compiled with GPU support\n(more lines of C++ context)")
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", no_nvjpeg)
+    with pytest.raises(SpecError) as e:
+        check_decode("gpu", None)
+    msg = str(e.value)
+    assert "\n" not in msg and "cannot decode JPEG on cuda:0 (Not compiled with GPU support)" in msg and "--decode cpu" in msg

@@ -131,8 +131,47 @@ def _normalise(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...], scale
     return x * mul + add
 
 
+# A small baseline JPEG (64x64 grey, 4:2:0): the probe of the device decoder. Not smaller:
+# rocJPEG's hardware backend (torchvision's ROCm path, vision PR #9342) rejects images under
+# 64x64 and torchvision then decodes them on the host itself, which would hide a missing decoder.
+_PROBE_JPEG: bytes | None = None
+
+
+def _probe_jpeg() -> bytes:
+    global _PROBE_JPEG
+    if _PROBE_JPEG is None:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 64), (128, 128, 128)).save(buf, format="JPEG")
+        _PROBE_JPEG = buf.getvalue()
+    return _PROBE_JPEG
+
+
+def probe_device_decoder(device: torch.device) -> None:
+    """Refuse, in one line, a device with no JPEG decoder at all.
+
+    TRAP: a torchvision built without nvJPEG (ROCm's wheels; some source builds) raises on
+    EVERY device decode. DeviceDecoder would then fall back per image, on the host, inside
+    the training process, and the rung would measure that under the name "gpu". One decode
+    of a tiny JPEG before the run tells the two apart."""
+    import torchvision  # type: ignore[import-untyped]
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    data = torch.frombuffer(bytearray(_probe_jpeg()), dtype=torch.uint8)
+    try:
+        decode_jpeg([data], mode=ImageReadMode.RGB, device=device)
+    except (RuntimeError, NotImplementedError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise SpecError(f"--decode gpu: torchvision {torchvision.__version__} cannot decode JPEG on {device} ({first}); "
+                        "its build has no device JPEG decoder (nvJPEG; ROCm builds have none): use --decode cpu") from None
+
+
 def check_decode(decode: str, device: torch.device | None) -> torch.device:
-    """The device that decodes for ``decode``; refuses "gpu" with one line where there is none."""
+    """The device that decodes for ``decode``; refuses "gpu" with one line where there is none,
+    or where its torchvision cannot decode JPEG on it (:func:`probe_device_decoder`)."""
     if decode not in DECODE_PATHS:
         raise SpecError(f"decode {decode!r}: expected one of {', '.join(DECODE_PATHS)}")
     if device is not None:
@@ -141,7 +180,9 @@ def check_decode(decode: str, device: torch.device | None) -> torch.device:
         if not torch.cuda.is_available():
             raise SpecError("--decode gpu needs a GPU (nvJPEG through torchvision.io.decode_jpeg); this machine has "
                             "none: use --decode cpu")
-        return torch.device("cuda", torch.cuda.current_device())
+        on = torch.device("cuda", torch.cuda.current_device())
+        probe_device_decoder(on)
+        return on
     return torch.device("cpu")
 
 
@@ -154,7 +195,54 @@ class DeviceDecoder:
         self.family, self.size, self.codebook_size, self.device = family, size, codebook_size, device
         self.mean, self.std = (CLIP_MEAN, CLIP_STD) if family == "flava" else (IMAGENET_MEAN, IMAGENET_STD)
         self.eps = LOGIT_LAPLACE_EPS
-        self.cpu_fallbacks = 0  # images the device decoder refused, decoded on the CPU instead
+        self.images = 0  # images decoded, warm-up included
+        self.cpu_fallbacks = 0  # of them, those the device decoder refused, decoded on the host instead
+
+    def record_attrs(self) -> dict[str, Any]:
+        """What actually decoded, for the rung's record: ``decode_images``,
+        ``decode_cpu_fallbacks`` and ``decode_cpu_fallback_fraction`` (warm-up included), and
+        ``decode_path`` corrected when images fell back to the host: every one
+        (``host fallback …``: the rung measured host decode, one image at a time, in the
+        training process) or some (the share is appended)."""
+        n, k = self.images, self.cpu_fallbacks
+        attrs: dict[str, Any] = {"decode_images": n, "decode_cpu_fallbacks": k,
+                                 "decode_cpu_fallback_fraction": k / n if n else float("nan")}
+        if n and k == n:
+            attrs["decode_path"] = f"host fallback (the {self.device.type} decoder refused every image)"
+        elif k:
+            attrs["decode_path"] = f"gpu ({self.device.type} decode; {k} of {n} images fell back to the host)"
+        return attrs
+
+    def _settle(self) -> None:
+        """Wait for the work already queued on the current (side) stream, before a device decode.
+
+        TRAP (torchvision ``csrc/io/image/cuda/decode_jpegs_cuda.cpp``): decode_jpeg allocates
+        its output on the CURRENT stream but writes it on torchvision's OWN stream, and before
+        decoding it synchronises only its own stream. The caching allocator hands out a block
+        freed on the current stream as soon as the host frees it, trusting stream order; so a
+        block freed by the previous batch's resize kernels, still queued on the side stream,
+        could be handed to the decoder and overwritten before those kernels ran. Synchronising
+        the current stream first makes every freed block truly free: the decode can no longer
+        overtake them, whatever torchvision's stream does. (It costs a host wait for the side
+        stream only, which runs one step ahead of the compute stream.)"""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _decode_images(self, data: list[Tensor], decode_jpeg: Any, mode: Any) -> list[Tensor]:
+        """The batch's images, on the device where it decoded them, on the host where it refused."""
+        self.images += len(data)
+        self._settle()
+        try:
+            images: list[Tensor] = decode_jpeg(data, mode=mode, device=self.device)
+            return images
+        except RuntimeError:
+            # One image the device decoder cannot take (nvJPEG and some progressive or
+            # unusual JPEGs: not verified here, no GPU) must not stop the run: decode one
+            # by one, and on the CPU where the device refuses, counted in ``cpu_fallbacks``
+            # and recorded (record_attrs). A decoder that refuses everything is caught
+            # before the run (probe_device_decoder).
+            self._settle()  # the failed call may have freed what it allocated
+            return [self._one(d, decode_jpeg, mode) for d in data]
 
     def _one(self, data: Tensor, decode_jpeg: Any, mode: Any) -> Tensor:
         try:
@@ -165,7 +253,7 @@ class DeviceDecoder:
                 raise  # the shard writer checked every JPEG: this one is damaged after writing
             self.cpu_fallbacks += 1
             cpu: Tensor = decode_jpeg(data, mode=mode)
-            return cpu.to(self.device)
+            return cpu  # moved to the device with its dtype conversion, in __call__
 
     def __call__(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg  # type: ignore[import-untyped]
@@ -173,16 +261,10 @@ class DeviceDecoder:
         flat, offsets = batch.pop("jpeg"), batch.pop("jpeg_offsets").tolist()
         boxes, flips = batch.pop("box").tolist(), batch.pop("flip").tolist()
         data = [flat[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
-        try:
-            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
-        except RuntimeError:
-            # One image the device decoder cannot take (nvJPEG and some progressive or
-            # unusual JPEGs: not verified here, no GPU) must not stop the run: decode one
-            # by one, and on the CPU where the device refuses, counted in ``cpu_fallbacks``.
-            images = [self._one(d, decode_jpeg, ImageReadMode.RGB) for d in data]
+        images = self._decode_images(data, decode_jpeg, ImageReadMode.RGB)
         main, codebook = [], []
         for img, box, flip in zip(images, boxes, flips):
-            x = img.to(torch.float32)
+            x = img.to(self.device, torch.float32)  # a host fallback's copy; a no-op for a device image
             main.append(resample(x, box, self.size, "bicubic"))
             if self.family == "flava":
                 codebook.append(resample(x, box, self.codebook_size, "lanczos"))

@@ -78,6 +78,9 @@ class DeviceFeed:
         rate = getattr(self.batches, "samples_per_s", None)
         if rate is not None:
             attrs["loader_samples_per_s"] = float(rate)
+        if self.decoder is not None and hasattr(self.decoder, "record_attrs"):
+            # what actually decoded: host fallbacks counted, decode_path corrected (data/devdecode.py)
+            attrs.update(self.decoder.record_attrs())
         return attrs
 
     def __len__(self) -> int:
