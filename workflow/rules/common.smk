@@ -22,8 +22,10 @@ swf.export_repo(os.path.join(workflow.current_basedir, "..", ".."))
 
 # Validates `config` once (filling the schema's defaults into it), expands the ladder and
 # asks the planner about every rung. A bad config fails here, before any job, naming the key.
+# The --config overrides go in too: a data value given there must also survive Snakemake's
+# re-quoting of --config into cluster jobs (swf.check_data_values says why).
 try:
-    LADDER = swf.prepare(config, SCHEMA)
+    LADDER = swf.prepare(config, SCHEMA, cli_config=workflow.config_settings.config)
 except swf.ConfigError as e:
     raise WorkflowError(str(e)) from None
 

@@ -38,7 +38,7 @@ rule digits:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.scaleladder} digits --out {params.outdir} --overwrite > {log} 2>&1"
+        "{params.env}{params.scaleladder} digits --out {params.outdir:q} --overwrite > {log:q} 2>&1"
 
 
 rule digits_shard:
@@ -58,8 +58,8 @@ rule digits_shard:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.scaleladder} shard --images {params.images} --out {params.outdir} --per-shard 128 "
-        "--seed 0 --overwrite --quiet > {log} 2>&1"
+        "{params.env}{params.scaleladder} shard --images {params.images:q} --out {params.outdir:q} --per-shard 128 "
+        "--seed 0 --overwrite --quiet > {log:q} 2>&1"
 
 
 rule converge_rung:
@@ -86,9 +86,9 @@ rule converge_rung:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.scaleladder} converge --spec {params.spec} --steps {params.cv[steps]} --warmup 0 "
+        "{params.env}{params.scaleladder} converge --spec {params.spec:q} --steps {params.cv[steps]} --warmup 0 "
         "--lr {params.cv[lr]} --seed {wildcards.cseed} --target {params.cv[target]} --eval-every {params.cv[eval_every]} "
-        "--data {input.train:q} --test-data {input.test:q} --workers 0{params.device}{params.launcher} --out {output:q} > {log} 2>&1"
+        "--data {input.train:q} --test-data {input.test:q} --workers 0{params.device}{params.launcher} --out {output:q} > {log:q} 2>&1"
 
 
 rule converge_plots:
@@ -106,4 +106,4 @@ rule converge_plots:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.scaleladder} converge-plots --out-dir {params.outdir} {input:q} > {log} 2>&1"
+        "{params.env}{params.scaleladder} converge-plots --out-dir {params.outdir:q} {input:q} > {log:q} 2>&1"

@@ -30,9 +30,9 @@ if SHARD_SLICES == 1:
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "{params.env}{params.scaleladder} shard --out {params.outdir} --samples {params.samples} "
+            "{params.env}{params.scaleladder} shard --out {params.outdir:q} --samples {params.samples} "
             "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --overwrite --quiet {params.sources}"
-            " > {log} 2>&1"
+            " > {log:q} 2>&1"
 
 else:
 
@@ -57,9 +57,9 @@ else:
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "{params.env}{params.scaleladder} shard --parts {params.parts} --slice {params.slice} --samples {params.samples} "
+            "{params.env}{params.scaleladder} shard --parts {params.parts:q} --slice {params.slice} --samples {params.samples} "
             "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --quiet {params.sources}"
-            " > {log} 2>&1"
+            " > {log:q} 2>&1"
 
     rule shard:
         input:
@@ -81,9 +81,9 @@ else:
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "{params.env}{params.scaleladder} shard --parts {params.parts} --gather {params.slices} --out {params.outdir} "
+            "{params.env}{params.scaleladder} shard --parts {params.parts:q} --gather {params.slices} --out {params.outdir:q} "
             "--samples {params.samples} --per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} "
-            "--overwrite --quiet {params.sources} > {log} 2>&1"
+            "--overwrite --quiet {params.sources} > {log:q} 2>&1"
 
 
 # A site whose partition allocates whole nodes (site.local_data: true, Frontier's batch) writes

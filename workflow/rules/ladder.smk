@@ -51,8 +51,8 @@ if SITE["supervise"] == "launch":
             "../envs/scaleladder.yaml"
         shell:
             "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.ranks}{params.device} "
-            "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
-            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
+            "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
+            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
 
 else:
 
@@ -90,11 +90,11 @@ else:
             "../envs/scaleladder.yaml"
         shell:
             "rm -f {output:q}.oom-rank*.json; {params.env}{params.prologue}{params.launcher} run{params.device} "
-            "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
-            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1 && rc=0 || rc=$?; "
+            "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
+            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1 && rc=0 || rc=$?; "
             "{params.scaleladder} finalize --rc $rc{params.device} "
-            "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
-            "--workers {params.workers} --seed {params.seed} --out {output:q} >> {log} 2>&1"
+            "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
+            "--workers {params.workers} --seed {params.seed} --out {output:q} >> {log:q} 2>&1"
 
 
 # The max-batch search probes several batches, each a full launch, so `scaleladder
@@ -129,8 +129,8 @@ rule rung_max:
         "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan}{params.cap}{params.device} "
-        "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
-        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
+        "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
+        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
 
 
 # A rung the memory planner predicts cannot fit (scaleladder.workflow decides while
@@ -163,5 +163,5 @@ rule predicted_oom:
         "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} launch --plan-only{params.plan} "
-        "--spec {params.spec} --steps {params.steps} --warmup {params.warmup} --data {params.data} "
-        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log} 2>&1"
+        "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
+        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"

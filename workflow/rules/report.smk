@@ -25,7 +25,7 @@ rule aggregate:
         "../envs/scaleladder.yaml"
     shell:
         "{params.env}{params.scaleladder} aggregate --out {output:q} --provenance {params.provenance:q} "
-        "{input:q} > {log} 2>&1"
+        "{input:q} > {log:q} 2>&1"
 
 
 rule plots:
@@ -51,7 +51,7 @@ rule plots:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.scaleladder} plots --ladder {input:q} --out-dir {params.outdir} > {log} 2>&1"
+        "{params.env}{params.scaleladder} plots --ladder {input:q} --out-dir {params.outdir:q} > {log:q} 2>&1"
 
 
 rule plan_plots:
@@ -75,7 +75,7 @@ rule plan_plots:
         "({params.env}{params.scaleladder} plan --fits-chart {output.fits:q} {params.chart} && "
         "{params.scaleladder} plan --fits-chart {output.fits_pdf:q} {params.chart} && "
         "{params.scaleladder} plan --vs-measured {output.vs:q} --device {params.device} --ladder {input:q} && "
-        "{params.scaleladder} plan --vs-measured {output.vs_pdf:q} --device {params.device} --ladder {input:q}) > {log} 2>&1"
+        "{params.scaleladder} plan --vs-measured {output.vs_pdf:q} --device {params.device} --ladder {input:q}) > {log:q} 2>&1"
 
 
 rule report:
@@ -97,5 +97,5 @@ rule report:
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.scaleladder} report --ladder {input.ladder:q} --plots {params.plotdir} "
-        "--html {output.html:q} --md {output.md:q}{params.converge} > {log} 2>&1"
+        "{params.env}{params.scaleladder} report --ladder {input.ladder:q} --plots {params.plotdir:q} "
+        "--html {output.html:q} --md {output.md:q}{params.converge} > {log:q} 2>&1"
