@@ -159,6 +159,8 @@ def test_libcxi_dependencies_must_resolve_inside_the_image(login: Path, monkeypa
     ({"FAKE_TORCH": "2.14.1 13.0 None"}, "is a CUDA 13.0 build but the launcher runs apptainer --rocm"),
     ({"FAKE_TORCH": "2.14.1+cpu None None"}, "is a CPU-only build"),
     ({"SCALELADDER_RCCL_NET_PLUGIN": "/sw/nowhere/librccl-net.so"}, "bind source /sw/nowhere does not exist"),
+    # issue 26: apptainer splits --bind at ',' and ':' after the shell expanded it
+    ({"SCALELADDER_RCCL_NET_PLUGIN": "/sw/a,b/librccl-net.so"}, "which holds ',' or ':' where apptainer's --bind splits"),
     ({"FAKE_FS_TYPE": "ext2/ext3"}, "results/: on ext2/ext3"),
 ])
 def test_environment_faults(login: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str) -> None:
