@@ -11,7 +11,8 @@ adds, moment by moment:
 forward   activations saved / held by each call; FSDP's all-gathered (unsharded)
           units — the root for the whole step, a layer unit while it runs (at most
           two in flight with ``limit_all_gathers``), every unit until its backward
-          under SHARD_GRAD_OP; autocast's cached bf16 weight copies (single/DDP).
+          under SHARD_GRAD_OP; autocast's cached bf16 weight copies (single/DDP;
+          with AC freed when autocast exits, then one layer's again per recompute).
 backward  calls in autograd's order, freeing their saved tensors; a unit's gradient
           appears at its FIRST backward touch and, under FSDP, the unit stays
           all-gathered (with an unsharded gradient) until its LAST touch, when it is
@@ -335,8 +336,20 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
     layer_copy = st.unit_full["layer"] * pd if gathered else 0.0
     root_copy = st.unit_full["root"] * pd if gathered else 0.0
     # Autocast's weight cache (single/DDP under bf16/fp16-mixed): a copy per trainable Linear/Conv.
+    # (FSDP1/FSDP2 gather bf16 parameters, MixedPrecision's param_dtype: autocast casts nothing.)
     cast_layer = 2 * inv.layer.cast_numel if (mixed and not fsdp) else 0.0
     cast_root = 2 * inv.root.cast_numel if (mixed and not fsdp) else 0.0
+    # TRAP (issue 22): a CHECKPOINTED layer saves none of its forward's tensors, its bf16 weight
+    # copies included, so they live only in autocast's cache, which is cleared when the step's
+    # autocast context exits: after the loss, BEFORE backward(). They are not held until the
+    # layer's backward, as without AC. In backward each layer's recompute enters autocast again
+    # (checkpoint restores it; cleared at its exit) and casts again: one layer's copies at a
+    # time, saved by the recomputed matmuls until that layer's backward is done. The same for
+    # non-reentrant and reentrant checkpointing (neither saves anything in forward). Measured
+    # against torch's MemTracker on fake tensors, holding them overstated
+    # flava-350m/single-ac/bf16-mixed b8 by 10.1% and vit-base/single-ac/bf16-mixed b32 by 5.4%.
+    recast = bool(cast_layer) and st.strategy.ac
+    cached = 0.0  # the layers' copies in autocast's cache during forward
     if f2:
         # FSDP2: foreach_all_gather gathers into ONE flat output, copied out into per-parameter
         # unsharded tensors. In forward, FSDP2 keeps that flat output (all_gather_state) until
@@ -376,6 +389,7 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
                 if keep_after_fwd:
                     tl.add("buffers", layer_copy)
                 tl.add("buffers", cast_layer)
+                cached += cast_layer
             if c.is_layer and gathered and not keep_after_fwd:
                 extra = inflight_fwd * layer_copy
             elif c.is_layer and keep_after_fwd:
@@ -387,6 +401,8 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
             held += B * c.held
     tl.point("forward:end")
     tl.add("activations", -held)
+    if recast:
+        tl.add("buffers", -cached)  # autocast exits before backward(): its cache is cleared
 
     # -- backward -------------------------------------------------------------------------
     order = st.backward
@@ -455,7 +471,7 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
                 reduced.add(unit)
             if unit is not None and gathered:
                 tl.add("buffers", -layer_copy)
-        elif unit is not None:
+        elif unit is not None and not recast:
             tl.add("buffers", -cast_layer)
 
     # FSDP2: a unit's post-backward hook is registered per forward CALL (on its inputs), so
@@ -474,7 +490,10 @@ def _simulate(st: _Setup, batch: int) -> _Timeline:
             touched.add(unit)
         elif unit not in touched or (per_call and unit is not None):
             span_start(unit)
-        tl.point(f"backward:{c.name}", activations=B * c.bwd_transient, buffers=prefetch_bwd if c.is_layer else 0.0)
+        # under AC each layer CALL's recompute casts its weights again (freed after its backward:
+        # FLAVA's two passes of a layer cast twice, never both at once)
+        again = cast_layer if (recast and c.is_layer) else 0.0
+        tl.point(f"backward:{c.name}", activations=B * c.bwd_transient, buffers=(prefetch_bwd if c.is_layer else 0.0) + again)
         tl.add("activations", -B * (c.saved))
         if f2:
             nxt = order[i + 1] if i + 1 < len(order) else None
