@@ -276,3 +276,31 @@ def test_compute_through_the_real_one_node_slurm(tmp_path: Path) -> None:
     assert m and float(m.group(1)) > 0, out
     report = json.loads((wf / "results/doctor/compute.json").read_text())
     assert report["world"] == 2 and report["launcher"] == "slurm" and report["allreduce_ok"] is True
+
+
+def _read_probe(login: Path, profile: str, probe: dict[str, object]) -> list[str]:
+    """The probe's findings alone (the rest of the doctor is other tests' business)."""
+    d = doctor.Doctor(doctor.load_profile(profile, login))
+    doctor.read_probe(d, probe)
+    return [f.line() for f in d.findings]
+
+
+def test_compute_names_the_old_driver_when_torch_sees_no_gpu(login: Path) -> None:
+    # issue 22: CUDA 13 wheels on a 550 driver see NO GPU; the cause is the driver, not apptainer --nv,
+    # and doctor --compute says so before the ladder's first rung fails with NoGPUError
+    probe = {"gpus_seen": 0, "hostname": "gpu001", "cuda_version": "13.0", "hip_version": None, "nvidia_driver": "550.54.15",
+             "backend": "gloo", "hosts": ["gpu001"], "busbw_gbps": 0.1, "allreduce_ok": True}
+    lines = _read_probe(login, "a100", probe)
+    (line,) = [ln for ln in fatal(lines) if "see no GPU" in ln]
+    assert "NVIDIA driver 550.54.15 is older than the 580 that the image's CUDA 13.0 needs, so torch sees no GPU" in line, line
+    assert "apptainer --nv" not in line
+    assert len(lines) == 1  # the rest of the probe ran on no GPU: nothing more to say
+    ok = _read_probe(login, "a100", {**probe, "gpus_seen": 8, "nvidia_driver": "580.65.06", "backend": "nccl", "busbw_gbps": 180.0})
+    assert not fatal(ok) and any("NVIDIA driver 580.65.06 runs the image's CUDA 13.0" in ln for ln in ok), ok
+
+
+def test_compute_on_rocm_with_no_gpu_names_the_amdgpu_driver(login: Path) -> None:
+    probe = {"gpus_seen": 0, "hostname": "frontier00001", "cuda_version": None, "hip_version": "7.0.51831",
+             "amdgpu_driver": "6.8.5", "backend": "gloo", "hosts": ["frontier00001"], "busbw_gbps": 0.1, "allreduce_ok": True}
+    lines = _read_probe(login, "frontier", probe)
+    assert any("ROCm 7.0.51831 build sees none under amdgpu driver 6.8.5" in ln for ln in fatal(lines)), lines

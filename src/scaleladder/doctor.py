@@ -586,16 +586,32 @@ def sbatch_args(d: Doctor, nodes: int, log: Path) -> list[str]:
 def read_probe(d: Doctor, report: Mapping[str, Any]) -> None:
     expected = d.rpn if d.gpu_site else 0
     seen = int(report.get("gpus_seen", 0))
+    cuda, driver = report.get("cuda_version"), report.get("nvidia_driver")
+    floor = DRIVER_FLOOR.get(int(str(cuda).split(".")[0]), 0) if cuda else 0
+    old_driver = bool(cuda and driver and int(str(driver).split(".")[0]) < floor)
     if d.gpu_site and seen == 0:
+        # TRAP: under a driver older than the build's floor (CUDA 13 wheels: 580) torch sees NO GPU
+        # at all, and every rung would fail with NoGPUError; name the driver, not the bind flags.
+        if old_driver:
+            why = (f"NVIDIA driver {driver} is older than the {floor} that the image's CUDA {cuda} needs, so torch sees no GPU; "
+                   "build the CUDA image with --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128")
+        elif cuda and not driver:
+            why = (f"no NVIDIA driver on {report.get('hostname')} (/proc/driver/nvidia/version unreadable) for the image's "
+                   f"CUDA {cuda}; check the partition and the job's GPU request")
+        elif report.get("hip_version"):
+            why = (f"the image's ROCm {report['hip_version']} build sees none under amdgpu driver "
+                   f"{report.get('amdgpu_driver') or 'unreadable'} (check apptainer --rocm, the job's GPU request, and that "
+                   "the node's amdgpu driver supports this ROCm: AMD's user-space/kernel-driver support matrix)")
+        else:
+            why = "check apptainer --nv/--rocm and the job's GPU request"
         d.add(FATAL, f"compute: the ranks see no GPU where the site expects {expected} per node "
-                     f"({report.get('gpu_expected') or 'site.device cuda'}): check apptainer --nv/--rocm and the job's GPU request")
+                     f"({report.get('gpu_expected') or 'site.device cuda'}): {why}")
+        if old_driver:
+            return  # said: the rest of the probe ran on no GPU
     else:
         d.add(OK, f"compute: GPUs seen {seen} per rank's node, expected {expected} ({report.get('hostname')})")
-    cuda, driver = report.get("cuda_version"), report.get("nvidia_driver")
     if cuda and driver:
-        floor = DRIVER_FLOOR.get(int(str(cuda).split(".")[0]), 0)
-        major = int(str(driver).split(".")[0])
-        if major < floor:
+        if old_driver:
             d.add(FATAL, f"compute: NVIDIA driver {driver} is older than the {floor} that the image's CUDA {cuda} needs; "
                          "build the CUDA image with --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128")
         else:
