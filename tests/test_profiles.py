@@ -129,8 +129,11 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     fixed = "results/rungs/flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
     mx = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
     out = dry_run(wf, "a100", fixed, mx)
-    sl = "apptainer exec --nv --workdir $PWD ${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-cuda.sif} scaleladder"
-    launcher = "'torchrun --standalone --nnodes 1 --nproc-per-node 8 -m scaleladder'"
+    sl = "scaleladder"  # the supervisor runs on the host (it calls srun); the ranks in the image (issue 20)
+    launcher = ("'srun -N1 --ntasks-per-node=1 -c64 --kill-on-bad-exit=1 apptainer exec --nv --workdir \"$PWD\" "
+                "\"${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-cuda.sif}\" torchrun --nnodes 1 --nproc-per-node 8 "
+                "--rdzv-backend c10d --rdzv-endpoint \"$(scontrol show hostnames \"${SLURM_JOB_NODELIST:-$(squeue -h -j "
+                "\"$SLURM_JOB_ID\" -o %N)}\" | head -n1):29500\" --rdzv-id \"$SLURM_JOB_ID\" -m scaleladder'")
     env = ('export NCCL_DEBUG="WARN"; export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"; export OMP_NUM_THREADS="1"; '
            'export HDF5_USE_FILE_LOCKING="FALSE"; ')
     for rule, verb, plan, target, spec in (
@@ -141,13 +144,21 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
         log = target.replace("results/rungs/", "results/logs/rungs/").replace(".h5", ".log")
         assert shell_of(out, rule, target) == f"{env}{sl} {verb} --launcher {launcher} {plan} --spec {spec} {args} > {log} 2>&1"
         res = resources_of(out, rule, target)
-        assert res["nodes"] == "1" and res["gpu"] == "8" and res["slurm_extra"] == "--exclusive"
+        assert res["nodes"] == "1" and res["gres"] == "gpu:8" and res["slurm_extra"] == "--exclusive"
+        assert res["tasks_per_node"] == "8" and res["mpi"] == "srun"  # the launcher's srun: one torchrun per node
     whole = dry_run(wf, "a100")
     full = job_counts(whole)
     # the seed's 6 FLAVA sizes x 3 strategies x {8, max}; beside it (issue 12) the same sizes under the
     # seed's reentrant AC and FSDP2 (3 strategies), and 4 ViT sizes x 8 FSDP1/FSDP2/compile rungs at 32,
-    # 5 of them (no AC: those would outrun the time limit) at max
-    assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36 + 36 + 4 * 8 + 4 * 5
+    # 5 of them (no AC: those would outrun the time limit) at max; (issue 20) weak scaling of 2 ViT
+    # sizes x 5 strategies over 1, 2 and 4 nodes, less the 6 one-node rungs the ViT block already has
+    assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36 + 36 + 4 * 8 + 4 * 5 + 2 * 5 * 3 - 6
+    # the multi-node rungs: one torchrun per node on every node of the job, a c10d rendezvous on the first
+    n4 = "results/rungs/vit-1b/fsdp-hybrid8/bf16-mixed/pre-lag/n4/b32.h5"
+    assert n4 in whole
+    cmd = shell_of(dry_run(wf, "a100", n4), "rung", n4)
+    assert "'srun -N4 --ntasks-per-node=1 -c64 " in cmd and " torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d " in cmd
+    assert " --ranks-per-node 8 --device cuda --spec vit-1b/fsdp-hybrid8/bf16-mixed/pre-lag/n4/b32 " in cmd
     # A batch that fits at b8 may not fit... and still have a max-batch search: the planner puts
     # FLAVA-1.8B under DDP at a max batch of 4 on 8xA100-40GB (docs/planner.md), so its b8
     # is a predicted OOM while its search runs.
@@ -158,20 +169,20 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     assert "results/predicted/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5" in whole
 
 
-def test_local_torchrun_two_cpu_ranks(wf: Path) -> None:
+def test_local_spawns_two_cpu_ranks(wf: Path) -> None:
     out = dry_run(wf, "local")
     target = "results/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b4.h5"
     args = ARGS.format(steps=12, warmup=2, data="results/shards/32px/manifest.json", workers=0, out=target)
     log = "results/logs/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b4.log"
     assert shell_of(out, "rung", target) == (
         'export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; scaleladder launch '
-        "--launcher 'torchrun --standalone --nnodes 1 --nproc-per-node 2 -m scaleladder' "  # no GPU here: 2 CPU ranks
+        "--launcher 'scaleladder spawn --nproc-per-node 2 scaleladder' "  # no GPU here: 2 CPU ranks
         f"--ranks-per-node 2 --spec vit-debug/fsdp-full/fp32/post-nolag/n1/b4 {args} > {log} 2>&1"
     )
     mx = "results/rungs/flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax.h5"
     assert shell_of(out, "rung_max", mx).startswith(
         'export OMP_NUM_THREADS="1"; export HDF5_USE_FILE_LOCKING="FALSE"; scaleladder maxbatch '
-        "--launcher 'torchrun --standalone --nnodes 1 --nproc-per-node 2 -m scaleladder' --max-batch-cap 4 "
+        "--launcher 'scaleladder spawn --nproc-per-node 2 scaleladder' --max-batch-cap 4 "
         "--spec flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax --steps 12")
     counts = job_counts(out)
     assert counts["rung"] == 16 and counts["rung_max"] == 4 and counts["shard"] == 2  # 32 px (ViT) and 64 px (FLAVA)
@@ -288,8 +299,8 @@ def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path
     lines = {p: _sbatch_log(tmp_path, p) for p in ("frontier", "a100")}
     assert " -A abc123 -p batch -t 60 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --exclusive --network=disable_rdzv_get " \
         in lines["frontier"]
-    assert " -A abc123 -p gpu -t 120 --nodes=1 --cpus-per-task=64 --exclusive " in lines["a100"]
-    assert " --gpus=8 " in lines["a100"]
+    assert " -A abc123 -p gpu -t 120 --nodes=1 --ntasks-per-node=8 --cpus-per-task=8 --exclusive " in lines["a100"]
+    assert " --gres=gpu:8 " in lines["a100"]  # per node (--gpus=8 would be 8 for the whole job)
     for line in lines.values():
         assert "--mem" not in line, line
 

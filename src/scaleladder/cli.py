@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from scaleladder.errors import WriteError
 from scaleladder.spec import SpecError
 
 # command -> (module, add-arguments function, main function, help)
@@ -24,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "models": ("scaleladder.models.table", "add_arguments", "main", "print every flavor with its parameter count"),
     "run": ("scaleladder.rung.run", "add_arguments", "main", "train one rung and record it in HDF5 (per-rank program)"),
     "launch": ("scaleladder.campaign.supervise", "add_launch_arguments", "launch_main", "run a rung under a launcher; record OOM as a result"),
+    "spawn": ("scaleladder.rung.spawn", "add_arguments", "main", "start N ranks on this machine (torchrun's variables, no torch in the launcher)"),
     "finalize": ("scaleladder.campaign.supervise", "add_finalize_arguments", "finalize_main", "turn a finished launch's OOM markers into a record"),
     "shard": ("scaleladder.data.cli", "add_shard_arguments", "shard_main", "write WebDataset shards + manifest"),
     "plan": ("scaleladder.plan", "add_arguments", "main", "predict per-GPU memory and max batch"),
@@ -71,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(f"scaleladder {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except WriteError as e:  # disk full, quota, read-only, ulimit -f: one line naming the file
+        print(f"scaleladder {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"scaleladder {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -38,6 +38,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+#: torch.compile backends a -compile rung may use (rung.ladder applies them; here so that the
+#: CLI's choices need no torch)
+COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager")
+
 # SpecError is re-exported: `from scaleladder.spec import SpecError` is the usual import.
 from scaleladder.errors import SpecError as SpecError
 from scaleladder.models.flavors import get_flavor

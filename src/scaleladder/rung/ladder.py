@@ -47,9 +47,7 @@ from torch import nn
 
 from scaleladder.models.build import TrainModule
 from scaleladder.rung.precision import PrecisionPolicy
-from scaleladder.spec import AnyKnobs, Fsdp2Knobs, Knobs, SpecError, Strategy
-
-COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager")
+from scaleladder.spec import COMPILE_BACKENDS, AnyKnobs, Fsdp2Knobs, Knobs, SpecError, Strategy
 
 
 @dataclass(frozen=True)

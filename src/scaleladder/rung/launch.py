@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -37,7 +38,7 @@ class DistEnv:
     local_world: int
     master_addr: str
     master_port: int
-    source: str  # "torchrun" | "slurm" | "single"
+    source: str  # "torchrun" | "spawn" (scaleladder spawn: torchrun's variables, no agent) | "slurm" | "single"
 
     @property
     def nodes(self) -> int:
@@ -71,7 +72,8 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
             local_world=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=port,
-            source="torchrun",
+            # `scaleladder spawn` sets torchrun's variables and says so: its rank 0 hosts the store
+            source="spawn" if env.get("SCALELADDER_LAUNCHER") == "spawn" else "torchrun",
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
         world = int(env["SLURM_NTASKS"])
@@ -80,6 +82,38 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
         addr = env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "localhost")))
         return DistEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)), local_world, addr, port, "slurm")
     return DistEnv(0, 1, 0, 1, "127.0.0.1", port, "single")
+
+
+def check_master(env: DistEnv, environ: Mapping[str, str] | None = None) -> None:
+    """Bad rendezvous input as one line (a SpecError), before any process group exists.
+
+    A launched rank's master address must resolve (under srun it is the first host of the
+    job's nodelist: a name /etc/hosts or DNS does not know fails here, not after the
+    600 s rendezvous timeout). Rank 0 under srun binds the store on MASTER_PORT itself, so
+    it checks that no one listens there already: otherwise torch fails with a C++ trace
+    (EADDRINUSE) and the other ranks wait for a store that never comes. Under torchrun the
+    agent already holds the port, so it is not checked there.
+    """
+    if env.source == "single":
+        return
+    e = os.environ if environ is None else environ
+    try:
+        socket.getaddrinfo(env.master_addr, env.master_port, type=socket.SOCK_STREAM)
+    except OSError as err:
+        nodelist = e.get("SLURM_STEP_NODELIST", e.get("SLURM_JOB_NODELIST", ""))
+        whence = (f" (the first host of the Slurm nodelist {nodelist!r})" if env.source == "slurm" and not e.get("MASTER_ADDR")
+                  else " (MASTER_ADDR)")
+        raise SpecError(f"master address {env.master_addr!r}{whence} does not resolve: {err.strerror or err}") from None
+    if env.source in ("slurm", "spawn") and env.rank == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # SO_REUSEADDR as the store's own socket: a port in TIME_WAIT after the last
+            # rung is free to it, only a listener holds it
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", env.master_port))
+            except OSError as err:
+                raise SpecError(f"master port {env.master_port} on {socket.gethostname()} is already in use ({err.strerror}): "
+                                "another rung or process listens there; set MASTER_PORT in the site's env to a free port") from None
 
 
 class NoGPUError(SpecError):

@@ -17,17 +17,20 @@ import json
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
-from scaleladder.rung.feed import DeviceFeed
-from scaleladder.rung.ladder import COMPILE_BACKENDS
+# TRAP: no torch at import time. `launch`, `finalize` and `maxbatch` import this module for
+# RunConfig and its arguments, and only spawn the ranks: importing torch there cost every
+# rung seconds (docs/performance.md, "Start-up"). The rank-side functions import it
+# themselves; tests/test_startup.py checks that importing this module loads no torch.
+from scaleladder.rung import startup
 from scaleladder.spec import (
+    COMPILE_BACKENDS,
     RunSpec,
     SpecError,
     default_knobs,
@@ -40,7 +43,11 @@ from scaleladder.spec import (
     parse_strategy,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 EXIT_OOM = 3
+CLOCK = startup.StartupClock()  # this rank's start-up phases (rung/startup.py)
 
 
 @dataclass(frozen=True)
@@ -229,6 +236,15 @@ def _main(args: argparse.Namespace, env: Any) -> int:
     if cfg.spec.batch == "max":
         raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `run`")
     check_world(cfg, env.world, env.nodes)
+    from scaleladder.models.flavors import get_flavor
+
+    startup.import_rank_modules(get_flavor(cfg.spec.model).family)
+    CLOCK.mark("imports")
+    if env.rank == 0:  # the writer: a read-only or full results/ fails now, not after training
+        from scaleladder.results.store import check_writable, record_bytes
+
+        check_writable(cfg.out, record_bytes(cfg.steps))
+    launch.check_master(env)  # an unresolvable master or a port in use: one line, before any group
     signal.signal(signal.SIGTERM, _terminate)
     device = launch.pick_device(env, cfg.device)
     # Before the group exists: the unused-parameter probe runs a CPU forward, and FLAVA's
@@ -240,9 +256,12 @@ def _main(args: argparse.Namespace, env: Any) -> int:
 
     unused_parameter_names(get_flavor(cfg.spec.model).family)
     launch.init(env, device)
+    CLOCK.mark("group")
     try:
         return _run_rank(cfg, env, device)
     finally:
+        import torch.distributed as dist
+
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -265,7 +284,8 @@ def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
     from scaleladder.rung.loop import OOMDuringStep, is_oom, oom_line
 
     # Gathered before anything can run out of memory, so an OOM record names the hosts too.
-    where = placement(env, device, provenance.hosts())
+    # ... and every rank's host, address, node index and local rank, with the rendezvous used
+    where = {**placement(env, device, provenance.hosts()), **provenance.rank_placement(env)}
     try:
         return _train_and_record(cfg, env, device, where)
     except Exception as e:
@@ -293,6 +313,8 @@ def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Any) ->
     from scaleladder.models.flavors import get_flavor
     from scaleladder.models.init import make_param_init_fn, materialize
     from scaleladder.rung.ladder import apply_strategy
+
+    import torch
 
     spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
     torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
@@ -345,10 +367,13 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     wrapped, report, params = build_wrapped(cfg, init, device, prec)
     optimizer = make_optimizer(wrapped.parameters(), cfg.lr, spec.precision)
     scaler = make_scaler(spec.precision, spec.strategy, device)
+    CLOCK.mark("build")
 
     first, batches = _peek(source)
+    CLOCK.mark("first_batch")
     flops = _flops(flavor, spec, batch * env.world, first)
     m = train_loop(wrapped, optimizer, batches, cfg.steps, cfg.warmup, prec, device, scaler, compiled=spec.strategy.compile)
+    steps_done = time.monotonic()
     if env.rank != 0:
         return 0
 
@@ -411,9 +436,12 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "memory/warmup_peak_active_bytes": m.warmup_peak_active_bytes,
         "memory/peak_device_used_bytes": m.peak_device_used_bytes,
     }
+    from scaleladder.rung.feed import DeviceFeed
+
     if isinstance(source, DeviceFeed):
         datasets["loader_wait_s"] = source.wait_s
         attrs.update(source.record_attrs(m.step_time_s[cfg.warmup:], cfg.warmup))  # loader rate, input_bound
+    attrs.update(CLOCK.attrs(teardown_s=time.monotonic() - steps_done))  # docs/metrics.md, "Start-up"
     write_record(cfg.out, attrs, datasets)
     print(
         f"{spec.path}: {attrs['items_per_s']:.1f} items/s, step {attrs['step_time_mean_s'] * 1e3:.1f} ms, "
@@ -429,6 +457,8 @@ def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
     # FSDP1 and FSDP2 both materialise a meta model one unit at a time (rung.ladder).
     if device.type != "cuda" or not cfg.spec.strategy.is_fsdp:
         return "device"
+    import torch
+
     from scaleladder.models.build import meta_parameter_count
 
     # Build on meta when the unsharded fp32 model would take over a quarter of the GPU.
@@ -444,6 +474,7 @@ def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.de
 
         return SyntheticBatches(flavor, batch, env.rank, cfg.steps, cfg.seed, device, dtype=dtype), {}
     from scaleladder.data.loader import make_loader
+    from scaleladder.rung.feed import DeviceFeed
 
     # Loader batches stay fp32 in pinned host memory; DeviceFeed copies them one step
     # ahead on a side stream and converts the dtype on the device (rung/feed.py).

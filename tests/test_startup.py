@@ -1,0 +1,121 @@
+"""Fast start (issue 25): start-up measured per phase and recorded; no torch where a process
+only spawns; `scaleladder spawn` starts the ranks of one machine as torchrun would, stops the
+rest when one fails and passes a signal on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from conftest import VENV_BIN
+from scaleladder.rung import startup
+
+SCALELADDER = os.path.join(VENV_BIN, "scaleladder")
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1", **extra}
+
+
+@pytest.mark.parametrize("module", ["scaleladder.campaign.supervise", "scaleladder.rung.spawn", "scaleladder.rung.run",
+                                    "scaleladder.cli"])
+def test_the_supervisor_and_launcher_import_no_torch(module: str) -> None:
+    """`launch`, `finalize`, `maxbatch` and `spawn` only start processes: torch there cost every rung
+    seconds. (The ranks import it themselves: rung.startup.import_rank_modules.)"""
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
+
+
+def test_process_age_counts_from_the_kernels_start_time() -> None:
+    age = startup.process_age_s()
+    assert age is not None and 0 < age < 24 * 3600  # this pytest process: started seconds or minutes ago
+    # a fresh interpreter's age, taken at once, is well under the time it took to start pytest
+    code = "from scaleladder.rung.startup import process_age_s; print(process_age_s())"
+    fresh = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0 < fresh < age
+
+
+def test_phases_are_consecutive_and_sum_to_startup() -> None:
+    clock = startup.StartupClock()
+    for phase in startup.PHASES:
+        time.sleep(0.01)
+        clock.mark(phase)
+    attrs = clock.attrs(teardown_s=0.5)
+    phases = [attrs[f"startup_{p}_s"] for p in startup.PHASES]
+    assert all(isinstance(p, float) and p >= 0.009 for p in phases[1:])
+    assert attrs["startup_s"] == pytest.approx(sum(phases))
+    assert attrs["startup_s"] == pytest.approx(clock.marks["first_batch"] - clock.start)
+    assert attrs["teardown_s"] == 0.5 and attrs["startup_origin"] == "process start (/proc)"
+
+
+def test_a_two_rank_rung_under_spawn_records_its_startup(tmp_path: Path) -> None:
+    out = tmp_path / "r.h5"
+    run = subprocess.run([SCALELADDER, "launch", "--launcher", "scaleladder spawn --nproc-per-node 2 scaleladder",
+                          "--spec", "vit-debug/ddp/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1", "--workers", "0",
+                          "--out", str(out)], env=env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with h5py.File(out) as f:
+        a = dict(f.attrs)
+    assert a["status"] == "ok" and a["world_size"] == 2 and a["launcher"] == "spawn"
+    phases = [float(a[f"startup_{p}_s"]) for p in startup.PHASES]
+    assert all(p >= 0 for p in phases) and float(a["startup_imports_s"]) > 0.1  # torch alone takes longer
+    assert float(a["startup_s"]) == pytest.approx(sum(phases))
+    assert 0 <= float(a["teardown_s"]) < 60
+
+
+RANK_PROGRAM = """import os, sys, time
+rank = int(os.environ["RANK"])
+print("rank", rank, os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"],
+      os.environ["MASTER_PORT"], os.environ["SCALELADDER_LAUNCHER"], os.environ.get("OMP_NUM_THREADS"), flush=True)
+if rank == int(os.environ.get("FAIL_RANK", -1)):
+    sys.exit(7)
+time.sleep(float(os.environ.get("SLEEP", 0)))
+"""
+
+
+def test_spawn_gives_every_rank_torchruns_variables(tmp_path: Path) -> None:
+    prog = tmp_path / "rank.py"
+    prog.write_text(RANK_PROGRAM)
+    bare = {k: v for k, v in env().items() if k != "OMP_NUM_THREADS"}  # unset: each rank gets 1, as under torchrun
+    run = subprocess.run([SCALELADDER, "spawn", "--nproc-per-node", "3", sys.executable, str(prog)],
+                         env=bare, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = sorted(run.stdout.split("\n")[:-1])
+    port = lines[0].split()[5]
+    assert lines == [f"rank {r} 3 {r} 127.0.0.1 {port} spawn 1" for r in range(3)]
+
+
+def test_one_failed_rank_stops_the_others_and_is_the_exit_code(tmp_path: Path) -> None:
+    prog = tmp_path / "rank.py"
+    prog.write_text(RANK_PROGRAM)
+    t0 = time.monotonic()
+    run = subprocess.run([SCALELADDER, "spawn", "--nproc-per-node", "2", "--grace", "2", sys.executable, str(prog)],
+                         env=env(FAIL_RANK="1", SLEEP="120"), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 7
+    assert time.monotonic() - t0 < 30  # rank 0 would sleep 120 s: it was stopped
+
+
+def test_sigterm_to_spawn_reaches_every_rank(tmp_path: Path) -> None:
+    prog = tmp_path / "rank.py"
+    prog.write_text(RANK_PROGRAM)
+    p = subprocess.Popen([SCALELADDER, "spawn", "--nproc-per-node", "2", "--grace", "2", sys.executable, str(prog)],
+                         env=env(SLEEP="120"), stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    for _ in range(2):
+        p.stdout.readline()  # both ranks are up
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+
+
+def test_spawn_without_a_program_is_one_line(tmp_path: Path) -> None:
+    run = subprocess.run([SCALELADDER, "spawn", "--nproc-per-node", "2"], env=env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and "rank program" in run.stderr
+
