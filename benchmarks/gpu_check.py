@@ -27,10 +27,17 @@ docs/performance.md, with the machine, versions, commit, date and the exact comm
 Targets are REPORTED as measured, never asserted: a GPU check that fails its targets is
 a result, and so is a rung that runs out of memory (a row saying ``oom``).
 
-Time: each section's elapsed time is printed and recorded. A guard (``--budget-min``,
-default 18) skips the rest of a section, and the sections after it, with a note once
-the budget is spent; no command is started after that, and each one is killed at the
-budget (at least 60 s after its start), so the whole check overruns by a minute at most.
+Time: each section's elapsed time is printed and recorded. Each measuring section gets a
+share of the budget (``--budget-min``, default 18; :data:`SHARES`): at its start, the time
+left times its share over the shares still owed, so a section may use what earlier ones
+left but never what later ones are owed, and every section starts. Within its share a
+section runs its key rows first (:data:`RUN_ORDER`; every model's ddp max-batch search
+first), starts no command its share cannot hold (judged by the median of its commands so
+far), and kills each at what its share has left (at least 60 s). Once the whole budget is
+spent nothing new starts, so the whole check overruns by a minute at most. Each rung's
+start-up (process start to its first step, ``startup_s`` in its record) is shown apart from
+its wall time. tests/test_gpu_check.py runs the full GPU selection on a simulated clock at
+an assumed 20 s start-up per rung and shows every section starting.
 The planner comparison and the report are always written: they only read what ran.
 
 On the CPU (``--device cpu``) the flavors are the debug ones (vit-base and vit-huge ->
@@ -80,6 +87,16 @@ STRATEGIES = ("single", "single-ac", "ddp", "ddp-ac", "fsdp-full", "fsdp-full-ac
 ONE_RANK_SAME = {"fsdp-grad-op": "fsdp-full", "fsdp-grad-op-ac": "fsdp-full-ac",
                  "fsdp-no-shard": "fsdp-full", "fsdp-no-shard-ac": "fsdp-full-ac"}
 MAXBATCH_STRATEGIES = ("ddp", "fsdp-full", "fsdp-full-ac")
+# The order the strategies section runs them (issue 22): the rows the targets and the other
+# sections lean on first, for every model (the AC pair, FSDP's pair), the inductor compile last.
+RUN_ORDER = ("single", "single-ac", "fsdp-full", "fsdp-full-ac", "ddp", "ddp-ac", "fsdp2-full", "fsdp2-full-ac",
+             "single-compile")
+# Each measuring section's share of the budget (issue 22). A section may use what the sections
+# before it left unused, never what the ones after it are owed: at a section's start it gets
+# (time left) x its share / (the shares of it and the sections after it). Without shares, the
+# strategies section's 27 fresh processes (3 inductor compiles) could fill an 18-minute budget
+# at a GPU's start-up cost and skip max-batch, which the check exists for.
+SHARES = {"strategies": 0.27, "harness": 0.11, "loader": 0.14, "precision": 0.08, "maxbatch": 0.40}
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 SECTIONS = ("strategies", "harness", "loader", "precision", "maxbatch")  # measuring sections, in run order
 PRECISION = "bf16-mixed"
@@ -159,8 +176,9 @@ class Selection:
 
 
 FULL = Selection(
-    strategies=tuple((r, s) for r in ROLES for s in STRATEGIES),
-    maxbatch=tuple((r, s) for r in ROLES for s in MAXBATCH_STRATEGIES),
+    strategies=tuple((r, s) for s in RUN_ORDER if s in STRATEGIES for r in ROLES),
+    # the seeds' claim (FSDP+AC allows ~3x DDP's batch) for every model first, then fsdp-full
+    maxbatch=tuple((r, s) for s in ("ddp", "fsdp-full-ac", "fsdp-full") for r in ROLES),
     harness_roles=("vit-base", "vit-huge"),
     precisions=PRECISIONS,
 )
@@ -382,7 +400,11 @@ class Check:
         self.rungs_dir = self.out / "rungs"
         self.logs = self.out / "logs"
         self.budget_s: float = float(args.budget_min) * 60
-        self.t0 = time.monotonic()
+        self.clock = time.monotonic  # a test drives a simulated clock through this
+        self.t0 = self.clock()
+        self.section_end: float = math.inf  # when the running section's share is spent (elapsed seconds)
+        self.section_name = ""
+        self.section_took: list[float] = []  # the running section's commands' durations
         self.commands: list[Command] = []
         self.rungs: list[Rung] = []
         self.section_s: dict[str, float] = {}
@@ -403,21 +425,46 @@ class Check:
     # -- time ---------------------------------------------------------------------------------------------
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        return self.clock() - self.t0
 
     def remaining(self) -> float:
         return self.budget_s - self.elapsed()
 
+    def section_remaining(self) -> float:
+        """What the running section's share has left (never more than the whole budget's)."""
+        return min(self.remaining(), self.section_end - self.elapsed())
+
+    def open_section(self, name: str, later: list[str]) -> None:
+        """Give section ``name`` its share of what is left: (time left) × its share / (the shares
+        of it and of the sections ``later`` still to run)."""
+        owed = SHARES.get(name, 0.0) + sum(SHARES.get(n, 0.0) for n in later)
+        share = SHARES.get(name, 0.0) / owed if owed > 0 else 1.0
+        self.section_name = name
+        self.section_end = self.elapsed() + max(0.0, self.remaining()) * share
+        self.section_took = []
+
     def guard(self, section: str, what: str) -> None:
-        """Raise BudgetSpent (with a note) when the budget is spent: nothing new starts after it."""
+        """Raise BudgetSpent (with a note) when the budget, or this section's share of it, is spent:
+        nothing new starts in the section after it."""
         if self.remaining() <= 0:
             self.note(section, f"skipped from {what} on: the time budget ({self.args.budget_min:g} min) was spent "
                                f"after {seconds_str(self.elapsed())}")
             raise BudgetSpent
+        if section == self.section_name:
+            # A command that would not fit in what the share has left is not started: the section's
+            # commands so far say how long one takes (their median), so a section overruns its
+            # share by at most the misjudgement, not by a whole command taken from the next one.
+            took = sorted(self.section_took)
+            typical = took[(len(took) - 1) // 2] if took else 0.0  # the lower median
+            if self.section_remaining() <= 0 or self.section_remaining() < typical:
+                self.note(section, f"skipped from {what} on: the section's share of the budget was spent after "
+                                   f"{seconds_str(self.elapsed())} (its commands take ~{typical:.0f} s; the sections "
+                                   "after it are owed theirs)")
+                raise BudgetSpent
 
     def limit(self, cap: float = 600.0) -> float:
-        """A command's time limit: what the budget has left, but at least 60 s, at most ``cap``."""
-        return min(cap, max(60.0, self.remaining()))
+        """A command's time limit: what the section's share has left, but at least 60 s, at most ``cap``."""
+        return min(cap, max(60.0, self.section_remaining()))
 
     def note(self, section: str, text: str) -> None:
         self.notes.setdefault(section, []).append(text)
@@ -433,7 +480,7 @@ class Check:
         """
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{len(self.commands) + 1:03d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.log"
-        t0 = time.monotonic()
+        t0 = self.clock()
         rc: int | None
         with open(log, "w") as fh:
             fh.write("$ " + shlex.join(argv) + "\n")
@@ -448,8 +495,10 @@ class Check:
             except BaseException:  # Ctrl-C: take the command's processes down with us
                 _kill_group(p)
                 raise
-        cmd = Command(name, argv, rc, time.monotonic() - t0, log)
+        cmd = Command(name, argv, rc, self.clock() - t0, log)
         self.commands.append(cmd)
+        if self.section_name and not name.startswith("plan"):  # the planner's answers are seconds
+            self.section_took.append(cmd.seconds)
         return cmd
 
     def scaleladder(self, *args: str) -> list[str]:
@@ -629,6 +678,7 @@ class Check:
             planned = self.planned_max(spec)
             if planned:
                 cap = min(cap, planned)
+            self.guard("maxbatch", f"{role} {strategy}")  # the planner's answer took time too
             out = self.rung_file("maxbatch", spec)
             out.unlink(missing_ok=True)
             argv = self.scaleladder("maxbatch", "--spec", spec, "--device", self.device,
@@ -637,9 +687,12 @@ class Check:
                                     "--max-batch-cap", str(cap), "--keep-probes", "--out", str(out))
             if self.plan_key:
                 argv += ["--plan-device", self.plan_key, "--ranks-per-node", "1"]
-            # A search is many processes: give each its share of what is left, so the last
-            # searches are not starved by the first (and a killed one still leaves its probes).
-            share = self.remaining() / (len(todo) - i)
+            # A search is many processes: give each its share of what is left, shared within one
+            # round of the models at a time (issue 22): split over all nine searches, a GPU's
+            # start-up cost leaves each too little to finish, and none would; this way the key
+            # round (ddp for every model) finishes first. A killed search still leaves its probes.
+            round_left = min(len(todo) - i, len(ROLES) - i % len(ROLES))  # searches left in this round
+            share = self.section_remaining() / round_left
             cmd = self.sh(f"maxbatch {spec}", argv, max(60.0, share))
             rung = self.judge("maxbatch", role, spec, cmd, out)
             rung.attrs.setdefault("gpu_check_cap", cap)
@@ -908,13 +961,17 @@ class Check:
         return [r.status if r.status == "ok" else f"**{r.status}**" + (f": {r.note}" if r.note else "")]
 
     def _md_strategies(self) -> list[str]:
-        rows = [r for r in self.rungs if r.section == "strategies"]
+        order = {s: i for i, s in enumerate(STRATEGIES)}
+        rows = sorted((r for r in self.rungs if r.section == "strategies"),  # run in RUN_ORDER, shown by model
+                      key=lambda r: (ROLES.index(r.role) if r.role in ROLES else 99, order.get(r.spec.split("/")[1], 99)))
         L = [f"## Strategies at a fixed batch ({PRECISION}, one rank)", "",
              "At one rank FSDP1 runs every sharding strategy as `NO_SHARD` (torch warns and switches), so "
              "`fsdp-grad-op*` and `fsdp-no-shard*` are not run: they would measure `fsdp-full*` again. FSDP2 keeps "
              "its schedule but shards over one rank. 'ran as' is the sharding read from the wrapped model "
              "(`sharding_ran`); a row that ran the same strategy as an earlier row says so and is left out of the "
-             "AC-cost and planner targets. AC cost = 1 − throughput with AC ÷ throughput without.", ""]
+             "AC-cost and planner targets. AC cost = 1 − throughput with AC ÷ throughput without. Start-up: the "
+             "rung's `startup_s`, process start to its first step (imports, process group, model build and wrapping; "
+             "compile is in the warm-up steps); wall: the whole process as this check timed it.", ""]
         if not rows:
             return L + ["Not run.", ""]
         costs = self.ac_costs()
@@ -928,9 +985,9 @@ class Check:
                          fmt(1e3 * r.num("step_time_mean_s"), 1), pct(r.num("mfu")), fmt(r.num("tflops_per_device"), 1),
                          gib(r.mem("peak_active_gib")), gib(r.mem("peak_reserved_gib")),
                          gib(r.mem("peak_device_used_gib")), pct(costs[r.spec]) if r.spec in costs else "",
-                         f"`{r.file.name}`" if r.file else ""])
+                         fmt(r.num("startup_s"), 1), fmt(r.seconds, 1), f"`{r.file.name}`" if r.file else ""])
         return L + table(["model", "rung", "status", "ran as", "items/s", "step (ms)", "MFU", "TFLOP/s", "peak active (GiB)",
-                          "peak reserved (GiB)", "device used (GiB)", "AC cost", "file"], body) + [""]
+                          "peak reserved (GiB)", "device used (GiB)", "AC cost", "start-up (s)", "wall (s)", "file"], body) + [""]
 
     def _md_maxbatch(self) -> list[str]:
         rows = [r for r in self.rungs if r.section == "maxbatch"]
@@ -1066,7 +1123,7 @@ class Check:
     # -- driver ------------------------------------------------------------------------------------------
 
     def timed(self, name: str, fn: Any, *args: Any) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock()
         print(f"gpu-check: == {name} (at {seconds_str(self.elapsed())})", flush=True)
         try:
             fn(*args)
@@ -1077,7 +1134,8 @@ class Check:
         except Exception as e:  # a bug here must not cost the other sections or the report
             self.note(name, f"the section failed: {type(e).__name__}: {e}")
             self.crashed.append(name)
-        self.section_s[name] = self.section_s.get(name, 0.0) + time.monotonic() - t0
+        self.section_s[name] = self.section_s.get(name, 0.0) + self.clock() - t0
+        self.section_name, self.section_end = "", math.inf
         print(f"gpu-check: == {name} took {seconds_str(self.section_s[name])}", flush=True)
 
     def run(self) -> int:
@@ -1091,9 +1149,10 @@ class Check:
         status = "complete"
         with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
             try:
-                for name, fn in (("strategies", self.strategies), ("harness", self.harness_section),
-                                 ("loader", lambda: self.loader_section(Path(work))), ("precision", self.precision_section),
-                                 ("maxbatch", self.maxbatch_section)):
+                plan = (("strategies", self.strategies), ("harness", self.harness_section),
+                        ("loader", lambda: self.loader_section(Path(work))), ("precision", self.precision_section),
+                        ("maxbatch", self.maxbatch_section))
+                for k, (name, fn) in enumerate(plan):
                     if name not in wanted:
                         self.notes.setdefault(name, []).append("not asked for (--sections)")
                         self.section_s[name] = 0.0
@@ -1103,6 +1162,7 @@ class Check:
                         self.note(name, f"skipped: the time budget ({self.args.budget_min:g} min) was spent "
                                         f"after {seconds_str(self.elapsed())}")
                         continue
+                    self.open_section(name, [n for n, _ in plan[k + 1:] if n in wanted])
                     self.timed(name, fn)
             except KeyboardInterrupt:
                 status = "INTERRUPTED: partial results"

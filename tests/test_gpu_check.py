@@ -177,3 +177,84 @@ def test_same_strategy_rows_are_marked_not_shown_as_different_strategies(tmp_pat
     assert "| vit-base | `vit-base/fsdp-no-shard/bf16-mixed/pre-lag/n1/b128` | ok | fsdp1:NO_SHARD (same strategy as `fsdp-full`) |" in md
     assert "| vit-base | `vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b128` | ok | fsdp1:NO_SHARD |" in md
     assert "4 of 4 rungs within" in md  # the two same-strategy planner rows are not counted
+
+
+# -- issue 22: every section starts, at a GPU's start-up cost -------------------------------------------
+# The simulated cost of each command on one GPU, in seconds. Start-up per rung process: dev-cpu measured
+# a vit-debug rung's `startup_s` at 5.9 s (imports 2.6 s, process group 3.2 s; `scaleladder run --spec
+# vit-debug/fsdp-full/fp32/pre-lag/n1/b4 --steps 3 --warmup 1 --device cpu`); a GPU adds the CUDA
+# context, the NCCL communicator and a full-size model build, so 20 s is ASSUMED per rung (no GPU was
+# lent to measure it; the records' startup_s will say), and 90 s more for an inductor compile of the
+# blocks. Steps at 0.3 s (vit-huge b32 on an H100 at ~40% MFU is ~0.25 s).
+SIM_STARTUP_S, SIM_COMPILE_S, SIM_STEP_S, SIM_PLAN_S, SIM_SHARD_S, SIM_PROBES = 20.0, 90.0, 0.3, 5.0, 60.0, 6
+
+
+def _sim_cost(c: Any, name: str, argv: list[str]) -> float:
+    p = c.profile
+    if name.startswith("plan"):
+        return SIM_PLAN_S
+    if name == "loader shard":
+        return SIM_SHARD_S
+    if name.startswith("harness"):
+        _, _, steps, repeats = p.harness[0]
+        return SIM_STARTUP_S + 2 * steps * repeats * SIM_STEP_S  # bare and harness loops, one process
+    if name.startswith("maxbatch"):
+        return SIM_PROBES * (SIM_STARTUP_S + p.probe_steps * SIM_STEP_S)
+    steps = int(argv[argv.index("--steps") + 1])
+    return SIM_STARTUP_S + steps * SIM_STEP_S + (SIM_COMPILE_S if "-compile/" in argv[argv.index("--spec") + 1] else 0.0)
+
+
+def test_every_section_starts_at_a_gpus_start_up_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A simulated clock (the driver's monotonic clock, for the duration of this test) that each
+    # simulated command advances by its cost: the whole FULL check on one GPU in a fraction of a second.
+    now = [0.0]
+    monkeypatch.setattr(gc.time, "monotonic", lambda: now[0])
+    args = argparse.Namespace(device="cuda", out=str(tmp_path), smoke=False, budget_min=18.0, sections="")
+    c = gc.Check(args)
+    c.env_info = _check(tmp_path).env_info
+    c.probe_env = lambda: None  # no GPU here: the machine is given
+    c.draw = lambda: None
+
+    starts: list[tuple[str, float]] = []
+
+    def simulated(name: str, argv: list[str], timeout: float) -> Any:
+        starts.append((name, now[0]))
+        cost = _sim_cost(c, name, argv)
+        took = min(cost, timeout)
+        now[0] += took
+        c.logs.mkdir(parents=True, exist_ok=True)
+        log = c.logs / f"{len(c.commands) + 1:03d}.log"
+        log.write_text("$ " + " ".join(argv) + "\n")
+        cmd = gc.Command(name, argv, 0 if cost <= timeout else None, took, log)
+        c.commands.append(cmd)
+        if c.section_name and not name.startswith("plan"):
+            c.section_took.append(took)
+        if cost <= timeout and "--out" in argv and "run" in argv:  # a rung that finished leaves its record
+            import h5py
+
+            with h5py.File(argv[argv.index("--out") + 1], "w") as f:
+                f.attrs.update({"status": "ok", "batch": argv[argv.index("--spec") + 1].rsplit("/b", 1)[1],
+                                "data": "synthetic", "items_per_s": 100.0, "gpus_per_node": 1})
+        return cmd
+
+    c.sh = simulated
+    assert c.run() == 0
+    started = {s: [cmd for cmd in c.commands if cmd.name.startswith(s) and not cmd.name.startswith("plan")] for s in gc.SECTIONS}
+    started["strategies"] = [cmd for cmd in c.commands if cmd.name.startswith("strategies")]
+    for section in gc.SECTIONS:
+        assert started[section], (section, c.notes)
+    # every section's key rows first: each model's AC pair, every model's ddp max-batch search
+    ran = [cmd.argv[cmd.argv.index("--spec") + 1].split("/")[:2] for cmd in started["strategies"]]
+    for role in gc.ROLES:
+        flavor = gc.GPU.flavors[role]
+        assert [flavor, "single"] in ran and [flavor, "single-ac"] in ran, ran
+    searched = [cmd.name.split()[1].split("/")[:2] for cmd in started["maxbatch"] if cmd.rc == 0]  # finished
+    assert all([gc.GPU.flavors[r], "ddp"] in searched for r in gc.ROLES), searched
+    assert all(cmd.rc == 0 for cmd in started["harness"][:1] + started["loader"][:3] + started["strategies"][:6])
+    assert len(started["loader"]) == 3  # shards, the loader-fed rung and its synthetic twin: the ratio
+    # nothing starts after the budget, and the last command ends within a minute of it
+    measuring = [(n, t) for n, t in starts if n.split()[0].split("-")[0] in gc.SECTIONS]
+    assert measuring and all(t < c.budget_s for _, t in measuring), measuring[-3:]
+    assert sum(cmd.seconds for cmd in c.commands if cmd.name.split()[0].split("-")[0] in gc.SECTIONS) <= c.budget_s + 60
+    print(f"simulated: {c.elapsed() / 60:.1f} min; per section " +
+          ", ".join(f"{k} {v / 60:.1f} min ({len(started.get(k, []))} commands)" for k, v in c.section_s.items()))
