@@ -12,3 +12,8 @@ from __future__ import annotations
 
 class SpecError(ValueError):
     """A run spec (or part of one) is malformed. The message is one line naming the culprit."""
+
+
+class WriteError(Exception):
+    """An output could not be written (disk full, quota, read-only, ``ulimit -f``). The
+    message is ONE line naming the file and the cause; the dispatcher prints it, exit 1."""

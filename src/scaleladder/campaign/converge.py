@@ -131,6 +131,10 @@ def main(args: argparse.Namespace) -> int:
     from scaleladder.rung.run import check_world
 
     check_world(cfg.run, env.world, env.nodes)
+    if env.rank == 0:  # the writer: a read-only or full results/ fails now, not after training
+        from scaleladder.results.store import check_writable, record_bytes
+
+        check_writable(cfg.run.out, record_bytes(cfg.run.steps))
     device = launch.pick_device(env, cfg.run.device)
     launch.init(env, device)
     try:

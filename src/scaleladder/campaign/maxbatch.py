@@ -273,18 +273,18 @@ def record_result(final: Path, out: Path, spec: RunSpec, attrs: dict[str, Any], 
     """Copy the final run's file onto ``out`` with the search's attributes and probes, atomically."""
     import h5py
 
-    from scaleladder.results.store import atomic_path
+    from scaleladder.results.store import h5_in_memory
 
-    with atomic_path(out) as tmp:
-        with h5py.File(final, "r") as src, h5py.File(tmp, "w") as dst:
-            for k, v in src.attrs.items():
-                dst.attrs[k] = v
-            for name in src:
-                src.copy(src[name], dst, name=name)
-            # The rung is the `max` rung: its spec stays b'max'; `batch` is the batch it ran at.
-            for k, v in {**attrs, "spec": spec.path, "batch": str(attrs["max_batch"])}.items():
-                dst.attrs[k] = _clean(v)
-            _write_datasets(dst, probes_datasets(probes))
+    # in memory, then written by Python: a full disk is one line, not an HDF5 crash (results.store)
+    with h5py.File(final, "r") as src, h5_in_memory(out) as dst:
+        for k, v in src.attrs.items():
+            dst.attrs[k] = v
+        for name in src:
+            src.copy(src[name], dst, name=name)
+        # The rung is the `max` rung: its spec stays b'max'; `batch` is the batch it ran at.
+        for k, v in {**attrs, "spec": spec.path, "batch": str(attrs["max_batch"])}.items():
+            dst.attrs[k] = _clean(v)
+        _write_datasets(dst, probes_datasets(probes))
 
 
 def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeResult]) -> None:
@@ -292,16 +292,15 @@ def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeRe
     import h5py
 
     from scaleladder.rung import provenance
-    from scaleladder.results.store import atomic_path
+    from scaleladder.results.store import h5_in_memory
 
     reason = probes[-1].reason if probes else "out of memory"
     rec = {"status": "oom", **cfg.attrs(), "world_size": world, "error": f"batch 1 does not train: {reason}",
            **{k: v for k, v in provenance.collect("").items() if k != "device_name"}, **attrs}
-    with atomic_path(cfg.out) as tmp:
-        with h5py.File(tmp, "w") as f:
-            for k, v in rec.items():
-                f.attrs[k] = _clean(v)
-            _write_datasets(f, probes_datasets(probes))
+    with h5_in_memory(cfg.out) as f:
+        for k, v in rec.items():
+            f.attrs[k] = _clean(v)
+        _write_datasets(f, probes_datasets(probes))
 
 
 # -- CLI ---------------------------------------------------------------------------------------------

@@ -118,6 +118,9 @@ def run_command(cfg: RunConfig, launcher: str, **override: Any) -> list[str] | s
 
 
 def launch(cfg: RunConfig, launcher: str) -> int:
+    from scaleladder.results.store import check_writable, record_bytes
+
+    check_writable(cfg.out, record_bytes(cfg.steps))  # a read-only or full results/: one line, no rank started
     _clear(cfg.out)  # stale markers from an earlier, killed attempt must not turn this run into an OOM
     cmd = run_command(cfg, launcher)
     print(f"scaleladder launch: {cmd if isinstance(cmd, str) else shlex.join(cmd)}", file=sys.stderr)

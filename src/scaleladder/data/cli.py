@@ -182,7 +182,18 @@ def shard_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("scaleladder shard: interrupted; nothing was written", file=sys.stderr)
         return 1
-    except Exception as e:  # disk full, permissions, ...: still one line, still nothing written
+    except OSError as e:  # disk full, quota, read-only, ulimit -f: one line naming the file, nothing written
+        from scaleladder.results.store import CAUSES, write_error
+
+        if e.errno not in CAUSES:
+            print(f"scaleladder shard: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        where = Path(e.filename) if e.filename else Path(args.parts or out)
+        if ".partial-" in str(where.parent.name):  # the staging folder, renamed into place only when complete
+            where = Path(args.parts or out) / where.name
+        print(f"scaleladder shard: error: {write_error(where, e)}; nothing was written", file=sys.stderr)
+        return 1
+    except Exception as e:  # anything else: still one line, still nothing written
         print(f"scaleladder shard: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -156,6 +157,16 @@ def _publishable(staging: Path) -> None:
     os.chmod(staging, 0o777 & ~umask)
 
 
+def staging_dir(parent: Path, prefix: str) -> Path:
+    """A new staging folder ``<prefix><host>-<pid>-<random>`` in ``parent``, after removing
+    the ones of the same prefix that a killed run (SIGKILL: no ``finally``) left on this host;
+    never a live process's (results.store.remove_dead_leftovers)."""
+    from scaleladder.results.store import host_tag, remove_dead_leftovers
+
+    remove_dead_leftovers(parent, re.escape(prefix) + r"(?P<host>[A-Za-z0-9_]+)-(?P<pid>[0-9]+)-[^/]*")
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{host_tag()}-{os.getpid()}-", dir=parent))
+
+
 def write_shard_set(items: Iterable[Item | Pending], out: Path, opts: ShardOptions, provenance: dict[str, Any]) -> Path:
     """Write every good sample of ``items`` into a new shard set at ``out``; return its manifest path.
 
@@ -167,7 +178,7 @@ def write_shard_set(items: Iterable[Item | Pending], out: Path, opts: ShardOptio
     if out.exists() and any(out.iterdir()) and not opts.overwrite:
         raise DataError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    staging = staging_dir(out.parent, f".{out.name}.partial-")
     try:
         manifest = _write(items, staging, opts, provenance)
         _publishable(staging)

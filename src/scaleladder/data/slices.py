@@ -41,7 +41,7 @@ from typing import Any
 from scaleladder.data.errors import DataError
 from scaleladder.data.prepare import Prepared, prepared_stream
 from scaleladder.data.shard import (INTERRUPTED, MAX_SKIP_EXAMPLES, ShardOptions, Stats, _place, _Progress,
-                                    _publishable, finish_set, sample_members)
+                                    _publishable, finish_set, sample_members, staging_dir)
 from scaleladder.data.sources import BadSample, Item, Pending, Source, Tag
 from scaleladder.data.tarout import ShardFile
 
@@ -100,7 +100,7 @@ def write_slice(source: Source, parts: Path, opts: ShardOptions, k: int, n: int)
     lo, hi = p.item_range
     parts = Path(parts).absolute()
     parts.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{record_name(k, n)}.partial-", dir=parts))
+    staging = staging_dir(parts, f".{record_name(k, n)}.partial-")
     try:
         assert source.indexed is not None
         shards, rows, skipped = _write_slice(source.indexed(lo, hi, k == n - 1), staging, opts, hi - lo)
@@ -235,7 +235,7 @@ def gather(parts: Path, n: int, out: Path, opts: ShardOptions, provenance: dict[
     opts.classes = records[0]["classes"]
     provenance = {**provenance, "source": records[0]["source"]}
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    staging = staging_dir(out.parent, f".{out.name}.partial-")
     try:
         for s in shards:
             _link_or_copy(parts / s["url"], staging / s["url"])

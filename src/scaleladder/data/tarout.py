@@ -84,6 +84,8 @@ class ShardFile:
                 for piece in pieces:
                     self._sha.update(piece)  # releases the GIL for pieces over 2 KiB
                 _writev_all(self._fd, pieces)
+            except OSError as e:  # os.writev's error names no file: name it (disk full, ulimit -f)
+                self._error = OSError(e.errno, e.strerror, str(self.path))
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 self._error = e
 

@@ -193,6 +193,15 @@ def _summary(rungs: list[Rung], root: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def corrupt(rungs: list[Rung]) -> list[str]:
+    """Rungs whose file could not be read (results.aggregate), each with the command that redoes it."""
+    return [f"{r['spec']}: {r.get('error', 'unreadable')}; redo it with: {r.get('redo', '-')}"
+            for r in sorted(rungs, key=lambda r: r["spec"]) if r.get("status") == "corrupt"]
+
+
+CORRUPT_NOTE = "These rung files could not be read, so the figures leave them out; the other rungs are unaffected."
+
+
 def _sorted_rungs(rungs: list[Rung]) -> list[Rung]:
     order = model_order(rungs)
     return sorted(rungs, key=lambda r: (order.index(r["model"]), int(r.get("nodes", 1)), r["spec"]))
@@ -201,6 +210,8 @@ def _sorted_rungs(rungs: list[Rung]) -> list[Rung]:
 def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
     out = ["# scaleladder report", ""]
     out += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _summary(rungs, root)] + [""]
+    if bad := corrupt(rungs):
+        out += ["## Corrupt rung files", "", CORRUPT_NOTE, ""] + [f"- {line}" for line in bad] + [""]
     out += ["## Which strategy for which model", ""]
     w = winners(rungs)
     if w:
@@ -233,7 +244,12 @@ def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures:
         "<h1>scaleladder report</h1><table>",
     ]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _summary(rungs, root)]
-    parts.append("</table><h2>Which strategy for which model</h2>")
+    parts.append("</table>")
+    if bad := corrupt(rungs):
+        parts.append(f"<h2>Corrupt rung files</h2><p>{e(CORRUPT_NOTE)}</p><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in bad]
+        parts.append("</ul>")
+    parts.append("<h2>Which strategy for which model</h2>")
     w = winners(rungs)
     if w:
         keys = list(w[0])

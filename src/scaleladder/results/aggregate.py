@@ -7,10 +7,17 @@ The group name is the spec path the file's *location* says (``.../b<batch>.h5`` 
 ``.../bmax.h5``), because that is the rung's identity in the workflow; a max-batch rung
 says which batch it settled on in its own attributes.
 
-Idempotent by construction: the ladder file is rebuilt from its inputs into a
-temporary file and renamed over the old one, so running it twice gives the same groups,
-and a crash half way leaves the previous file intact. Never SWMR or in-place appends:
-those are unreliable on NFS and Lustre (docs/design.md).
+Idempotent by construction: the ladder file is rebuilt from its inputs in memory and
+written to a temporary file renamed over the old one (results.store: HDF5 never writes to
+the disk itself), so running it twice gives the same groups, and a crash or a full disk
+half way leaves the previous file intact and no temporary file. Never SWMR or in-place
+appends: those are unreliable on NFS and Lustre (docs/design.md).
+
+A rung file that is not readable HDF5 (truncated by a full disk, half copied, garbage)
+costs only that rung: it is named in one line on stderr, and its group says status
+``corrupt``, the ``error`` and the ``redo`` command, so the ladder, figures and report
+still come out. Likewise a record whose own ``spec`` attribute names another rung than its
+path (a b4 record copied to ``b1500.h5``) is filed as ``corrupt``, never as the path's rung.
 
 Repeats (``repeats: R`` in the config): repeat 0 of a rung is ``<spec>.h5`` as ever, repeat
 k ≥ 1 is ``<spec>.r<k>.h5`` beside it. With R > 1 every repeat's file is copied whole to
@@ -47,9 +54,11 @@ import h5py
 import numpy as np
 
 from scaleladder.results.stats import between_runs, within_run
+from scaleladder.results.store import UnreadableFile, h5_cause, h5_in_memory, open_h5, remove_dead_leftovers
 from scaleladder.spec import RunSpec, SpecError
 
 FORMAT = "scaleladder-ladder/1"
+CORRUPT = "corrupt"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,60 +160,112 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
                             "(repeat 0 is <spec>.h5, repeat k is <spec>.r<k>.h5)")
 
     counts: Counter[str] = Counter()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{out}.{os.getpid()}.tmp"
-    try:
-        with h5py.File(tmp, "w") as dst:
-            rungs = dst.create_group("rungs")
-            sources = []
-            for spec in sorted(by_spec):  # sorted: the same inputs give the same file
-                reps = by_spec[spec]
-                lead = _lead(reps)
-                path = reps[lead]
-                with h5py.File(path, "r") as src:
-                    parent = rungs.require_group(os.path.dirname(spec))
-                    # Group.copy of the source's root: attributes and every dataset, as is.
-                    src.copy(src["/"], parent, name=os.path.basename(spec))
-                g = rungs[spec]
-                digest = _sha256(path)
-                g.attrs["source_file"] = os.path.relpath(path)
-                g.attrs["source_sha256"] = digest
-                _fill_within(g)
-                if len(reps) > 1:
-                    copies = {}
-                    for k in sorted(reps):
-                        with h5py.File(reps[k], "r") as src:
-                            src.copy(src["/"], g.require_group("repeats"), name=f"r{k}")
-                        copies[k] = g[f"repeats/r{k}"]
-                        copies[k].attrs["source_file"] = os.path.relpath(reps[k])
-                        copies[k].attrs["source_sha256"] = _sha256(reps[k])
-                        _fill_within(copies[k])
-                    _summarize_repeats(g, copies)
-                status = _str(g.attrs.get("status", "unknown"))
-                counts[status] += 1
+    # a `<out>.<pid>.tmp` of an aggregate killed by SIGKILL before this fix, or by a dead node
+    remove_dead_leftovers(Path(out).parent, re.escape(Path(out).name) + r"\.(?P<pid>[0-9]+)\.tmp")
+    site = str((provenance or {}).get("site", "") or "")
+    with h5_in_memory(out) as dst:
+        rungs = dst.create_group("rungs")
+        sources = []
+        for spec in sorted(by_spec):  # sorted: the same inputs give the same file
+            reps = by_spec[spec]
+            bad = _unreadable(spec, reps)
+            if bad:
+                path, error = bad
+                _corrupt_group(rungs, spec, path, error, site)
+                counts[CORRUPT] += 1
+                sources += [{"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]), "sha256": "", "status": CORRUPT}
+                            for k in sorted(reps)]
+                continue
+            lead = _lead(reps)
+            path = reps[lead]
+            with h5py.File(path, "r") as src:
+                parent = rungs.require_group(os.path.dirname(spec))
+                # Group.copy of the source's root: attributes and every dataset, as is.
+                src.copy(src["/"], parent, name=os.path.basename(spec))
+            g = rungs[spec]
+            digest = _sha256(path)
+            g.attrs["source_file"] = os.path.relpath(path)
+            g.attrs["source_sha256"] = digest
+            _fill_within(g)
+            if len(reps) > 1:
+                copies = {}
                 for k in sorted(reps):
-                    sources.append({"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]),
-                                    "sha256": _sha256(reps[k]) if k != lead else digest, "status": status})
-            dst.attrs["format"] = FORMAT
-            dst.attrs["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            dst.attrs["scaleladder_version"] = _version()
-            dst.attrs["git_commit"] = _git_commit()
-            dst.attrs["n_rungs"] = len(by_spec)
-            dst.attrs["status_counts"] = json.dumps(dict(sorted(counts.items())))
-            dst.attrs["sources"] = json.dumps(sources)
-            dst.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+                    with h5py.File(reps[k], "r") as src:
+                        src.copy(src["/"], g.require_group("repeats"), name=f"r{k}")
+                    copies[k] = g[f"repeats/r{k}"]
+                    copies[k].attrs["source_file"] = os.path.relpath(reps[k])
+                    copies[k].attrs["source_sha256"] = _sha256(reps[k])
+                    _fill_within(copies[k])
+                _summarize_repeats(g, copies)
+            status = _str(g.attrs.get("status", "unknown"))
+            counts[status] += 1
+            for k in sorted(reps):
+                sources.append({"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]),
+                                "sha256": _sha256(reps[k]) if k != lead else digest, "status": status})
+        dst.attrs["format"] = FORMAT
+        dst.attrs["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        dst.attrs["scaleladder_version"] = _version()
+        dst.attrs["git_commit"] = _git_commit()
+        dst.attrs["n_rungs"] = len(by_spec)
+        dst.attrs["status_counts"] = json.dumps(dict(sorted(counts.items())))
+        dst.attrs["sources"] = json.dumps(sources)
+        dst.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
     return dict(counts)
+
+
+def redo_command(path: str, site: str) -> str:
+    """The command that runs one rung file's job again (targets first: --forcerun takes
+    every word after it)."""
+    rel = os.path.relpath(path)
+    return f"snakemake {rel} --profile profiles/{site or '<site>'} --forcerun {rel}"
+
+
+def _unreadable(spec: str, reps: dict[int, str]) -> tuple[str, str] | None:
+    """The first of a rung's files that cannot stand for it, and why: not readable HDF5, or
+    a record whose own spec names another rung (None when every file is sound)."""
+    for k in sorted(reps):
+        try:
+            with open_h5(reps[k]) as f:
+                own = _str(f.attrs.get("spec", ""))
+                f.visititems(_read_dataset)  # a file cut short can open and still lose its data
+        except UnreadableFile as e:
+            return reps[k], str(e)
+        except (OSError, RuntimeError, KeyError) as e:
+            return reps[k], f"{reps[k]}: not a readable HDF5 file ({h5_cause(e)})"
+        if own:
+            try:
+                own_path = RunSpec.from_path(str(own)).path
+            except SpecError:
+                own_path = str(own)
+            if own_path != spec:
+                return reps[k], (f"{reps[k]}: the record inside is rung {own_path!r}, not {spec!r} as its path says "
+                                 "(a copied or misnamed file)")
+    return None
+
+
+def _read_dataset(_name: str, obj: Any) -> None:
+    if isinstance(obj, h5py.Dataset):
+        obj[()]  # noqa: B018 - read for its error, not its value
+    # TRAP: visititems stops at the first callback that returns anything but None
+
+
+def _corrupt_group(rungs: h5py.Group, spec: str, path: str, error: str, site: str) -> None:
+    """The group of a rung whose file cannot be used: says so, why, and how to redo it."""
+    g = rungs.require_group(spec)
+    redo = redo_command(path, site)
+    g.attrs["status"] = CORRUPT
+    g.attrs["spec"] = spec
+    g.attrs["error"] = error
+    g.attrs["redo"] = redo
+    g.attrs["source_file"] = os.path.relpath(path)
+    print(f"scaleladder aggregate: {error}; rung {spec} recorded as '{CORRUPT}'; redo it with: {redo}", file=sys.stderr)
 
 
 def _lead(reps: dict[int, str]) -> int:
     """The repeat whose record the rung's group is: repeat 0, unless a repeat ran out of
     memory (then the first that did: a batch that fits only sometimes does not fit)."""
     for k in sorted(reps):
-        with h5py.File(reps[k], "r") as f:
+        with open_h5(reps[k]) as f:
             if _str(f.attrs.get("status", "")) != "ok":
                 return k
     return 0
@@ -250,7 +311,7 @@ def read_ladder(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     group's spec path, and ``step_time_s``/``loss`` arrays when present), and the root's
     attributes."""
     rungs: list[dict[str, Any]] = []
-    with h5py.File(path, "r") as f:
+    with open_h5(path) as f:
         root = {k: _plain(v) for k, v in f.attrs.items()}
 
         def visit(name: str, obj: Any) -> None:

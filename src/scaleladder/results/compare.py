@@ -49,7 +49,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]
 
 from scaleladder.errors import SpecError
-from scaleladder.results.aggregate import FORMAT, aggregate, read_ladder
+from scaleladder.results.aggregate import CORRUPT, FORMAT, aggregate, read_ladder
 from scaleladder.results.stats import CONFIDENCE, t_quantile
 from scaleladder.results.store import atomic_path
 
@@ -95,6 +95,11 @@ def load(path: str) -> dict[str, Rung]:
                             "give `scaleladder aggregate`'s output or a folder of rung files")
     else:
         raise SpecError(f"{path}: no such ladder file or folder")
+    corrupt = [r for r in rungs if r.get("status") == CORRUPT]
+    if corrupt:  # a verdict on a rung whose file was unreadable would be a guess
+        more = f" (and {len(corrupt) - 1} more)" if len(corrupt) > 1 else ""
+        raise SpecError(f"{corrupt[0].get('error', corrupt[0]['spec'] + ': corrupt')}{more}; redo it with: "
+                        f"{corrupt[0].get('redo', '')}")
     return {r["spec"]: r for r in rungs}
 
 

@@ -1,0 +1,203 @@
+"""Faults that must never cost finished work or leave the user guessing (issue 21), for real:
+a full disk (`ulimit -f` through RLIMIT_FSIZE, or a tiny tmpfs where mounting is allowed),
+a truncated or misfiled rung file, garbage given to `compare`, the litter of killed runs.
+Each test runs the real command in a subprocess; none takes more than a few seconds."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import write_rung
+
+RUNG = "vit-debug/single/fp32/pre-lag/n1/b8"
+
+
+def sl(*args: str, cwd: Path | None = None, fsize: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`scaleladder ARGS`, under a file size limit of ``fsize`` bytes (`ulimit -f`) if given."""
+    def limit() -> None:
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return subprocess.run([sys.executable, "-m", "scaleladder", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=limit)
+
+
+def one_line(p: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, p.stderr[-3000:]
+    return lines[0]
+
+
+def litter(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if ".tmp" in p.name or ".partial-" in p.name
+                  or ".probe-" in p.name)
+
+
+# -- fault 3: a rung that cannot write its output fails before training ---------------------------
+
+
+def test_run_refuses_an_output_it_could_not_write_before_training(tmp_path: Path) -> None:
+    # 100000 steps: were it to train first, it would run past the timeout
+    p = sl("run", "--spec", RUNG, "--steps", "100000", "--warmup", "1", "--out", str(tmp_path / "x.h5"),
+           fsize=16 * 1024, timeout=60)
+    assert p.returncode == 1
+    line = one_line(p)
+    assert f"cannot write {tmp_path / 'x.h5'}" in line and "EFBIG" in line and "before training" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_launch_refuses_it_before_any_rank_starts(tmp_path: Path) -> None:
+    p = sl("launch", "--launcher", "", "--spec", RUNG, "--steps", "100000", "--warmup", "1",
+           "--out", str(tmp_path / "x.h5"), fsize=16 * 1024, timeout=60)
+    assert p.returncode == 1 and one_line(p).startswith("scaleladder launch: error: cannot write")  # no launch line
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 64 KiB tmpfs (root only; skipped where mounting is not allowed)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                                                       capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_full_disk_is_found_before_training(tiny_fs: Path) -> None:
+    p = sl("run", "--spec", RUNG, "--steps", "100000", "--warmup", "1", "--out", str(tiny_fs / "r" / "x.h5"), timeout=60)
+    assert p.returncode == 1 and "no space left on the device [ENOSPC]" in one_line(p)
+    assert litter(tiny_fs) == []
+
+
+# -- fault 4: a write that fails is one line, no temporary file, no crash --------------------------
+
+
+def big_rungs(root: Path, n: int = 3) -> list[Path]:
+    """Rung files of ~0.5 MB each (a long step-time series), so their ladder exceeds a small limit."""
+    files = []
+    for batch in range(1, n + 1):
+        f = write_rung(root, f"vit-debug/ddp/fp32/pre-lag/n1/b{batch}")
+        with h5py.File(f, "a") as h:
+            h.create_dataset("extra", data=np.random.default_rng(batch).random(64 * 1024))
+        files.append(f)
+    return files
+
+
+def test_aggregate_on_a_full_disk_is_one_line_and_keeps_the_old_ladder(tmp_path: Path) -> None:
+    files = big_rungs(tmp_path)
+    ladder = tmp_path / "results" / "ladder.h5"
+    ladder.write_bytes(b"the previous ladder")
+    p = sl("aggregate", "--out", str(ladder), *map(str, files), fsize=256 * 1024)
+    assert p.returncode == 1, p.stderr[-3000:]  # before: HDF5 error stacks, then a segfault (139)
+    assert one_line(p) == (f"scaleladder aggregate: error: cannot write {ladder}: file too large (over the process's "
+                           "file size limit, `ulimit -f`, or the filesystem's) [EFBIG]")
+    assert ladder.read_bytes() == b"the previous ladder" and litter(tmp_path) == []
+
+
+def test_shard_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path: Path) -> None:
+    p = sl("shard", "--out", str(tmp_path / "sh"), "--samples", "64", "--per-shard", "16", "--image-size", "32",
+           fsize=64 * 1024)
+    assert p.returncode == 1
+    line = one_line(p)
+    assert f"cannot write {tmp_path / 'sh'}/synthetic-000000.tar" in line and "EFBIG" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_figure_on_a_full_disk(tmp_path: Path) -> None:
+    files = three_rungs(tmp_path)
+    assert sl("aggregate", "--out", str(tmp_path / "ladder.h5"), *map(str, files)).returncode == 0
+    p = sl("compare", str(tmp_path / "ladder.h5"), str(tmp_path / "ladder.h5"), "--figure", str(tmp_path / "c.png"),
+           fsize=8 * 1024)
+    assert p.returncode == 1 and f"cannot write {tmp_path / 'c.png'}" in p.stderr.splitlines()[-1]
+    assert litter(tmp_path) == []
+
+
+# -- fault 2: a corrupt rung file costs only that rung -----------------------------------------------
+
+
+def three_rungs(root: Path) -> list[Path]:
+    return [write_rung(root, s) for s in ("vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/fsdp-full/fp32/pre-lag/n1/b4",
+                                          "flava-debug/ddp/fp32/pre-lag/n1/b4")]
+
+
+def test_a_truncated_rung_is_named_and_marked_the_ladder_figures_and_report_still_come_out(tmp_path: Path) -> None:
+    from scaleladder.results.aggregate import read_ladder
+
+    files = three_rungs(tmp_path)
+    os.truncate(files[0], 5000)
+    p = sl("aggregate", "--out", "results/ladder.h5", "--provenance", '{"site": "local"}', "--dir", "results/rungs",
+           cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rel = "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5"
+    redo = f"snakemake {rel} --profile profiles/local --forcerun {rel}"
+    line = one_line(p)
+    assert line.startswith(f"scaleladder aggregate: {rel}: not a readable HDF5 file (truncated file") and line.endswith(redo)
+    rungs, root = read_ladder(str(tmp_path / "results/ladder.h5"))
+    by = {r["spec"]: r for r in rungs}
+    assert by["vit-debug/ddp/fp32/pre-lag/n1/b4"]["status"] == "corrupt"
+    assert by["vit-debug/ddp/fp32/pre-lag/n1/b4"]["redo"] == redo
+    assert [by[s]["status"] for s in sorted(by) if "ddp/fp32/pre-lag/n1/b4" not in s or "flava" in s] == ["ok", "ok"]
+    assert sl("plots", "--ladder", "results/ladder.h5", "--out-dir", "results/plots", cwd=tmp_path).returncode == 0
+    assert sl("report", "--ladder", "results/ladder.h5", "--plots", "results/plots", "--html", "results/report.html",
+              "--md", "results/report.md", cwd=tmp_path).returncode == 0
+    md = (tmp_path / "results/report.md").read_text()
+    assert "## Corrupt rung files" in md and redo in md
+
+
+def test_a_record_filed_under_another_rungs_path_is_not_taken_for_it(tmp_path: Path) -> None:
+    files = three_rungs(tmp_path)
+    wrong = files[0].with_name("b1500.h5")
+    shutil.copy(files[0], wrong)  # a b4 record copied to b1500.h5
+    p = sl("aggregate", "--out", "ladder.h5", *map(str, [*files, wrong]), cwd=tmp_path)
+    assert p.returncode == 0
+    assert "the record inside is rung 'vit-debug/ddp/fp32/pre-lag/n1/b4', not 'vit-debug/ddp/fp32/pre-lag/n1/b1500'" in one_line(p)
+    from scaleladder.results.aggregate import read_ladder
+
+    statuses = {r["spec"]: r["status"] for r in read_ladder(str(tmp_path / "ladder.h5"))[0]}
+    assert statuses["vit-debug/ddp/fp32/pre-lag/n1/b1500"] == "corrupt"
+    assert statuses["vit-debug/ddp/fp32/pre-lag/n1/b4"] == "ok"
+
+
+def test_compare_names_a_garbage_or_truncated_file_and_exits_2(tmp_path: Path) -> None:
+    files = three_rungs(tmp_path)
+    garbage = tmp_path / "garbage.h5"
+    garbage.write_bytes(os.urandom(3000))
+    p = sl("compare", str(garbage), str(tmp_path / "results/rungs"), "--figure", str(tmp_path / "c.png"))
+    assert p.returncode == 2
+    assert one_line(p) == f"scaleladder compare: error: {garbage}: not a readable HDF5 file (file signature not found)"
+    os.truncate(files[1], 4000)
+    p = sl("compare", str(tmp_path / "results/rungs"), str(tmp_path / "results/rungs"), "--figure", str(tmp_path / "c.png"))
+    assert p.returncode == 2 and f"{files[1]}: not a readable HDF5 file (truncated file" in p.stderr.splitlines()[-1]
+
+
+# -- fault 7: the next run cleans up its own dead leftovers, never a live process's ---------------------
+
+
+def test_dead_leftovers_are_removed_live_ones_kept(tmp_path: Path) -> None:
+    files = three_rungs(tmp_path)
+    out = tmp_path / "results" / "ladder.h5"
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        dead_old = out.with_name(f"ladder.h5.{2**22 + 1}.tmp")  # the old aggregate's name; pid_max is at most 2**22
+        dead = out.with_name(f"ladder.h5.tmp-{2**22 + 1}")
+        kept = out.with_name(f"ladder.h5.tmp-{live.pid}")
+        for f in (dead_old, dead, kept):
+            f.write_bytes(b"x")
+        assert sl("aggregate", "--out", str(out), *map(str, files)).returncode == 0
+        assert not dead_old.exists() and not dead.exists() and kept.exists()
+    finally:
+        live.kill()
+        live.wait()
