@@ -146,3 +146,26 @@ def test_the_report_shows_the_budget_beside_the_ladder(tmp_path: Path) -> None:
     assert md.endswith("## Budget\n\n| ladder block | node-hours to run |\n|---|---|\n| total | 48.9 |\n")
     page = with_budget("<html><body><h1>r</h1></body></html>", ladder, html_page=True)
     assert "<h2>Budget</h2>\n<pre>| ladder block" in page and page.endswith("</pre>\n</body></html>")
+
+
+def test_start_up_is_priced_from_finished_rungs_and_scales_with_nodes(tmp_path: Path) -> None:
+    """Issue 25: measured start-up (startup_s + teardown_s of finished rungs) replaces the stated
+    budget.startup_s, at the same node count, else on the line through the node counts measured."""
+    spec1 = RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b32")
+    stated = cost.estimate(spec1, 8, True, None, model(), {})
+    assert stated.startup_s == 60.0 and stated.startup_source.startswith("stated start-up 60 s")
+    plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n1/b16", startup_s=10.0, teardown_s=1.0)
+    plant(tmp_path, "vit-huge/ddp/bf16-mixed/pre-lag/n1/b16", startup_s=12.0, teardown_s=1.0)
+    plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b16", startup_s=19.0, teardown_s=1.0)
+    plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n8/b16", status="oom")  # no start-up in an oom record
+    measured = cost.read_measured([str(p) for p in (tmp_path / "results/rungs").rglob("*.h5")])
+    one = cost.estimate(spec1, 8, True, None, model(), measured)
+    assert one.startup_s == pytest.approx(12.0) and "median of 2 rung(s) on 1 node(s)" in one.startup_source
+    assert one.job_s == pytest.approx(100 * one.step_s + 12.0)
+    # n2 was never measured: medians 12 s at 1 node and 20 s at 4 give 12 + 8/3 x (2 - 1)
+    two = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n2/b32"), 16, True, None, model(), measured)
+    assert two.startup_s == pytest.approx(12.0 + 8.0 / 3.0) and "x nodes" in two.startup_source
+    # the table shows start-up apart: an hour's stated start-up on 10 nodes is 10 node-hours of it
+    big = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n10/b32"), 80, True, None, model(startup_s=3600.0), {})
+    rows = cost.block_table([("b", [big])], {})
+    assert rows[0]["of which start-up"] == "10.0" and float(rows[0]["node-hours to run"]) >= 10.0

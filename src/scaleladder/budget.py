@@ -85,13 +85,15 @@ def main(args: argparse.Namespace) -> int:
     blocks, limits, model = estimates(args.profile, Path(args.repo).resolve())
     rows = cost.block_table(blocks, limits)
     mfu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(model.mfu.items())) or f"default {cost.DEFAULT_MFU}"
-    head = (f"Budget for profile {args.profile}: {model.steps} steps per rung on {model.plan_device}, start-up "
-            f"{model.startup_s:.0f} s per job, stated MFU {mfu}; calibrated from finished rungs where there are any.\n\n")
+    sources = sorted({e.startup_source for _, ests in blocks for e in ests if e.fits and e.priced and e.startup_source})
+    head = (f"Budget for profile {args.profile}: {model.steps} steps per rung on {model.plan_device}, stated MFU {mfu}; "
+            "calibrated from finished rungs where there are any. Start-up per job (priced apart from the steps): "
+            + ("; ".join(sources) if sources else f"stated {model.startup_s:.0f} s") + ".\n\n")
     text = head + cost.markdown(rows)
     if args.rungs:
         text += "\n" + "\n".join(
             f"{e.spec.path}: " + (f"{e.job_s / 60:.1f} min x {e.nodes} node(s) = {e.node_hours:.2f} node-h, step {e.step_s:.3f} s "
-                                  f"at batch {e.batch}; {e.source}" if e.fits else e.source)
+                                  f"at batch {e.batch}, start-up {e.startup_s:.0f} s ({e.startup_source}); {e.source}" if e.fits else e.source)
             for _, ests in blocks for e in ests) + "\n"
     print(text, end="")
     if args.out:

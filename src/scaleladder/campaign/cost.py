@@ -1,7 +1,8 @@
 """What a ladder will cost, before anything is submitted: a time model per rung, and node-hours.
 
-A rung's job runs ``steps`` steps plus a fixed start-up (container, process group, loader
-warm-up: ``budget.startup_s`` in the profile's site.yaml). One step is predicted as
+A rung's job runs ``steps`` steps plus a start-up: measured, from the records of finished
+rungs (rung/startup.py; :func:`measured_startup`), else the profile's stated
+``budget.startup_s`` (container, process group, loader warm-up). One step is predicted as
 
     step time = local batch x model FLOPs per sample / (device peak x MFU)
 
@@ -84,6 +85,7 @@ class Measured:
     step_time_s: float | None
     mfu: float | None
     batch: int | None  # the local batch it ran (a max rung: the batch it found)
+    startup_s: float | None = None  # rank 0's start-up + tear-down (rung/startup.py); None in older records
 
 
 @dataclass
@@ -98,6 +100,12 @@ class Estimate:
     source: str  # where the step time comes from
     measured: bool = False
     priced: bool = True  # False: nothing to price it with (no predicted max batch); counted apart
+    startup_s: float = 0.0  # of job_s, the part outside the steps (per job; the max search pays it per probe too)
+    startup_source: str = ""
+
+    @property
+    def startup_node_hours(self) -> float:
+        return self.nodes * self.startup_s / 3600
 
     @property
     def node_hours(self) -> float:
@@ -124,6 +132,33 @@ def calibrated_mfu(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float, 
     return statistics.median(m.mfu for m in same if m.mfu), sorted(m.spec.path for m in same)
 
 
+def measured_startup(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float, str] | None:
+    """The start-up of a job of ``spec.nodes`` nodes, from finished rungs' records (None: none).
+
+    The median at the same node count; where there is none but two or more node counts were
+    measured and the start-up grows with nodes, the least-squares line through their medians
+    (a, b in a + b x nodes) at ``spec.nodes``; else the median of all. It counts from each
+    rank's process start (rung/startup.py): what a job spends before that (the batch script,
+    the container's start) is in the stated ``budget.startup_s``, not in a measurement."""
+    ok = [m for m in measured if m.status == "ok" and m.startup_s is not None]
+    if not ok:
+        return None
+    by_nodes: dict[int, list[float]] = {}
+    for m in ok:
+        by_nodes.setdefault(m.spec.nodes, []).append(float(m.startup_s or 0.0))
+    if spec.nodes in by_nodes:
+        same = by_nodes[spec.nodes]
+        return statistics.median(same), f"measured start-up (median of {len(same)} rung(s) on {spec.nodes} node(s))"
+    medians = {n: statistics.median(v) for n, v in by_nodes.items()}
+    if len(medians) >= 2:
+        fit = statistics.linear_regression(list(medians), list(medians.values()))
+        if fit.slope > 0:
+            value = fit.intercept + fit.slope * spec.nodes
+            return max(value, 0.0), f"measured start-up, {fit.intercept:.1f} s + {fit.slope:.1f} s x nodes (from {sorted(medians)} nodes)"
+    every = [float(m.startup_s or 0.0) for m in ok]
+    return statistics.median(every), f"measured start-up (median of {len(every)} rung(s))"
+
+
 def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, model: Model,
              measured: Mapping[str, Measured]) -> Estimate:
     """One rung's job: its step time (measured, calibrated or stated), steps, start-up."""
@@ -144,11 +179,14 @@ def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, model
             mfu, source = stated_mfu(spec, model.mfu)
         step = batch * model_flops_per_sample(spec, batch * world) / (peak * mfu)
         done = False
-    job = model.steps * step + model.startup_s
+    start = measured_startup(spec, list(measured.values()))
+    startup, startup_source = start if start else (model.startup_s, f"stated start-up {model.startup_s:.0f} s (budget.startup_s)")
+    job, paid = model.steps * step + startup, startup
     if spec.batch == "max":  # the search's probes, one per doubling up to the batch (an estimate)
         probes = max(1, math.ceil(math.log2(max(batch, 2))))
-        job += probes * (model.probe_steps * step + model.startup_s)
-    return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done)
+        job += probes * (model.probe_steps * step + startup)
+        paid += probes * startup
+    return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done, startup_s=paid, startup_source=startup_source)
 
 
 def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Mapping[str, float]) -> list[dict[str, str]]:
@@ -172,6 +210,7 @@ def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Ma
             "measured": str(sum(e.measured for e in ests)),
             "not priced": str(sum(not e.priced for e in ests)),
             "node-hours to run": f"{sum(e.node_hours for e in todo):.1f}",
+            "of which start-up": f"{sum(e.startup_node_hours for e in todo):.1f}",
             "longest job": (f"{longest.job_s / 60:.0f} min ({longest.spec.path})" if longest else "-"),
             "time limit": (f"{limit:.0f} min" + (f", {len(over)} over" if over else "") if limit else "-"),
         })
@@ -197,8 +236,10 @@ def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
         except (OSError, KeyError, ValueError, SpecError):  # not a rung record
             continue
         found = str(a.get("max_batch", a.get("batch", "")))
+        startup = _float(a.get("startup_s"))
         out[spec.path] = Measured(spec, str(a.get("status", "")), _float(a.get("step_time_mean_s")), _float(a.get("mfu")),
-                                  int(found) if found.isdigit() else None)
+                                  int(found) if found.isdigit() else None,
+                                  None if startup is None else startup + (_float(a.get("teardown_s")) or 0.0))
     return out
 
 
