@@ -119,3 +119,21 @@ def test_spawn_without_a_program_is_one_line(tmp_path: Path) -> None:
     run = subprocess.run([SCALELADDER, "spawn", "--nproc-per-node", "2"], env=env(), capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and "rank program" in run.stderr
 
+
+
+def test_the_report_shows_each_rungs_startup(tmp_path: Path) -> None:
+    """A record's startup_s survives the aggregate into the report's table, as a column of its own."""
+    from conftest import write_rung
+    from scaleladder.figures.report import render_markdown
+    from scaleladder.results.aggregate import aggregate, read_ladder
+
+    files = [write_rung(tmp_path, "vit-debug/ddp/fp32/pre-lag/n1/b4", startup_s=7.25, teardown_s=0.5),
+             write_rung(tmp_path, "vit-debug/fsdp-full/fp32/pre-lag/n1/b4")]  # an older record: no start-up
+    ladder = tmp_path / "ladder.h5"
+    aggregate([str(f) for f in files], str(ladder))
+    rungs, root = read_ladder(str(ladder))
+    md = render_markdown(rungs, root, "plots", figures=[])
+    header = next(line for line in md.splitlines() if line.startswith("| run spec"))
+    col = header.split(" | ").index("start-up s")
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[col] for line in md.splitlines() if "vit-debug/" in line and line.startswith("|")}
+    assert rows["vit-debug/ddp/fp32/pre-lag/n1/b4"] == "7.25" and rows["vit-debug/fsdp-full/fp32/pre-lag/n1/b4"] == "-"

@@ -57,6 +57,10 @@ COLUMNS = [
     ("alloc_retries", "alloc retries"),
     # compiled rungs only: the warm-up's excess over steady state (docs/metrics.md), outside the window
     ("compile_s", "compile s"),
+    # rank 0's seconds from its process start to its first batch (rung/startup.py; docs/metrics.md, "Start-up")
+    ("startup_s", "start-up s"),
+    # multi-node rungs: which host (and address) held which ranks, and the rendezvous used
+    ("rank_placement", "where ranks ran"),
 ]
 
 
@@ -82,7 +86,32 @@ def _fmt(key: str, v: Any) -> str:
     return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.2f}"
 
 
+def placement_cell(r: Rung) -> str:
+    """``host (addr): ranks a-b; ...; master addr:port`` from a record's ``rank_placement``
+    (rung.provenance.rank_placement), nodes in node-index order; "-" where the record has
+    none (records written before it existed, predicted-oom rungs)."""
+    raw = r.get("rank_placement")
+    try:
+        ranks = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        return "-"
+    if not ranks:
+        return "-"
+    nodes: dict[tuple[int, str, str], list[int]] = defaultdict(list)
+    for p in ranks:
+        nodes[(int(p.get("node", 0)), str(p.get("host", "?")), str(p.get("addr", "")))].append(int(p.get("rank", -1)))
+    parts = []
+    for (_, host, addr), rs in sorted(nodes.items()):
+        span = f"rank {rs[0]}" if len(rs) == 1 else (f"ranks {min(rs)}-{max(rs)}" if max(rs) - min(rs) + 1 == len(rs)
+                                                      else "ranks " + ",".join(map(str, sorted(rs))))
+        parts.append(f"{host} ({addr}): {span}" if addr else f"{host}: {span}")
+    master = f"; master {r.get('master_addr') or r.get('master_host', '?')}:{r.get('master_port', '?')}"
+    return "; ".join(parts) + master
+
+
 def _cell(r: Rung, key: str) -> str:
+    if key == "rank_placement":
+        return placement_cell(r)
     if key == "items_per_s_ci":
         ci = interval(r)
         reps = f" ({r['repeats']} runs)" if num(r.get("repeats")) and r["repeats"] > 1 else ""
