@@ -148,14 +148,15 @@ def test_a_folder_of_rungs_with_repeats_compares_like_its_ladder(tmp_path: Path)
 def test_references_from_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     new = ladder(tmp_path, rung(tmp_path, SPEC, 0.1, 0.02, 0))  # ~80 items/s
     ref = tmp_path / "references.yaml"
-    ref.write_text(f"rungs:\n  {SPEC}:\n    items_per_s: [80.0, -0.1, null]\n")
+    cond = "conditions: {device_name: test, data: synthetic}\n"
+    ref.write_text(f"{cond}rungs:\n  {SPEC}:\n    items_per_s: [80.0, -0.1, null]\n")
     assert cli(["compare", new, "--reference", str(ref)]) == 0
     assert "within reference" in capsys.readouterr().out
-    ref.write_text(f"rungs:\n  {SPEC}:\n    items_per_s: [100.0, -0.1, null]\n  {OTHER}:\n    items_per_s: [1.0, -0.5, null]\n")
+    ref.write_text(f"{cond}rungs:\n  {SPEC}:\n    items_per_s: [100.0, -0.1, null]\n  {OTHER}:\n    items_per_s: [1.0, -0.5, null]\n")
     assert cli(["compare", new, "--reference", str(ref)]) == 1
     out = capsys.readouterr()
     assert "below reference (REGRESSION)" in out.out and f"{OTHER}" in out.err  # absent: fails too
-    ref.write_text(f"rungs:\n  {SPEC}:\n    items_per_s: 80\n")
+    ref.write_text(f"{cond}rungs:\n  {SPEC}:\n    items_per_s: 80\n")
     assert cli(["compare", new, "--reference", str(ref)]) == 2
     assert f"rungs.{SPEC}.items_per_s: expected [value, lower, upper]" in capsys.readouterr().err
 

@@ -201,3 +201,27 @@ def test_dead_leftovers_are_removed_live_ones_kept(tmp_path: Path) -> None:
     finally:
         live.kill()
         live.wait()
+
+
+# -- fault 8: a reference holds only under the conditions it states -------------------------------------
+
+
+def test_a_reference_refuses_a_rung_measured_under_other_conditions(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    spec = "vit-debug/ddp/fp32/pre-lag/n1/b4"
+    # the workflow's rung: read from shards on this CPU, far slower than the synthetic reference
+    f = write_rung(tmp_path, spec, items_per_s=232.7, data="results/shards/32px/manifest.json", device_name="cpu (x86_64)")
+    p = sl("compare", str(f.parents[5]), "--reference", str(repo / "profiles/local/references.yaml"))
+    assert p.returncode == 2, p.stdout + p.stderr  # before: REGRESSION, exit 1
+    assert one_line(p).endswith(f"rung {spec} was measured under other conditions than the reference holds for: data "
+                                "'shards' (new) vs 'synthetic' (reference); not judged (measure a reference under the "
+                                "rung's conditions)")
+    with h5py.File(f, "r+") as h:  # the reference's own conditions: judged
+        h.attrs["data"] = "synthetic"
+        h.attrs["items_per_s"] = 508.8
+    p = sl("compare", str(f.parents[5]), "--reference", str(repo / "profiles/local/references.yaml"))
+    assert p.returncode == 0 and "within reference" in p.stdout
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(f"rungs:\n  {spec}:\n    items_per_s: [600.0, -0.6, null]\n")
+    p = sl("compare", str(f.parents[5]), "--reference", str(bare))
+    assert p.returncode == 2 and "a reference must state the conditions it was measured under" in one_line(p)

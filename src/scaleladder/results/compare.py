@@ -260,9 +260,35 @@ def what_changed(base: Mapping[str, Rung], new: Mapping[str, Rung]) -> list[str]
 # -- references ---------------------------------------------------------------------------
 
 
+#: What a reference must state it holds for (``conditions:`` in the file); more keys may be given.
+REQUIRED_CONDITIONS = ("device_name", "data")
+
+
+def condition_of(r: Rung, key: str) -> str:
+    """A rung's value of a reference condition: ``data`` is the source (``synthetic`` batches
+    made on the device, or ``shards`` read through the loader), anything else its attribute."""
+    if key == "data":
+        return "synthetic" if str(r.get("data", "synthetic")) == "synthetic" else "shards"
+    return str(r.get(key))
+
+
+def reference_conditions(path: str, doc: Mapping[str, Any]) -> dict[str, str]:
+    """The conditions a reference file holds for; SpecError when it states too few."""
+    cond = doc.get("conditions")
+    if not isinstance(cond, dict) or any(k not in cond for k in REQUIRED_CONDITIONS):
+        raise SpecError(f"{path}: a reference must state the conditions it was measured under, at least "
+                        f"'conditions: {{device_name: ..., data: synthetic|shards}}' (a value measured on synthetic "
+                        "batches says nothing about a rung that reads shards)")
+    if str(cond["data"]) not in ("synthetic", "shards"):
+        raise SpecError(f"{path}: conditions.data must be 'synthetic' or 'shards', got {cond['data']!r}")
+    return {str(k): str(v) for k, v in cond.items()}
+
+
 def check_references(path: str, new: Mapping[str, Rung]) -> list[Row]:
     """NEW against a profile's reference values: a row per (rung, metric), regressed when
-    the value lies outside ``value × (1 + lower) .. value × (1 + upper)`` or the rung is absent."""
+    the value lies outside ``value × (1 + lower) .. value × (1 + upper)`` or the rung is absent.
+    A rung measured under other conditions than the file states (device, data source, ...)
+    is refused (SpecError, one line), never judged."""
     try:
         with open(path) as f:
             doc = yaml.safe_load(f) or {}
@@ -270,6 +296,7 @@ def check_references(path: str, new: Mapping[str, Rung]) -> list[Row]:
         raise SpecError(f"{path}: cannot read references: {str(e).splitlines()[0]}") from None
     if not isinstance(doc.get("rungs"), dict):
         raise SpecError(f"{path}: expected a mapping 'rungs: {{<spec path>: {{<metric>: [value, lower, upper]}}}}'")
+    conditions = reference_conditions(path, doc)
     rows = []
     for spec, metrics in sorted(doc["rungs"].items()):
         for metric, ref in sorted((metrics or {}).items()):
@@ -281,9 +308,11 @@ def check_references(path: str, new: Mapping[str, Rung]) -> list[Row]:
             row.notes.append(f"reference {metric}")
             if r is None:
                 row.regressed = True
-            elif "device_name" in doc and str(r.get("device_name")) != str(doc["device_name"]):
-                raise SpecError(f"{path}: rung {spec}: provenance differs in device_name: {doc['device_name']!r} "
-                                f"(reference) vs {r.get('device_name')!r} (new)")
+            elif differ := [k for k in conditions if condition_of(r, k) != conditions[k]]:
+                k = differ[0]
+                raise SpecError(f"{path}: rung {spec} was measured under other conditions than the reference holds for: "
+                                f"{k} {condition_of(r, k)!r} (new) vs {conditions[k]!r} (reference); not judged "
+                                "(measure a reference under the rung's conditions)")
             else:
                 row.new = _num(r.get(metric))
                 row.change = row.new / value - 1 if value else math.nan
