@@ -380,3 +380,44 @@ def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spe
     p = sl("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
            "--launcher", "false", "--out", str(tmp_path / "r.h5"))
     assert_bad_input(p, "the planner does not model", tmp_path)
+
+
+def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tmp_path: Path) -> None:
+    # issue 22 part 9: torch.profiler works on the CPU; the allocator snapshot is refused in one line
+    import json
+
+    out = tmp_path / "r.h5"
+    p = sl("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1", "--trace-steps", "2",
+           "--device", "cpu", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out) as f:
+        assert f.attrs["trace_file"] == "r.trace.json" and f.attrs["trace_steps"] == 2 and f.attrs["trace_first_step"] == 1
+        assert "memory_snapshot_file" not in f.attrs
+    events = json.loads((tmp_path / "r.trace.json").read_text())["traceEvents"]
+    assert sorted({e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}) == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert not list(tmp_path.glob(".*tmp*"))
+    # off by default: nothing beside a plain record
+    plain = sl("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "2", "--warmup", "1", "--device", "cpu",
+               "--out", str(tmp_path / "plain.h5"))
+    assert plain.returncode == 0 and sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("plain")) == ["plain.h5"]
+    with h5py.File(tmp_path / "plain.h5") as f:
+        assert "trace_file" not in f.attrs
+    # refusals, in one line, before anything runs (in process: the same parser and checks as the CLI)
+    import argparse
+
+    from scaleladder.rung import run as runmod
+    from scaleladder.spec import SpecError
+
+    parser = argparse.ArgumentParser()
+    runmod.add_arguments(parser)
+
+    def refused(*extra: str) -> str:
+        a = parser.parse_args(["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1",
+                               "--device", "cpu", "--out", str(tmp_path / "s.h5"), *extra])
+        with pytest.raises(SpecError) as e:
+            runmod.config_from_args(a)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert "--memory-snapshot records the CUDA caching allocator's history; this rung runs on the CPU" in refused("--memory-snapshot")
+    assert "--trace-steps 4: the run measures only 3 steps" in refused("--trace-steps", "4")

@@ -543,3 +543,14 @@ def test_each_fsdp_generation_takes_its_own_knobs() -> None:
     ] and not skipped
     only_fsdp1 = {**block, "knobs": ["post-nolag"]}  # FSDP2 rungs then get their default, pf0
     assert "vit-debug/fsdp2-full/fp32/pf0/n1/b4" in [s.path for s in wf.expand_ladder([only_fsdp1], 2)[0]]
+
+
+def test_a_profiles_profiling_block_reaches_every_rung_through_the_job_environment() -> None:
+    # issue 22: a trace of steps after warm-up and an allocator snapshot, set once per profile
+    ladder, _ = prepare(cfg(profiling={"trace_steps": 3, "memory_snapshot": True}))
+    env = ladder.config["site"]["env"]
+    assert env["SCALELADDER_TRACE_STEPS"] == "3" and env["SCALELADDER_MEMORY_SNAPSHOT"] == "1"
+    plain, _ = prepare(cfg())
+    assert not {"SCALELADDER_TRACE_STEPS", "SCALELADDER_MEMORY_SNAPSHOT"} & set(plain.config["site"].get("env") or {})
+    with pytest.raises(wf.ConfigError, match="profiling"):
+        prepare(cfg(profiling={"trace_step": 3}))

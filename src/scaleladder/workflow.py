@@ -502,6 +502,7 @@ def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: Te
     validate_config(cfg, schema)
     check_data_values(cfg, cli_config)
     apply_loader(cfg)
+    apply_profiling(cfg)
     rpn = resolve_ranks_per_node(cfg["site"], gpu_count)
     rungs, skipped = expand_ladder(cfg["ladders"], rpn)
     selected = [s for s in rungs if is_selected(s, cfg.get("select") or {})]
@@ -688,6 +689,21 @@ def apply_loader(cfg: dict[str, Any]) -> None:
     if loader.get("decode", "cpu") != "cpu":  # cpu is run's own default: nothing to export
         cfg["site"].setdefault("env", {})
         cfg["site"]["env"] = {**(cfg["site"]["env"] or {}), "SCALELADDER_DECODE": str(loader["decode"])}
+
+
+def apply_profiling(cfg: dict[str, Any]) -> None:
+    """The profile's ``profiling`` block (issue 22): ``trace_steps`` and ``memory_snapshot`` reach
+    ``scaleladder run --trace-steps`` / ``--memory-snapshot``'s defaults through the site's job
+    environment, as ``loader.decode`` does (rung/profiling.py). Absent or off: nothing exported."""
+    prof = cfg.get("profiling") or {}
+    env: dict[str, str] = {}
+    if int(prof.get("trace_steps", 0) or 0) > 0:
+        env["SCALELADDER_TRACE_STEPS"] = str(int(prof["trace_steps"]))
+    if prof.get("memory_snapshot"):
+        env["SCALELADDER_MEMORY_SNAPSHOT"] = "1"
+    if env:
+        cfg["site"].setdefault("env", {})
+        cfg["site"]["env"] = {**(cfg["site"]["env"] or {}), **env}
 
 
 def shard_slices(cfg: Mapping[str, Any]) -> int:

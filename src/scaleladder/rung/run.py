@@ -68,6 +68,8 @@ class RunConfig:
     init: str
     compile_backend: str = ""  # the torch.compile backend of a -compile rung ("" otherwise)
     decode: str = "cpu"  # --data rungs: JPEG decode in the loader workers ("cpu") or on the device ("gpu")
+    trace_steps: int = 0  # torch.profiler trace of this many steps after warm-up (rung/profiling.py)
+    memory_snapshot: bool = False  # CUDA allocator memory snapshot of the loop (rung/profiling.py)
 
     def argv(self, **override: Any) -> list[str]:
         """The `run` arguments that reproduce this config (used by launch and maxbatch)."""
@@ -84,6 +86,10 @@ class RunConfig:
             args += ["--decode", self.decode]
         if self.compile_backend:
             args += ["--compile-backend", self.compile_backend]
+        if self.trace_steps:
+            args += ["--trace-steps", str(self.trace_steps)]
+        if self.memory_snapshot:
+            args += ["--memory-snapshot"]
         return args
 
     def attrs(self) -> dict[str, Any]:
@@ -118,6 +124,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", default=None, type=float, help="peak TFLOP/s of one rank's device, for a device not in the table")
     p.add_argument("--compile-backend", default=None, choices=list(COMPILE_BACKENDS),
                    help="torch.compile backend of a -compile rung (default inductor; aot_eager captures graphs without code generation)")
+    from scaleladder.rung.profiling import env_memory_snapshot, env_trace_steps
+
+    p.add_argument("--trace-steps", default=env_trace_steps(),
+                   help="torch.profiler trace of this many steps right after the warm-up, to <out>.trace.json (rank 0; default "
+                        "$SCALELADDER_TRACE_STEPS, a profile's profiling.trace_steps, or 0: off)")
+    p.add_argument("--memory-snapshot", action="store_true", default=env_memory_snapshot(),
+                   help="CUDA allocator memory history of the loop, to <out>.memory.pickle (rank 0; GPU only; default "
+                        "$SCALELADDER_MEMORY_SNAPSHOT, a profile's profiling.memory_snapshot)")
 
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
@@ -161,8 +175,13 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     out = Path(a.out)
     if out.suffix != ".h5":
         raise SpecError(f"--out {a.out!r} must end in .h5")
+    from scaleladder.rung.profiling import check_profiling
+
+    trace_steps = parse_nonnegative("trace-steps", getattr(a, "trace_steps", 0))
+    memory_snapshot = bool(getattr(a, "memory_snapshot", False))
+    check_profiling(trace_steps, memory_snapshot, steps, warmup, "cpu" if a.device == "cpu" else None)
     return RunConfig(spec, steps, warmup, a.data, parse_nonnegative("workers", a.workers), parse_nonnegative("seed", a.seed),
-                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend, a.decode)
+                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend, a.decode, trace_steps, memory_snapshot)
 
 
 def oom_marker(out: Path, rank: int) -> Path:
@@ -247,6 +266,10 @@ def _main(args: argparse.Namespace, env: Any) -> int:
     launch.check_master(env)  # an unresolvable master or a port in use: one line, before any group
     signal.signal(signal.SIGTERM, _terminate)
     device = launch.pick_device(env, cfg.device)
+    if cfg.memory_snapshot and device.type != "cuda":  # --device auto found no GPU
+        from scaleladder.rung.profiling import check_profiling
+
+        check_profiling(cfg.trace_steps, cfg.memory_snapshot, cfg.steps, cfg.warmup, device.type)
     # Before the group exists: the unused-parameter probe runs a CPU forward, and FLAVA's
     # contrastive loss all-gathers whenever a group exists. An NCCL/RCCL group serves
     # only GPU tensors ("No backend type associated with device type cpu"); gloo serves
@@ -372,7 +395,12 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     first, batches = _peek(source)
     CLOCK.mark("first_batch")
     flops = _flops(flavor, spec, batch * env.world, first)
-    m = train_loop(wrapped, optimizer, batches, cfg.steps, cfg.warmup, prec, device, scaler, compiled=spec.strategy.compile)
+    from scaleladder.rung.profiling import StepProfiler
+
+    # off by default: a trace of steps after warm-up, an allocator snapshot (rung/profiling.py)
+    with StepProfiler(cfg.trace_steps, cfg.memory_snapshot, cfg.warmup, cfg.out, device, env.rank) as profiler:
+        m = train_loop(wrapped, optimizer, profiler.wrap(batches), cfg.steps, cfg.warmup, prec, device, scaler,
+                       compiled=spec.strategy.compile)
     steps_done = time.monotonic()
     if env.rank != 0:
         return 0
@@ -406,6 +434,7 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "items_per_s": samples_per_s * items_per_sample,
         "items_per_sample": items_per_sample,
         "window_s": m.window_s,
+        **profiler.attrs(),  # the trace / snapshot files written next to the record, when asked for
         "step_time_mean_s": float(measured.mean()),
         "step_time_median_s": float(np.median(measured)),
         "step_time_p90_s": float(np.percentile(measured, 90)),
