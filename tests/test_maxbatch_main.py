@@ -38,6 +38,9 @@ for a in ("--spec", "--out", "--steps", "--warmup", "--data", "--seed", "--lr"):
     p.add_argument(a)
 args, _ = p.parse_known_args(sys.argv[2:])
 spec, out, steps = RunSpec.from_path(args.spec), Path(args.out), int(args.steps)
+if os.environ.get("FAKE_LOG"):  # one line per launch: batch and steps
+    with open(os.environ["FAKE_LOG"], "a") as log:
+        log.write(f"{spec.batch} {steps}\\n")
 world, rpn = int(os.environ["FAKE_WORLD"]), int(os.environ["FAKE_RPN"])
 limit = int(os.environ["FAKE_LIMIT"])
 if spec.batch > limit:
@@ -183,3 +186,19 @@ def test_an_oom_search_record_says_the_world_the_probes_ran_on(tmp_path: Path, l
     assert _run(tmp_path, SPEC, launcher(0, world=8, rpn=8)) == 0
     a = _attrs(tmp_path)
     assert a["status"] == "oom" and a["max_batch"] == 0 and a["world_size"] == 8 and a["probes"] == [1]
+
+
+def test_at_the_cap_the_probe_is_the_rung_and_no_launch_repeats_it(tmp_path: Path, launcher: Any) -> None:
+    """Issue 25: a pass at --max-batch-cap ends the search, so that probe runs the rung's own
+    steps (3 here, probes 2) and becomes the record: 3 launches, not 4."""
+    log = tmp_path / "launches.txt"
+    assert _run(tmp_path, "vit-debug/single/fp32/pre-lag/n1/bmax", launcher(100, world=1, rpn=1, FAKE_LOG=str(log)),
+                "--max-batch-cap", "4") == 0
+    assert log.read_text().split("\n")[:-1] == ["1 2", "2 2", "4 3"]
+    a = _attrs(tmp_path)
+    assert a["max_batch"] == 4 and a["steps"] == 3 and a["probes"] == [1, 2, 4] and a["maxbatch_capped"]
+    # below the cap nothing changed: the short probes, then the rung at the found batch
+    log.unlink()
+    assert _run(tmp_path, "vit-debug/single/fp32/pre-lag/n1/bmax", launcher(3, world=1, rpn=1, FAKE_LOG=str(log)),
+                "--max-batch-cap", "8") == 0
+    assert log.read_text().split("\n")[:-1] == ["1 2", "2 2", "4 2", "3 2", "3 3"]

@@ -22,7 +22,9 @@ distributed strategies. Here, for one (model, strategy, precision, knobs, nodes)
    allocations raise). A probe that crashes for another reason aborts the search
    (exit 1) — never mistaken for an OOM.
 4. The **rung** then runs in full at the found batch via ``supervise.launch`` (unless the
-   probes already ran the rung's own steps, in which case the passing probe IS the rung), and its
+   probes already ran the rung's own steps, in which case the passing probe IS the rung: always
+   so at ``--max-batch-cap``, where a pass ends the search, so that probe runs the rung's own
+   steps and is judged on them, retries included), and its
    HDF5 file gains ``max_batch`` and ``maxbatch_*`` attributes and a
    ``maxbatch/probes`` group (batch, status, retries, peaks, why each failed),
    written atomically (temp file, then ``os.replace``). The full rung's own allocator
@@ -175,14 +177,19 @@ def read_probe(path: Path, batch: int, seconds: float) -> ProbeResult:
                        reason, seconds)
 
 
-def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: int) -> Callable[[int], ProbeResult]:
-    """A probe that runs ``steps`` real steps at a batch in fresh processes via supervise.launch."""
+def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: int,
+                   full_at: int | None = None) -> Callable[[int], ProbeResult]:
+    """A probe that runs ``steps`` real steps at a batch in fresh processes via supervise.launch.
+
+    At ``full_at`` (the cap) it runs the rung's own steps instead: a pass there ends the search,
+    so that probe IS the rung, and the launch that would repeat it is saved (issue 25)."""
     from scaleladder.campaign.supervise import launch
 
     def probe(batch: int) -> ProbeResult:
         spec = dataclasses.replace(cfg.spec, batch=batch)
         out = workdir / f"probe-b{batch}.h5"
-        pc = dataclasses.replace(cfg, spec=spec, steps=steps, warmup=warmup, out=out)
+        n, w = (cfg.steps, cfg.warmup) if batch == full_at else (steps, warmup)
+        pc = dataclasses.replace(cfg, spec=spec, steps=n, warmup=w, out=out)
         t0 = time.perf_counter()
         rc = launch(pc, launcher)
         dt = time.perf_counter() - t0
@@ -366,7 +373,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         log(f"start at b={planned or 1}" + (f" (planner, {args.plan_device})" if planned else "") + (f", cap {cap}" if cap else ""))
         try:
-            res = search(launcher_probe(cfg, args.launcher, workdir, steps, warmup), planned, cap, max_retries, log)
+            res = search(launcher_probe(cfg, args.launcher, workdir, steps, warmup, full_at=cap), planned, cap, max_retries, log)
         except ProbeError as e:
             log(str(e))
             return 1
@@ -377,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
             return 0
         log(f"max batch {res.max_batch}{' (the cap)' if res.capped else ''} after {len(res.probes)} probes")
         probe_file = workdir / f"probe-b{res.max_batch}.h5"
-        if (steps, warmup) == (cfg.steps, cfg.warmup) and probe_file.is_file():
+        if ((steps, warmup) == (cfg.steps, cfg.warmup) or res.max_batch == cap) and probe_file.is_file():
             final = probe_file  # the passing probe already WAS the full rung: same command, same steps
         else:
             log(f"running the rung at b={res.max_batch}")
