@@ -225,3 +225,25 @@ def test_a_reference_refuses_a_rung_measured_under_other_conditions(tmp_path: Pa
     bare.write_text(f"rungs:\n  {spec}:\n    items_per_s: [600.0, -0.6, null]\n")
     p = sl("compare", str(f.parents[5]), "--reference", str(bare))
     assert p.returncode == 2 and "a reference must state the conditions it was measured under" in one_line(p)
+
+
+# -- fault 6: a long rung shows that it is alive ---------------------------------------------------------
+
+
+def test_rank_0_prints_progress_lines_at_a_steady_interval(tmp_path: Path) -> None:
+    def run(every: str | None) -> list[str]:
+        env = {**os.environ, "SCALELADDER_PROGRESS_S": every} if every else {
+            k: v for k, v in os.environ.items() if k != "SCALELADDER_PROGRESS_S"}
+        p = subprocess.run([sys.executable, "-m", "scaleladder", "run", "--spec", RUNG, "--steps", "12", "--warmup", "2",
+                            "--out", str(tmp_path / "r.h5")], capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "\r" not in p.stderr  # a Slurm log keeps every redraw
+        return [line for line in p.stderr.splitlines() if line.startswith(f"scaleladder run: {RUNG}: ")]
+
+    lines = run("0.05")
+    assert lines[0].endswith("training 12 steps (2 warm-up) ...")
+    assert lines[1].startswith(f"scaleladder run: {RUNG}: step 1/12 after ") and "max RSS" in lines[1]
+    steady = [line for line in lines[2:] if " steps/s, ETA " in line]
+    assert steady and steady[-1].split(": step ")[1].startswith("12/12,"), lines
+    # the default interval (30 s): a short rung says it started and took its first step, no more
+    assert len(run(None)) == 2

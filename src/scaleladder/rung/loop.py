@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -231,6 +232,70 @@ def _compile_failure(e: BaseException) -> bool:
     return isinstance(e, (dynamo_exc.TorchDynamoException, dynamo_exc.FailOnRecompileLimitHit))
 
 
+#: Seconds between two progress lines (SCALELADDER_PROGRESS_S overrides; 0 turns them off).
+PROGRESS_EVERY_S = 30.0
+
+
+class Progress:
+    """Rank 0's sign of life in the log: a line when the loop starts, one after the first step
+    (which holds the allocator's and cuDNN's warm-up, or a compile), then one every
+    ``every`` seconds, never more: a 2-hour rung must not look hung, and a Slurm log must not
+    fill up. Plain lines, no ``\\r`` redraws (a log file keeps every one of them).
+
+    Steps/s and ETA come from the host clock between two lines: the host runs at most a
+    step or two ahead of the device (each step's loss lands in a device tensor, and the
+    optimizer waits on the queue), so over 30 s that is close, and costs no sync."""
+
+    def __init__(self, label: str, steps: int, warmup: int, device: torch.device, every: float | None = None) -> None:
+        env = os.environ.get("SCALELADDER_PROGRESS_S")
+        self.every = PROGRESS_EVERY_S if every is None else every
+        if env and self.every > 0:
+            self.every = float(env)
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.on = rank == 0 and self.every > 0
+        self.label, self.steps, self.warmup, self.device = label, steps, warmup, device
+        self.t0 = self.t_last = time.perf_counter()
+        self.step_last = 0
+
+    def say(self, text: str) -> None:
+        print(f"scaleladder run: {self.label}: {text}", file=sys.stderr, flush=True)
+
+    def start(self) -> None:
+        if self.on:
+            self.say(f"training {self.steps} steps ({self.warmup} warm-up) ...")
+
+    def memory(self) -> str:
+        if self.device.type == "cuda":
+            return f"peak reserved {torch.cuda.max_memory_reserved(self.device) / 2**30:.2f} GiB"
+        import resource
+
+        return f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"  # KiB on Linux
+
+    def done(self, step: int) -> None:
+        """Step ``step`` (0-based) has been issued."""
+        if not self.on:
+            return
+        now = time.perf_counter()
+        if step > 0 and now - self.t_last < self.every:
+            return
+        n = step + 1
+        if step == 0:
+            self.say(f"step 1/{self.steps} after {now - self.t0:.1f} s (start-up of the loop: warm-up, compile); "
+                     f"{self.memory()}")
+        else:
+            rate = (n - self.step_last) / (now - self.t_last)
+            eta = (self.steps - n) / rate if rate > 0 else float("nan")
+            self.say(f"step {n}/{self.steps}, {rate:.2f} steps/s, ETA {_duration(eta)}, {self.memory()}")
+        self.t_last, self.step_last = now, n
+
+
+def _duration(seconds: float) -> str:
+    if not seconds == seconds or seconds == float("inf"):
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
 def train_loop(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -241,18 +306,20 @@ def train_loop(
     device: torch.device,
     scaler: "torch.amp.GradScaler | None" = None,
     compiled: bool = False,
+    label: str = "",
 ) -> Measurement:
     if not 0 <= warmup < steps:
         raise ValueError(f"warm-up ({warmup}) must be smaller than steps ({steps})")
     if compiled and warmup < 1:
         raise CompileError("a -compile rung needs warmup >= 1: its first step compiles, and compile time must stay out of the measured window")
+    progress = Progress(label, steps, warmup, device, every=None if label else 0.0)  # no label: silent (converge's chunks)
     if not compiled:
-        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, False)
+        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, False, progress)
     from torch._dynamo import config as dynamo_config  # not `import torch._dynamo`: it would make `torch` local
 
     recompile_was = dynamo_config.error_on_recompile
     try:
-        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, True)
+        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, True, progress)
     finally:
         dynamo_config.error_on_recompile = recompile_was  # the window's rule only
 
@@ -267,6 +334,7 @@ def _train_loop(
     device: torch.device,
     scaler: "torch.amp.GradScaler | None",
     compiled: bool,
+    progress: Progress,
 ) -> Measurement:
     graphs0 = _graphs_captured() if compiled else 0
     graphs = 0
@@ -280,6 +348,7 @@ def _train_loop(
     model.train()
     it = iter(batches)
     inject, inject_kind = _injected_oom()
+    progress.start()
     for step in range(steps):
         if step == warmup:
             # The measured window starts here: every rank, device idle, peaks reset.
@@ -320,6 +389,7 @@ def _train_loop(
                 raise CompileError(f"-compile rung {where} at step {step}: {type(e).__name__}: {first_line(e)}") from None
             raise
         losses[step] = loss.detach().float()
+        progress.done(step)
     if cuda:
         events[steps].record()
         torch.cuda.synchronize(device)
