@@ -211,8 +211,8 @@ def test_a100_rungs_and_max_batch_search_run_with_device_cuda(wf: Path) -> None:
     fixed = "results/rungs/flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
     mx = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
     out = dry_run(wf, "a100", fixed, mx)
-    assert " launch --launcher 'torchrun --standalone --nnodes 1 --nproc-per-node 8 -m scaleladder' --ranks-per-node 8 " \
-           "--device cuda --spec flava-2.7b/" in shell_of(out, "rung", fixed)
+    assert " torchrun --nnodes 1 --nproc-per-node 8 --rdzv-backend c10d " in shell_of(out, "rung", fixed)
+    assert " -m scaleladder' --ranks-per-node 8 --device cuda --spec flava-2.7b/" in shell_of(out, "rung", fixed)
     # maxbatch forwards its run arguments (RunConfig.argv, --device included) to every probe
     assert " --ranks-per-node 8 --device cuda --spec flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax " in shell_of(out, "rung_max", mx)
 

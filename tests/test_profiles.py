@@ -130,7 +130,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     mx = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
     out = dry_run(wf, "a100", fixed, mx)
     sl = "scaleladder"  # the supervisor runs on the host (it calls srun); the ranks in the image (issue 20)
-    launcher = ("'srun -N1 --ntasks-per-node=1 -c64 --kill-on-bad-exit=1 apptainer exec --nv --workdir \"$PWD\" "
+    launcher = ("'srun -N1 -n1 --ntasks-per-node=1 -c64 --kill-on-bad-exit=1 apptainer exec --nv --workdir \"$PWD\" "
                 "\"${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-cuda.sif}\" torchrun --nnodes 1 --nproc-per-node 8 "
                 "--rdzv-backend c10d --rdzv-endpoint \"$(scontrol show hostnames \"${SLURM_JOB_NODELIST:-$(squeue -h -j "
                 "\"$SLURM_JOB_ID\" -o %N)}\" | head -n1):29500\" --rdzv-id \"$SLURM_JOB_ID\" -m scaleladder'")
@@ -157,7 +157,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     n4 = "results/rungs/vit-1b/fsdp-hybrid8/bf16-mixed/pre-lag/n4/b32.h5"
     assert n4 in whole
     cmd = shell_of(dry_run(wf, "a100", n4), "rung", n4)
-    assert "'srun -N4 --ntasks-per-node=1 -c64 " in cmd and " torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d " in cmd
+    assert "'srun -N4 -n4 --ntasks-per-node=1 -c64 " in cmd and " torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d " in cmd
     assert " --ranks-per-node 8 --device cuda --spec vit-1b/fsdp-hybrid8/bf16-mixed/pre-lag/n4/b32 " in cmd
     # A batch that fits at b8 may not fit... and still have a max-batch search: the planner puts
     # FLAVA-1.8B under DDP at a max batch of 4 on 8xA100-40GB (docs/planner.md), so its b8

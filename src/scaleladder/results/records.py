@@ -13,7 +13,8 @@ from typing import Any
 
 # Where a rung ran (rung.run.placement): a rank that ran out of memory writes these into
 # its marker, so the oom record carries the same provenance as an ok one.
-PLACEMENT = ("device_name", "hosts", "ranks_per_node", "gpus_per_node", "launcher")
+PLACEMENT = ("device_name", "hosts", "ranks_per_node", "gpus_per_node", "launcher",
+             "rank_placement", "master_host", "master_addr", "master_port")
 
 
 def oom_attrs(run_attrs: dict[str, Any], nodes: int, events: list[dict[str, Any]], world: int, params: int,
