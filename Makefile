@@ -19,7 +19,7 @@ LOCK    := containers/constraints-cuda.txt
 # the snakemake jobs and the tests call `scaleladder`, `torchrun`, `snakemake` by name
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test lint dryrun lock verify-pins clean gpu-wheels gpu-check
+.PHONY: setup run test lint dryrun lock verify-pins image-check clean gpu-wheels gpu-check
 
 setup: $(VENV)/.installed
 
@@ -59,6 +59,12 @@ lock: setup
 # package indexes; ~5 min; not part of `make test`). docs/workflow.md, "Containers".
 verify-pins: setup
 	"$(BIN)/python" containers/verify_pins.py cuda rocm
+
+# The CUDA image built with podman, and the workflow run inside it as the README runs it
+# (containers/image-check says what and how; docs/workflow.md "Containers"). Root on Debian 12:
+# it installs podman, runc and debootstrap when missing. No `setup`: it needs no .venv.
+image-check:
+	containers/image-check
 
 # Wheels of what the GPU machine lacks (torchmultimodal, iopath, webdataset, braceexpand, scaleladder)
 # into .whl/, then a check that they import and train with only what that machine has.

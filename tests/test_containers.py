@@ -1,9 +1,12 @@
-"""Containers, as far as they can be checked without building them (no image builds on
-our machines): the Dockerfiles pass hadolint, the Apptainer definitions parse, and every
-pin agrees: Dockerfile = .def = constraints = Makefile, all within pyproject.toml."""
+"""Containers, as far as they can be checked in seconds: the Dockerfiles pass hadolint and
+need no SHELL (podman and buildah ignore it), the Apptainer definitions are thin wrappers over
+the built images (one recipe), the mounted workstation config plans, and every pin agrees:
+Dockerfile = constraints = Makefile, all within pyproject.toml. The images themselves are
+built and run by `make image-check` (containers/image-check), CI's last step: minutes, not a test."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -54,29 +57,61 @@ def test_dockerfile_passes_hadolint(flavor: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def run_bodies(flavor: str) -> list[str]:
+    """Every RUN instruction of the Dockerfile, continuation lines joined, without `RUN`."""
+    code = "\n".join(line for line in (C / f"Dockerfile.{flavor}").read_text().splitlines() if not line.lstrip().startswith("#"))
+    return [" ".join(m.split()) for m in re.findall(r"^RUN\s+((?:.*\\\n)*.*)$", code, re.M)]
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_apptainer_definition_parses(flavor: str) -> None:
+def test_dockerfile_builds_the_same_without_shell(flavor: str) -> None:
+    """TRAP: SHELL is a Docker-format instruction; podman and buildah build OCI images by default
+    and ignore it with a warning, so a RUN line that needed bash or pipefail would build
+    differently there. No SHELL, and each RUN line parses under dash, Debian's /bin/sh."""
+    text = (C / f"Dockerfile.{flavor}").read_text()
+    assert not re.search(r"^SHELL\b", text, re.M)
+    bodies = run_bodies(flavor)
+    assert len(bodies) == 3
+    for body in bodies:
+        cmd = re.sub(r"^(--mount=\S+\s+)+", "", body.replace("\\ ", ""))
+        unquoted = re.sub(r"'[^']*'", "''", cmd).replace("||", "")
+        assert "|" not in unquoted or "bash -o pipefail -c" in cmd, cmd  # under sh a pipe hides a failure
+        assert ";" not in cmd or cmd.startswith("set -eu;"), cmd  # `a; b` goes on after a failed a without -e
+        sh = subprocess.run(["dash", "-n"], input=cmd, capture_output=True, text=True)
+        assert sh.returncode == 0, f"{cmd}\n{sh.stderr}"
+    # pip's cache is a build cache mount (not a layer), outside /tmp, where `--user` runs write
+    installs = [b for b in bodies if "pip install" in b]
+    assert installs and all(b.startswith("--mount=type=cache,id=scaleladder-pip,target=/root/.cache/pip ") for b in installs)
+    assert all("PIP_CACHE_DIR=/root/.cache/pip" in b and "--no-cache-dir" not in b for b in installs)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11\.7-slim-bookworm\nFROM \$\{BASE_IMAGE\}$", text, re.M)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_apptainer_definition_wraps_the_built_image(flavor: str) -> None:
+    """One recipe: the .def installs and sets nothing; it bootstraps from the archive that
+    `podman save` (or `docker save`) writes of the image the Dockerfile builds, so the SIF
+    cannot drift from the Docker image. It adds only the runscript a read-only image needs."""
     parsers = pytest.importorskip("spython.main.parse.parsers") if not IN_CI else __import__(
         "spython.main.parse.parsers", fromlist=["SingularityParser"])
     text = (C / f"scaleladder-{flavor}.def").read_text()
-    header = dict(re.findall(r"^(Bootstrap|From):\s*(\S+)$", text, re.M))
-    assert header["Bootstrap"] == "docker"
+    archive = f"scaleladder-{flavor}.tar"
+    assert dict(re.findall(r"^(Bootstrap|From):\s*(\S+)$", text, re.M)) == {"Bootstrap": "docker-archive", "From": archive}
     recipe = next(iter(parsers.SingularityParser(str(C / f"scaleladder-{flavor}.def")).recipe.values()))
-    # the same base as the Dockerfile, so the two images differ only in how they are built
-    docker_from = re.search(r"^FROM (\S+)", (C / f"Dockerfile.{flavor}").read_text(), re.M).group(1)  # type: ignore[union-attr]
-    assert recipe.fromHeader == header["From"] == docker_from
-    sections = set(re.findall(r"^%(\w+)", text, re.M))
-    assert sections == {"labels", "files", "post", "arguments", "environment", "runscript", "test"}
-    files = {line.split()[0] for line in recipe.files}
-    for src in files - {"README.md"}:  # README.md is the project's; the rest must exist here
-        assert (REPO / src).exists(), src
-    assert f"containers/constraints-{flavor}.txt" in files
-    post = "\n".join(recipe.install)
-    args = dockerfile_args(flavor)
-    # versions from the one lock, as in the Dockerfile; the torch index is a build argument with the same default
-    assert f"lock=containers/constraints-{flavor}.txt" in post and "TORCH_VERSION" not in text
-    assert '"torch==$(sed -n \'s/^torch==//p\' "$lock")"' in post and '--no-deps --index-url "$TORCH_INDEX_URL"' in post
-    assert f"TORCH_INDEX_URL={args['TORCH_INDEX_URL']}" in text[text.index("%arguments"):]
+    assert recipe.fromHeader == archive and not recipe.files
+    # no %post, %files, %environment or %arguments: nothing installed, pinned or set twice
+    assert set(re.findall(r"^%(\w+)", text, re.M)) == {"labels", "runscript", "test"}
+    # the documented path: the Dockerfile's own build line and tag, saved to the archive From names
+    docker = (C / f"Dockerfile.{flavor}").read_text()
+    tag = f"scaleladder:{flavor}"
+    assert f"build -f containers/Dockerfile.{flavor} -t {tag} " in docker and f"-t {tag} " in text
+    assert f"podman save --format docker-archive -o {archive} {tag}" in text
+    assert f"apptainer build containers/scaleladder-{flavor}.sif containers/scaleladder-{flavor}.def" in text
+    # the runscript runs the image's CMD, from a writable copy of the workflow
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", docker, re.M).group(1))  # type: ignore[union-attr]
+    assert f'exec {" ".join(cmd)} "$@"' in text
+    readme = (REPO / "README.md").read_text()
+    assert f"podman save --format docker-archive -o {archive} {tag}" in readme
+    assert f"apptainer build containers/scaleladder-{flavor}.sif containers/scaleladder-{flavor}.def" in readme
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -168,10 +203,8 @@ def test_images_bake_in_the_provenance_a_record_needs(flavor: str) -> None:
     env = re.search(r"^ENV SCALELADDER_GIT_COMMIT=\$\{GIT_COMMIT\} \\\n\s+SCALELADDER_IMAGE=\$\{IMAGE_TAG\}$", text, re.M)
     assert env, "ENV SCALELADDER_GIT_COMMIT/SCALELADDER_IMAGE from the build args"
     assert '--build-arg GIT_COMMIT="$(git rev-parse HEAD)"' in text
-    definition = (C / f"scaleladder-{flavor}.def").read_text()
-    assert re.search(r"^%arguments\n\s+GIT_COMMIT=\n\s+IMAGE_TAG=\n", definition, re.M)  # defaults: apptainer fails on an undefined {{ }}
-    assert 'export SCALELADDER_GIT_COMMIT="{{ GIT_COMMIT }}"' in definition and 'export SCALELADDER_IMAGE="{{ IMAGE_TAG }}"' in definition
-    assert '--build-arg GIT_COMMIT="$(git rev-parse HEAD)"' in definition
+    # the SIF carries the image's ENV (its .def sets none of its own) and the same build line
+    assert '--build-arg GIT_COMMIT="$(git rev-parse HEAD)"' in (C / f"scaleladder-{flavor}.def").read_text()
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -229,3 +262,53 @@ def test_the_conda_env_installs_this_checkout_from_snakemakes_copy_of_it(tmp_pat
         os.environ.pop("SCALELADDER_REPO", None)
         if saved is not None:
             os.environ["SCALELADDER_REPO"] = saved
+
+
+def test_the_mounted_ladder_config_plans_without_a_rebuild(tmp_path: Path) -> None:
+    """containers/ladder.yaml, mounted into the image and read after the profile's site.yaml
+    (README "Containers"; `make image-check` runs it inside the image): `site:` merges key by
+    key, so its max_batch_cap reaches the max rung; `ladders:` replaces the profile's."""
+    import yaml
+
+    from conftest import snakemake, workflow_copy
+
+    mounted = yaml.safe_load((C / "ladder.yaml").read_text())
+    site = yaml.safe_load((REPO / "profiles/local/site.yaml").read_text())["site"]
+    cap = mounted["site"]["max_batch_cap"]
+    assert cap != site["max_batch_cap"]  # else the run inside the image could not tell the mount worked
+    wf = workflow_copy(tmp_path / "wf")
+    shutil.copy(C / "ladder.yaml", wf / "ladder.yaml")
+    out = snakemake(wf, "-n", "-p", "--profile", "profiles/local", "--configfile", "profiles/local/site.yaml", "ladder.yaml").stdout
+    assert re.search(r"^rung\s+3$", out, re.M) and re.search(r"^rung_max\s+1$", out, re.M)
+    assert f"--max-batch-cap {cap} " in out and f"--steps {mounted['steps']} " in out
+
+
+def test_image_check_runs_the_readme_lines_in_ci() -> None:
+    """The README's container commands are the ones `make image-check` runs (CI's last step),
+    but for --gpus all (no GPU in CI) and the uid, a stand-in for the host user's."""
+    script = (C / "image-check").read_text()
+    assert subprocess.run(["bash", "-n", str(C / "image-check")]).returncode == 0
+    assert re.search(r"^image-check:\n\tcontainers/image-check$", (REPO / "Makefile").read_text(), re.M)
+    assert re.search(r"^make image-check$", (REPO / ".ci/run").read_text(), re.M)
+    readme = (REPO / "README.md").read_text()
+    run = 'run --rm --shm-size 8g --user "$user_id" -v "$PWD/results:/opt/scaleladder/results"'
+    assert f"podman {run}" in script
+    assert run.replace('--shm-size 8g --user "$user_id"', '--gpus all --shm-size 8g --user "$(id -u):$(id -g)"') in readme
+    mount = '-v "$PWD/ladder.yaml:/opt/scaleladder/ladder.yaml:ro"'
+    configured = "snakemake --profile profiles/local --configfile profiles/local/site.yaml ladder.yaml"
+    assert mount in script and configured in script and mount in readme and configured in readme
+    assert "podman build --pull=never -f \"containers/Dockerfile.$flavor\" -t \"$image\"" in script
+    assert "--build-arg GIT_COMMIT=\"$commit\" --build-arg IMAGE_TAG=\"$image\"" in script
+    # the stand-in base is never tagged as the real one: a later build with a registry would take it
+    standin = re.search(r"^standin=(\S+)$", script, re.M).group(1)  # type: ignore[union-attr]
+    assert "python" not in standin and standin.startswith("localhost/")
+
+
+def test_dockerignore_keeps_what_the_images_copy() -> None:
+    """The build context is the repository root: leave out the venv, results and bytecode (which
+    would rebuild the source layers on every test run), but nothing an image COPYs."""
+    ignored = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert {".venv", "results", ".git", "**/__pycache__", "**/*.egg-info"} <= set(ignored)
+    for flavor in FLAVORS:
+        for src in re.findall(r"^COPY (\S+)", (C / f"Dockerfile.{flavor}").read_text(), re.M):
+            assert not any(src == ig or src.startswith(ig.rstrip("/") + "/") for ig in ignored), src
