@@ -151,3 +151,23 @@ def test_bench_startup_prints_every_phase() -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "spawn" and len(cells) == 10 and all(float(c) >= 0 for c in cells[2:8])
     assert float(cells[9]) >= sum(float(c) for c in cells[2:8])  # the wall holds every phase
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_rank_ends_at_once_with_its_line_printed_and_no_worker_left(tmp_path: Path, workers: int) -> None:
+    """`scaleladder run` as a program skips interpreter teardown (cli._exit_without_teardown): its
+    summary line is still printed (flushed first), and loader workers never outlive it."""
+    data = "synthetic"
+    if workers:
+        subprocess.run([SCALELADDER, "shard", "--out", str(tmp_path / "sh"), "--samples", "16", "--per-shard", "8",
+                        "--image-size", "32", "--quiet"], env=env(), check=True, timeout=120)
+        data = str(tmp_path / "sh")
+    out = tmp_path / "r.h5"
+    run = subprocess.run([SCALELADDER, "run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "3", "--warmup", "1",
+                          "--workers", str(workers), "--data", data, "--out", str(out)], env=env(), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1].endswith(f"-> {out}") and out.is_file()
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of this rung still running: {left}"

@@ -61,7 +61,30 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and sys.argv[1:2] == ["run"]:
+        _exit_without_teardown(_main(sys.argv[1:]))
+    return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _exit_without_teardown(rc: int) -> None:
+    """End a rank's process at once: interpreter teardown with torch loaded costs about a second
+    per process (docs/performance.md, "Start-up"), paid by every rung while its launcher waits.
+
+    Only for `run` as a program of its own (never when a test calls main() with arguments),
+    after the record is written and the process group destroyed (rung.run's finally), with
+    stdout/stderr flushed. TRAP: os._exit skips atexit handlers, so a process that still has
+    children (DataLoader workers that were not shut down) exits the ordinary way instead,
+    where multiprocessing stops them."""
+    import multiprocessing
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not multiprocessing.active_children():
+        os._exit(rc)
+    sys.exit(rc)
+
+
+def _main(argv: list[str]) -> int:
     parser, wanted = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
