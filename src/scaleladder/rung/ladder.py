@@ -407,9 +407,17 @@ def unused_parameter_names(family: str) -> frozenset[str]:
     CPU test can see.
     """
     if family not in _UNUSED_CACHE:
+        # refused before the disk cache is asked, so that a warm cache cannot hide a caller that
+        # probes inside the group (which a cold cache, under NCCL, would then fail on)
         if dist.is_available() and dist.is_initialized():
             raise RuntimeError(f"the unused-parameter probe for {family} must run before the process group exists: "
                                "its CPU forward would issue collectives on CPU tensors, which NCCL/RCCL refuse")
+        from scaleladder.rung import probe_cache
+
+        cached = probe_cache.load(family)  # ~2 s saved per FLAVA rank (rung/probe_cache.py)
+        if cached is not None:
+            _UNUSED_CACHE[family] = cached
+            return cached
         from scaleladder.rung.batches import synthetic_batch
         from scaleladder.models.build import build_model
         from scaleladder.models.flavors import get_flavor
@@ -420,6 +428,7 @@ def unused_parameter_names(family: str) -> frozenset[str]:
             probe = build_model(debug, "cpu")
         probe(synthetic_batch(debug, 10, 0, 0, 0)).backward()
         _UNUSED_CACHE[family] = frozenset(n for n, p in probe.named_parameters() if p.requires_grad and p.grad is None)
+        probe_cache.store(family, _UNUSED_CACHE[family])
     return _UNUSED_CACHE[family]
 
 
