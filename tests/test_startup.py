@@ -171,3 +171,18 @@ def test_a_rank_ends_at_once_with_its_line_printed_and_no_worker_left(tmp_path: 
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of this rung still running: {left}"
+
+
+@pytest.mark.parametrize("model, flava_loaded", [("vit-debug", False), ("flava-debug", True)])
+def test_a_rank_imports_only_what_its_rung_uses(tmp_path: Path, model: str, flava_loaded: bool) -> None:
+    """No plotting, workflow or report modules in a rank; TorchMultimodal's FLAVA only for FLAVA."""
+    code = f"""import sys
+from scaleladder import cli
+rc = cli._main(["run", "--spec", "{model}/single/fp32/pre-lag/n1/b4", "--steps", "3", "--warmup", "1",
+                "--workers", "0", "--out", {str(tmp_path / 'r.h5')!r}])
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("matplotlib", "snakemake", "jinja2", "pandas", "sklearn")
+               or m == "scaleladder.workflow" or m.startswith(("scaleladder.figures", "scaleladder.doctor")))
+print(rc, heavy, "torchmultimodal.models.flava.model" in sys.modules)
+"""
+    run = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=300)
+    assert run.stdout.split("\n")[-2] == f"0 [] {flava_loaded}", run.stderr[-2000:]
