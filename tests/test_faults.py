@@ -247,3 +247,23 @@ def test_rank_0_prints_progress_lines_at_a_steady_interval(tmp_path: Path) -> No
     assert steady and steady[-1].split(": step ")[1].startswith("12/12,"), lines
     # the default interval (30 s): a short rung says it started and took its first step, no more
     assert len(run(None)) == 2
+
+
+# -- fault 5: a cluster profile says what it is missing before any job --------------------------------
+
+
+def test_missing_site_settings_are_said_before_any_job_even_on_a_dry_run(tmp_path: Path) -> None:
+    from conftest import snakemake, workflow_copy
+
+    wf = workflow_copy(tmp_path / "wf")
+    for name, count in (("frontier", 3), ("a100", 2)):
+        out = snakemake(wf, "--profile", f"profiles/{name}", "-n", SCALELADDER_SLURM_ACCOUNT="",
+                        SCALELADDER_RCCL_NET_PLUGIN="", SCALELADDER_IMAGE="")
+        err = out.stderr
+        head = f"scaleladder: profile {name}: {count} required setting(s) missing; every job would fail without them:"
+        assert head in err and f"scaleladder doctor --profile {name}" in err, err[-3000:]
+        assert "  - SCALELADDER_SLURM_ACCOUNT (the Slurm account the jobs are charged to): not set" in err
+    (wf / "img.sif").write_text("")
+    out = snakemake(wf, "--profile", "profiles/frontier", "-n", SCALELADDER_SLURM_ACCOUNT="abc123",
+                    SCALELADDER_RCCL_NET_PLUGIN="/opt/x/librccl-net.so", SCALELADDER_IMAGE=str(wf / "img.sif"))
+    assert "required setting(s) missing" not in out.stderr

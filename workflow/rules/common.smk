@@ -7,12 +7,14 @@
 # `config["site"]`, which the profile's site.yaml provides. Nothing here names a site.
 
 import os
+import sys
 
 from snakemake.exceptions import WorkflowError
 
 # TRAP: not `from scaleladder import workflow`: that name would shadow Snakemake's own
 # `workflow` object, which every directive below (rule, include, ...) is compiled into.
 import scaleladder.workflow as swf
+import scaleladder.site_check as site_check
 
 SCHEMA = os.path.normpath(os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
 
@@ -30,6 +32,10 @@ except swf.ConfigError as e:
     raise WorkflowError(str(e)) from None
 
 SITE = LADDER.site
+# The site's required settings (site.requires) that are missing, in a few lines before any job
+# is submitted, -n included; not again inside each job (scaleladder.site_check).
+if workflow.is_main_process and (_missing := site_check.announce(SITE)):
+    print(_missing, file=sys.stderr)
 RPN = LADDER.ranks_per_node
 SCALELADDER = swf.fill(SITE["scaleladder"], SITE, RPN)  # how a job calls scaleladder
 
