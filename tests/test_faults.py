@@ -267,3 +267,41 @@ def test_missing_site_settings_are_said_before_any_job_even_on_a_dry_run(tmp_pat
     out = snakemake(wf, "--profile", "profiles/frontier", "-n", SCALELADDER_SLURM_ACCOUNT="abc123",
                     SCALELADDER_RCCL_NET_PLUGIN="/opt/x/librccl-net.so", SCALELADDER_IMAGE=str(wf / "img.sif"))
     assert "required setting(s) missing" not in out.stderr
+
+
+# -- the smaller ones ------------------------------------------------------------------------------------
+
+
+def test_an_empty_or_garbage_jpeg_is_named_without_a_python_repr(tmp_path: Path) -> None:
+    from PIL import Image
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    Image.new("RGB", (40, 40), "red").save(imgs / "b.jpg")
+    for name in ("a", "b"):
+        (imgs / f"{name}.txt").write_text("a red square\n")
+    (imgs / "a.jpg").write_bytes(b"")
+    p = sl("shard", "--images", str(imgs), "--out", str(tmp_path / "o"))
+    assert p.returncode == 2 and one_line(p) == (f"scaleladder shard: error: {imgs / 'a.jpg'}: corrupt or truncated "
+                                                 "image (empty file, 0 bytes) (pass --skip-bad to skip such samples)")
+    (imgs / "a.jpg").write_bytes(b"GIF89a but not really an image")
+    p = sl("shard", "--images", str(imgs), "--out", str(tmp_path / "o"))
+    assert p.returncode == 2 and "cannot identify image file" in one_line(p) and "BytesIO" not in p.stderr
+
+
+def test_a_caption_that_is_not_utf8_is_counted_and_said(tmp_path: Path) -> None:
+    import json
+
+    from PIL import Image
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for name in ("a", "b"):
+        Image.new("RGB", (40, 40), "red").save(imgs / f"{name}.jpg")
+    (imgs / "a.txt").write_bytes(b"caf\xe9 au lait\n")  # Latin-1, not UTF-8
+    (imgs / "b.txt").write_text("a red square\n")
+    p = sl("shard", "--images", str(imgs), "--out", str(tmp_path / "o"), "--quiet")
+    assert p.returncode == 0
+    assert one_line(p) == ("scaleladder shard: 1 caption(s) were not valid UTF-8; their undecodable bytes were replaced "
+                           "with U+FFFD (manifest: stats.captions_not_utf8)")
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["scaleladder"]["stats"]["captions_not_utf8"] == 1

@@ -212,6 +212,8 @@ def _summary(manifest: Path) -> None:
     classes = m.info.get("classes")
     print(f"wrote {m.samples} samples in {len(m.shards)} shards to {manifest.parent}"
           + (f" ({skipped} bad samples skipped)" if skipped else "")
+          + (f" ({bad_text} caption(s) not UTF-8: bytes replaced with U+FFFD)"
+             if (bad_text := m.info["stats"].get("captions_not_utf8")) else "")
           + (f"; labels are class names: {len(classes)} classes, ids in the manifest's 'classes'" if classes else "")
           + f"; manifest {manifest}")
 

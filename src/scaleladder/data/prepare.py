@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +40,8 @@ class Prepared:
 
 
 def _reencode(data: bytes, image_size: int | None) -> tuple[bytes, int, int]:
+    if not data:
+        raise ValueError("corrupt or truncated image (empty file, 0 bytes)")
     try:
         with Image.open(io.BytesIO(data)) as img:
             fmt, (w, h) = img.format, img.size
@@ -60,7 +63,9 @@ def _reencode(data: bytes, image_size: int | None) -> tuple[bytes, int, int]:
             img.load()
             rgb = img.convert("RGB")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ValueError(f"corrupt or truncated image ({e})") from None
+        # TRAP: Pillow names the stream it read, "<_io.BytesIO object at 0x...>": the caller names the file
+        why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e))
+        raise ValueError(f"corrupt or truncated image ({why})") from None
     if rgb.size != size:
         rgb = rgb.resize(size, Image.Resampling.BICUBIC)
     buf = io.BytesIO()

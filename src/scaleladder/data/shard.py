@@ -280,6 +280,12 @@ def finish_set(staging: Path, opts: ShardOptions, provenance: dict[str, Any], sh
     lengths = [len(e.ids) for e in tok.encode_batch(captions)]  # with [CLS] and [SEP]
 
     labelled = sum(stats.labels.values())
+    # A caption that was not UTF-8 was decoded with its bad bytes replaced by U+FFFD
+    # (sources.py): counted and said, never silent.
+    not_utf8 = sum("\ufffd" in c for c in captions)
+    if not_utf8:
+        print(f"scaleladder shard: {not_utf8} caption(s) were not valid UTF-8; their undecodable bytes were replaced "
+              "with U+FFFD (manifest: stats.captions_not_utf8)", file=sys.stderr)
     info: dict[str, Any] = {
         **provenance,
         "members": {"image": "jpg", "caption": "txt", "label": "cls", "meta": "json"},
@@ -298,6 +304,7 @@ def finish_set(staging: Path, opts: ShardOptions, provenance: dict[str, Any], sh
             "image_height": _summary(stats.heights),
             "caption_words": _summary(stats.words),
             "caption_tokens": _summary(lengths),
+            "captions_not_utf8": not_utf8,
             "labelled": labelled,
             # Named classes count even when all of a class's samples were skipped: ids are fixed by the names.
             "num_classes": max(max(stats.labels, default=-1) + 1, len(opts.classes or [])) if labelled else None,
