@@ -304,3 +304,11 @@ def test_compute_on_rocm_with_no_gpu_names_the_amdgpu_driver(login: Path) -> Non
              "amdgpu_driver": "6.8.5", "backend": "gloo", "hosts": ["frontier00001"], "busbw_gbps": 0.1, "allreduce_ok": True}
     lines = _read_probe(login, "frontier", probe)
     assert any("ROCm 7.0.51831 build sees none under amdgpu driver 6.8.5" in ln for ln in fatal(lines)), lines
+
+
+def test_no_ok_for_binds_after_a_fatal_bind(login: Path) -> None:
+    """Issue 21: 'ok binds: N sources checked' used to follow the bind FATALs it summed up."""
+    edit(login / SITE, *PLANTED[0][2])
+    rc, lines = diagnose(login)
+    assert rc == 1 and any("bind source" in line for line in fatal(lines))
+    assert not any(line.startswith("ok") and "binds:" in line for line in lines), "\n".join(lines)

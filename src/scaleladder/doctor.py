@@ -378,6 +378,7 @@ class Doctor:
     def check_binds(self) -> None:
         env = dict(self.env) | self.expanded_env
         seen: set[str] = set()
+        before = len(self.findings)
         for key, line in self._command_lines():
             for src in bind_sources(line):
                 if src in seen:
@@ -411,7 +412,8 @@ class Doctor:
                 elif host and not self.path(folder).is_dir():
                     self.add(FATAL, f"APPTAINERENV_LD_LIBRARY_PATH: {folder} does not exist on this system (a library "
                                     "moved in a system upgrade?); fix the path in the profile or the variable it names")
-        if seen:
+        # "ok" only when no bind check above found a fault (the FATAL lines speak for themselves)
+        if seen and not any(f.level == FATAL for f in self.findings[before:]):
             self.add(OK, f"binds: {len(seen)} sources checked")
 
     def check_network(self) -> None:
