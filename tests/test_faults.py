@@ -305,3 +305,9 @@ def test_a_caption_that_is_not_utf8_is_counted_and_said(tmp_path: Path) -> None:
     assert one_line(p) == ("scaleladder shard: 1 caption(s) were not valid UTF-8; their undecodable bytes were replaced "
                            "with U+FFFD (manifest: stats.captions_not_utf8)")
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["scaleladder"]["stats"]["captions_not_utf8"] == 1
+
+
+def test_converge_help_states_its_own_defaults() -> None:
+    p = subprocess.run([sys.executable, "-m", "scaleladder", "converge", "--help"], capture_output=True, text=True, timeout=120)
+    text = " ".join(p.stdout.split())
+    assert p.returncode == 0 and "--warmup WARMUP must be 0 (the default)" in text and "default 100" not in text

@@ -85,6 +85,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     # The run's defaults suit a throughput window; a convergence rung counts every step.
     p.set_defaults(steps="3000", warmup="0", lr="1e-3", workers="0")
+    for action in p._actions:  # the run's help says its own defaults ("default 1000", "default 100")
+        if action.dest == "warmup":
+            action.help = "must be 0 (the default): a convergence rung times every step"
+        elif action.dest == "steps":
+            action.help = "the step budget, evaluations excluded (default 3000)"
     g = p.add_argument_group("convergence")
     g.add_argument("--test-data", required=True, help="held-out shards (manifest.json or its directory), e.g. from `scaleladder digits`")
     g.add_argument("--target", default="0.9", help="held-out accuracy to reach, in (0, 1] (default 0.9; docs/metrics.md)")
