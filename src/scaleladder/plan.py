@@ -77,6 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ladder", default=None, help="an aggregated ladder file (results/ladder.h5) for --vs-measured")
     p.add_argument("--rungs", nargs="*", default=[], help="rung HDF5 files for --vs-measured")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--check", action="store_true",
+                   help="with --spec: hold the planner against torch's own MemTracker/FSDPMemTracker, two runner steps on "
+                        "fake CPU tensors (no GPU; FSDP2 on the fake process group at --check-world ranks); both figures "
+                        "side by side (planner/check.py)")
+    p.add_argument("--check-world", default="1", help="ranks --check plays (FSDP2: rank 0 of them; default 1)")
 
 
 def device_from_args(name: str | None, gib: str | None) -> Device:
@@ -148,7 +153,24 @@ def _vs_measured(args: argparse.Namespace, device: Device) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    """``--check``: the planner and torch's memory tracker, side by side, for one spec (no device needed:
+    the peak does not depend on the capacity)."""
+    from scaleladder.planner.check import measure
+
+    if not args.spec:
+        raise SpecError("--check needs --spec")
+    c = measure(RunSpec.from_path(args.spec), parse_positive("check-world", args.check_world))
+    if args.json:
+        print(json.dumps({**c.__dict__, "error": c.error}, indent=1))
+    else:
+        print("\n".join(c.lines()))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "check", False):
+        return _check(args)
     device = device_from_args(args.device, args.device_gib)
     gpus = parse_positive("gpus-per-node", args.gpus_per_node)
     if args.vs_measured:

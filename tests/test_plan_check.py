@@ -1,0 +1,52 @@
+"""The planner held against torch's own memory trackers (issue 22, part 8): the suite's fast subset.
+
+Each case builds the model on FAKE CPU tensors, wraps it with the runner's ladder, and runs two
+training steps of the runner's own step under torch's ``MemTracker`` (``FSDPMemTracker`` for FSDP2,
+on the fake process group as rank 0 of 8), then compares the second step's peak and the static
+categories with ``scaleladder plan`` (scaleladder.planner.check). One case per mechanism: plain
+single-rank training, activation checkpointing under autocast (the term issue 22 fixed: 5.4% over
+the tracker before the fix at this batch), FSDP2 sharding with AC. The full matrix (vit-base and
+vit-huge × single, single-ac, fsdp2-full, fsdp2-full-ac × two batches) is
+benchmarks/bench_plan_check.py, its table in docs/planner.md.
+
+Tolerance 5% on the peak: against the tracker on the same fake step, what is left are
+allocator-level details (512-byte rounding of small tensors, when a temporary dies); measured at
++0.5% to +2.3% for these cases on dev-cpu. 5% is about twice that, half the 10% the GPU check
+asks of the planner against real memory, and below the 5.4% of the fault this subset must catch.
+Parameters must match exactly; the optimizer state to 0.1% (fused AdamW's step counters: the
+planner counts a 512-byte block each).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scaleladder.cli import main as cli
+from scaleladder.planner.check import measure
+from scaleladder.spec import RunSpec, SpecError
+
+TOLERANCE = 0.05
+
+CASES = [
+    ("vit-base/single/bf16-mixed/pre-lag/n1/b8", 1),
+    ("vit-base/single-ac/bf16-mixed/pre-lag/n1/b32", 1),  # autocast copies under non-reentrant AC
+    ("vit-base/fsdp2-full-ac/bf16-mixed/pf0/n1/b8", 8),  # FSDP2 on the fake process group
+]
+
+
+@pytest.mark.parametrize("spec,world", CASES)
+def test_the_planner_agrees_with_torchs_memory_tracker(spec: str, world: int) -> None:
+    c = measure(RunSpec.from_path(spec), world)
+    assert abs(c.error) <= TOLERANCE, "\n".join(c.lines())
+    params, optimizer = c.static("params"), c.static("optimizer")
+    assert params[0] == params[1] > 0, c.lines()
+    assert abs(optimizer[1] - optimizer[0]) <= 1e-3 * optimizer[0], c.lines()
+
+
+def test_plan_check_prints_both_figures_and_refuses_what_it_cannot_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["plan", "--spec", "vit-debug/fsdp2-full/bf16-mixed/pf0/n1/b4", "--check", "--check-world", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "vit-debug/fsdp2-full/bf16-mixed/pf0/n1/b4 at world 8: planner " in out and "torch's tracker" in out
+    assert "planned/tracked - 1 = " in out
+    with pytest.raises(SpecError, match="does not cover FLAVA"):
+        measure(RunSpec.from_path("flava-debug/single/bf16-mixed/pre-lag/n1/b4"))
