@@ -72,7 +72,8 @@ def test_weak_scaling_hybrid_and_max_batch_on_two_nodes(climbed: Path, two_nodes
     rungs = _rungs(climbed)
     assert sorted(rungs) == [
         "vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/ddp/fp32/pre-lag/n2/b4", "vit-debug/fsdp-full/fp32/pre-lag/n2/bmax",
-        "vit-debug/fsdp-hybrid2/fp32/pre-lag/n2/b4", "vit-debug/fsdp2-hybrid2/fp32/pf0/n2/b4"]
+        "vit-debug/fsdp-hybrid2/fp32/pre-lag/n1/b4", "vit-debug/fsdp-hybrid2/fp32/pre-lag/n2/b4",
+        "vit-debug/fsdp2-hybrid2/fp32/pf0/n2/b4"]
     for spec, r in rungs.items():
         assert r["status"] == "ok", (spec, r.get("error"))
         assert r["launcher"] == "slurm" and str(r["slurm_job_id"]).isdigit()
@@ -80,6 +81,8 @@ def test_weak_scaling_hybrid_and_max_batch_on_two_nodes(climbed: Path, two_nodes
     # HYBRID_SHARD: sharded inside a node (2 ranks), replicated across the 2 nodes
     assert rungs["vit-debug/fsdp-hybrid2/fp32/pre-lag/n2/b4"]["sharding_ran"] == "fsdp1:HYBRID_SHARD"
     assert rungs["vit-debug/fsdp2-hybrid2/fp32/pf0/n2/b4"]["sharding_ran"].startswith("fsdp2:shard2xreplicate2")
+    for spec in ("vit-debug/fsdp-hybrid2/fp32/pre-lag/n2/b4", "vit-debug/fsdp2-hybrid2/fp32/pf0/n2/b4"):
+        assert 0.45 < rungs[spec]["param_shard_fraction"] < 0.55  # each rank holds half: sharded over 2, not 4
     mx = rungs["vit-debug/fsdp-full/fp32/pre-lag/n2/bmax"]
     assert mx["max_batch"] == 4  # the site's cap, searched by srun probes on both nodes
     assert (climbed / "results/plots/weak_scaling.png").exists()
@@ -292,4 +295,36 @@ def test_link_cut_mid_rung_ends_node_fail_and_the_rung_reruns(jobdir: Path, two_
     # ... and the same rung, rerun, succeeds
     exe = os.path.join(VENV_BIN, "scaleladder")
     again = _run_in_job(jobdir, 2, f"OMP_NUM_THREADS=1 srun -N2 -n4 -c1 -K {exe} " + RUN.format(n=2, out=out))
+    assert again.returncode == 0 and out.exists(), again.stdout[-3000:]
+
+
+def test_a_node_that_never_comes_up(jobdir: Path, two_nodes: list[str]) -> None:
+    # The second node's slurmd is gone when the job starts (a node that crashed and never
+    # came back, not yet noticed by slurmctld): Slurm still allocates it, and srun cannot
+    # launch there. srun gives up after its own connection retries; finalize says so.
+    pidfile = Path(f"/run/slurmd-{two_nodes[1]}.pid")
+    pid = int(pidfile.read_text())
+    os.kill(pid, 15)
+    for _ in range(40):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.25)
+    exe = os.path.join(VENV_BIN, "scaleladder")
+    out = jobdir / "never.h5"
+    run = RUN.format(n=2, out=out)
+    t0 = time.monotonic()
+    try:
+        job = _run_in_job(jobdir, 2, f"OMP_NUM_THREADS=1 srun -N2 -n4 -c1 --kill-on-bad-exit=1 {exe} {run} && rc=0 || rc=$?; "
+                          f"{exe} {run.replace('run ', 'finalize --rc $rc ', 1)}", timeout=240)
+        took = time.monotonic() - t0
+    finally:
+        # the node comes back: .ci/slurm-up restarts the missing slurmd in place
+        subprocess.run(["bash", str(REPO / ".ci/slurm-up"), "--nodes", str(len(two_nodes))], check=True, timeout=180,
+                       capture_output=True)
+    assert job.returncode != 0 and took < 120, (took, job.stdout[-3000:])
+    said = [line for line in job.stdout.splitlines() if line.startswith("scaleladder: vit-debug/")]
+    assert len(said) == 1 and "the run failed with exit code" in said[0] and "no result written" in said[0], job.stdout[-3000:]
+    assert f"failed on node {two_nodes[1]}" in job.stdout  # srun names the node it could not reach
+    _no_leftovers(jobdir, out)
+    again = _run_in_job(jobdir, 2, f"OMP_NUM_THREADS=1 srun -N2 -n4 -c1 -K {exe} {run}")
     assert again.returncode == 0 and out.exists(), again.stdout[-3000:]
