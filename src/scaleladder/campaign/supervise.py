@@ -37,9 +37,23 @@ def _clear(out: Path) -> None:
         m.unlink()
 
 
-def finalize(cfg: RunConfig, rc: int, world: int | None = None) -> int:
-    """Decide what a finished launch produced. Returns the supervisor's exit code."""
+def stamp(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of ``path``, None when absent: tells a new result from the one before."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def finalize(cfg: RunConfig, rc: int, world: int | None = None, previous: tuple[int, int] | None = None) -> int:
+    """Decide what a finished launch produced. Returns the supervisor's exit code.
+
+    ``previous``: the stamp of a result that was there before the launch (a rerun): it is not
+    this launch's, so it counts as nothing written and is never deleted on a failure (the
+    workflow keeps it, rung rules' update(): a failed rerun must not cost the good result)."""
     markers = oom_markers(cfg.out)
+    old = previous is not None and stamp(cfg.out) == previous
     try:
         if markers:
             events = [json.loads(m.read_text()) for m in markers]
@@ -47,12 +61,14 @@ def finalize(cfg: RunConfig, rc: int, world: int | None = None) -> int:
             write_oom_record(cfg, events, world or int(events[0].get("world", len(events))))
             print(f"scaleladder: {cfg.spec.path}: out of memory on rank(s) {[e['rank'] for e in events]}; recorded as 'oom'", file=sys.stderr)
             return 0
-        if rc == 0 and cfg.out.is_file():
+        if rc == 0 and cfg.out.is_file() and not old:
             return 0
         if rc == 0:
-            print(f"scaleladder: {cfg.spec.path}: the launcher exited 0 but wrote no {cfg.out}", file=sys.stderr)
+            print(f"scaleladder: {cfg.spec.path}: the launcher exited 0 but wrote no {'new ' if old else ''}{cfg.out}",
+                  file=sys.stderr)
             return 1
-        cfg.out.unlink(missing_ok=True)  # never leave a result from a failed launch
+        if not old:
+            cfg.out.unlink(missing_ok=True)  # never leave a result from a failed launch
         print(f"scaleladder: {cfg.spec.path}: the run failed with exit code {rc}; no result written", file=sys.stderr)
         return rc if rc not in (0, EXIT_OOM) else 1
     finally:
@@ -122,10 +138,11 @@ def launch(cfg: RunConfig, launcher: str) -> int:
 
     check_writable(cfg.out, record_bytes(cfg.steps))  # a read-only or full results/: one line, no rank started
     _clear(cfg.out)  # stale markers from an earlier, killed attempt must not turn this run into an OOM
+    previous = stamp(cfg.out)
     cmd = run_command(cfg, launcher)
     print(f"scaleladder launch: {cmd if isinstance(cmd, str) else shlex.join(cmd)}", file=sys.stderr)
     rc = subprocess.call(cmd, shell=isinstance(cmd, str))
-    return finalize(cfg, rc)
+    return finalize(cfg, rc, previous=previous)
 
 
 def launch_main(args: argparse.Namespace) -> int:

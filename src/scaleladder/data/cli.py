@@ -183,7 +183,7 @@ def shard_main(args: argparse.Namespace) -> int:
         print("scaleladder shard: interrupted; nothing was written", file=sys.stderr)
         return 1
     except OSError as e:  # disk full, quota, read-only, ulimit -f: one line naming the file, nothing written
-        from scaleladder.results.store import CAUSES, write_error
+        from scaleladder.files import CAUSES, write_error
 
         if e.errno not in CAUSES:
             print(f"scaleladder shard: error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -161,7 +161,7 @@ def staging_dir(parent: Path, prefix: str) -> Path:
     """A new staging folder ``<prefix><host>-<pid>-<random>`` in ``parent``, after removing
     the ones of the same prefix that a killed run (SIGKILL: no ``finally``) left on this host;
     never a live process's (results.store.remove_dead_leftovers)."""
-    from scaleladder.results.store import host_tag, remove_dead_leftovers
+    from scaleladder.files import host_tag, remove_dead_leftovers
 
     remove_dead_leftovers(parent, re.escape(prefix) + r"(?P<host>[A-Za-z0-9_]+)-(?P<pid>[0-9]+)-[^/]*")
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{host_tag()}-{os.getpid()}-", dir=parent))

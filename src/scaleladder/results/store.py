@@ -27,7 +27,6 @@ Lustre); on Lustre set ``HDF5_USE_FILE_LOCKING=FALSE`` (the Frontier profile doe
 
 from __future__ import annotations
 
-import errno
 import io
 import json
 import os
@@ -41,68 +40,9 @@ import h5py
 import numpy as np
 
 from scaleladder.errors import SpecError, WriteError
+from scaleladder.files import CAUSES, host_tag, remove_dead_leftovers, write_error  # noqa: F401 - re-exported
 
 Attr = str | int | float | bool | np.integer | np.floating
-
-
-#: errno values that mean "this output cannot be written there", in words a user acts on.
-CAUSES = {
-    errno.ENOSPC: "no space left on the device",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EFBIG: "file too large (over the process's file size limit, `ulimit -f`, or the filesystem's)",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-    errno.EIO: "input/output error",
-}
-
-
-def write_error(path: str | Path, e: OSError) -> WriteError:
-    """The one-line error for a failed write of ``path``."""
-    cause = CAUSES.get(e.errno or -1) or e.strerror or str(e)
-    name = f" [{errno.errorcode.get(e.errno, e.errno)}]" if e.errno else ""
-    return WriteError(f"cannot write {path}: {cause}{name}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def host_tag() -> str:
-    """This host's name as it may stand in a file name (``[A-Za-z0-9_]``)."""
-    import socket
-
-    return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
-
-
-def remove_dead_leftovers(folder: Path, pattern: str) -> list[Path]:
-    """Remove the temporary files or folders in ``folder`` whose name matches ``pattern`` (a
-    regex with a ``pid`` group, and optionally a ``host`` group, :func:`host_tag`) and whose
-    process is gone; return them. A live process's are kept (it may be writing them right
-    now), and so is every one whose ``host`` is another node's (on a shared filesystem its
-    pid says nothing here). Callers pass only names that their own command writes."""
-    removed = []
-    rx = re.compile(pattern)
-    here = host_tag()
-    with suppress(OSError):
-        for entry in os.scandir(folder):
-            m = rx.fullmatch(entry.name)
-            if m and m.groupdict().get("host", here) == here and not _pid_alive(int(m["pid"])):
-                with suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        import shutil
-
-                        shutil.rmtree(entry.path)
-                    else:
-                        os.unlink(entry.path)
-                    removed.append(Path(entry.path))
-    return removed
 
 
 @contextmanager
