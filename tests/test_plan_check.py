@@ -11,8 +11,9 @@ benchmarks/bench_plan_check.py, its table in docs/planner.md.
 
 Tolerance 5% on the peak: against the tracker on the same fake step, what is left are
 allocator-level details (512-byte rounding of small tensors, when a temporary dies); measured at
-+0.5% to +2.3% for these cases on dev-cpu. 5% is about twice that, half the 10% the GPU check
-asks of the planner against real memory, and below the 5.4% of the fault this subset must catch.
++1.5%, +2.0% and +2.3% for these three cases on dev-cpu, and within ±4.6% over the whole ViT
+matrix (docs/planner.md). 5% is about twice these cases' error, half the 10% the GPU check asks of
+the planner against real memory, and below the 5.4% of the fault this subset must catch.
 Parameters must match exactly; the optimizer state to 0.1% (fused AdamW's step counters: the
 planner counts a 512-byte block each).
 """
@@ -30,7 +31,7 @@ TOLERANCE = 0.05
 CASES = [
     ("vit-base/single/bf16-mixed/pre-lag/n1/b8", 1),
     ("vit-base/single-ac/bf16-mixed/pre-lag/n1/b32", 1),  # autocast copies under non-reentrant AC
-    ("vit-base/fsdp2-full-ac/bf16-mixed/pf0/n1/b8", 8),  # FSDP2 on the fake process group
+    ("vit-base/fsdp2-full-ac/bf16-mixed/pf0/n1/b32", 8),  # FSDP2 on the fake process group
 ]
 
 
