@@ -421,3 +421,12 @@ def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tm
 
     assert "--memory-snapshot records the CUDA caching allocator's history; this rung runs on the CPU" in refused("--memory-snapshot")
     assert "--trace-steps 4: the run measures only 3 steps" in refused("--trace-steps", "4")
+    # a profile's default (the job environment) is clamped to what a short rung measures, never refused
+    os.environ["SCALELADDER_TRACE_STEPS"] = "5"
+    try:
+        a = parser.parse_args(["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1",
+                               "--device", "cpu", "--out", str(tmp_path / "e.h5")])
+        cfg = runmod.config_from_args(a)
+    finally:
+        del os.environ["SCALELADDER_TRACE_STEPS"]
+    assert cfg.trace_steps == 3 and cfg.argv()[-2:] == ["--trace-steps", "3"]

@@ -124,9 +124,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", default=None, type=float, help="peak TFLOP/s of one rank's device, for a device not in the table")
     p.add_argument("--compile-backend", default=None, choices=list(COMPILE_BACKENDS),
                    help="torch.compile backend of a -compile rung (default inductor; aot_eager captures graphs without code generation)")
-    from scaleladder.rung.profiling import env_memory_snapshot, env_trace_steps
+    from scaleladder.rung.profiling import env_memory_snapshot
 
-    p.add_argument("--trace-steps", default=env_trace_steps(),
+    p.add_argument("--trace-steps", default=None,
                    help="torch.profiler trace of this many steps right after the warm-up, to <out>.trace.json (rank 0; default "
                         "$SCALELADDER_TRACE_STEPS, a profile's profiling.trace_steps, or 0: off)")
     p.add_argument("--memory-snapshot", action="store_true", default=env_memory_snapshot(),
@@ -175,9 +175,12 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     out = Path(a.out)
     if out.suffix != ".h5":
         raise SpecError(f"--out {a.out!r} must end in .h5")
-    from scaleladder.rung.profiling import check_profiling
+    from scaleladder.rung.profiling import check_profiling, env_trace_steps
 
-    trace_steps = parse_nonnegative("trace-steps", getattr(a, "trace_steps", 0))
+    given = getattr(a, "trace_steps", None)
+    trace_steps = parse_nonnegative("trace-steps", given if given is not None else env_trace_steps())
+    if given is None:  # a profile's default for every rung: a short rung (a max-batch probe) traces what it has
+        trace_steps = min(trace_steps, max(0, steps - warmup))
     memory_snapshot = bool(getattr(a, "memory_snapshot", False))
     check_profiling(trace_steps, memory_snapshot, steps, warmup, "cpu" if a.device == "cpu" else None)
     return RunConfig(spec, steps, warmup, a.data, parse_nonnegative("workers", a.workers), parse_nonnegative("seed", a.seed),
