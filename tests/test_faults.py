@@ -311,3 +311,48 @@ def test_converge_help_states_its_own_defaults() -> None:
     p = subprocess.run([sys.executable, "-m", "scaleladder", "converge", "--help"], capture_output=True, text=True, timeout=120)
     text = " ".join(p.stdout.split())
     assert p.returncode == 0 and "--warmup WARMUP must be 0 (the default)" in text and "default 100" not in text
+
+
+# -- fault 1 (and 7's forced rerun): a failed attempt never costs the finished ladder --------------------
+
+ONE_RUNG = "steps: 3\nwarmup: 1\nladders:\n  - models: [vit-debug]\n    strategies: [ddp]\n    batches: [4]\n"
+RUNG_FILE = "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5"
+
+
+def planned(out: str) -> set[str]:
+    import re
+
+    if "Nothing to be done" in out:
+        return set()
+    return {m[1] for m in re.finditer(r"^(\w+)\s+\d+$", out[out.index("Job stats:"):], re.M)} - {"total", "job"}
+
+
+def test_a_failed_attempt_with_other_settings_never_reruns_a_finished_rung(tmp_path: Path) -> None:
+    from conftest import snakemake, workflow_copy
+
+    wf = workflow_copy(tmp_path / "wf")
+    (wf / "one.yaml").write_text(ONE_RUNG)
+    prof = ("--profile", "profiles/local", "--configfile", "profiles/local/site.yaml", "one.yaml")
+    snakemake(wf, RUNG_FILE, *prof)  # the finished "ladder": shards and one rung
+    good = (wf / RUNG_FILE).read_bytes()
+
+    # fault 7: a forced rerun that fails (a shard cut short under it) keeps the good result
+    tar = next((wf / "results/shards/32px").glob("*.tar"))
+    whole = tar.read_bytes()
+    os.truncate(tar, 1000)
+    out = snakemake(wf, RUNG_FILE, *prof, "--forcerun", RUNG_FILE, check=False)
+    log = (wf / "results/logs/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.log").read_text()
+    assert out.returncode != 0 and "shard is 1000 bytes" in log, log
+    assert (wf / RUNG_FILE).read_bytes() == good  # before: deleted when the job started
+    tar.write_bytes(whole)
+
+    # fault 1: a shard attempt with other settings fails, as it should ...
+    bad = wf / "bad-images"
+    bad.mkdir()
+    (bad / "a.jpg").write_bytes(b"")
+    (bad / "a.txt").write_text("an empty picture\n")
+    out = snakemake(wf, "results/shards/32px/manifest.json", *prof, "--config", f"data={{images: {bad}}}", check=False)
+    assert out.returncode != 0 and (wf / "results/shards/32px/manifest.json").is_file()  # kept: update()
+    # ... and with the settings back, the finished rung is not planned again (before: reshard + every rung)
+    out = snakemake(wf, RUNG_FILE, *prof, "-n")
+    assert "rung" not in planned(out.stdout), out.stdout[-3000:]

@@ -7,6 +7,11 @@
 # caption (or loads data.vocab). The shards do not depend on N (src/scaleladder/data/slices.py),
 # and each slice's record is its own output, so a rerun after a killed job redoes only
 # the missing slices.
+#
+# update(): Snakemake keeps the manifest (and slice records) while a shard job runs and puts
+# them back when it fails, instead of deleting them first. With the rungs' ancient() input
+# (common.smk), a failed attempt with other data settings never makes the finished rungs run
+# again once the settings are back (issue 21; `shard` itself replaces the set atomically).
 
 SHARD_SLICES = swf.shard_slices(config)
 
@@ -15,7 +20,7 @@ if SHARD_SLICES == 1:
 
     rule shard:
         output:
-            "results/shards/{px}px/manifest.json",
+            update("results/shards/{px}px/manifest.json"),
         log:
             "results/logs/shard/{px}px.log",
         params:
@@ -38,7 +43,7 @@ else:
 
     rule shard_slice:
         output:
-            "results/shards/{px}px.parts/slice-{k}-of-{n}.json",
+            update("results/shards/{px}px.parts/slice-{k}-of-{n}.json"),
         log:
             "results/logs/shard/{px}px-slice-{k}-of-{n}.log",
         wildcard_constraints:
@@ -65,7 +70,7 @@ else:
         input:
             lambda wildcards: swf.shard_slice_records(wildcards.px, SHARD_SLICES),
         output:
-            "results/shards/{px}px/manifest.json",
+            update("results/shards/{px}px/manifest.json"),
         log:
             "results/logs/shard/{px}px.log",
         params:

@@ -12,6 +12,10 @@
 #
 # The jobs are benchmarks: `bench_slot` keeps two of them off one workstation at once
 # (a SLURM site gives each its own allocation).
+#
+# update(): Snakemake keeps a rung's previous result while the job runs (it would delete it
+# first), and puts it back if the job fails: a forced rerun that fails never costs the good
+# result. The runner writes the new one atomically, so no half-written file stands in between.
 
 RUNG = "{model}/{strategy}/{precision}/{knobs}/n{nodes}/b{batch}"
 # `repeats: R` runs a measured rung R times, each a job of its own in fresh processes:
@@ -28,7 +32,7 @@ if SITE["supervise"] == "launch":
         input:
             data=rung_data,
         output:
-            f"results/rungs/{RUNG}{REP}.h5",
+            update(f"results/rungs/{RUNG}{REP}.h5"),
         log:
             f"results/logs/rungs/{RUNG}{REP}.log",
         wildcard_constraints:
@@ -67,7 +71,7 @@ else:
         input:
             data=rung_data,
         output:
-            f"results/rungs/{RUNG}{REP}.h5",
+            update(f"results/rungs/{RUNG}{REP}.h5"),
         log:
             f"results/logs/rungs/{RUNG}{REP}.log",
         wildcard_constraints:
@@ -104,7 +108,7 @@ rule rung_max:
     input:
         data=rung_data,
     output:
-        f"results/rungs/{RUNG}{REP}.h5",
+        update(f"results/rungs/{RUNG}{REP}.h5"),
     log:
         f"results/logs/rungs/{RUNG}{REP}.log",
     wildcard_constraints:
