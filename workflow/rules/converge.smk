@@ -45,7 +45,7 @@ rule digits_shard:
     input:
         "results/converge/digits/digits.json",
     output:
-        os.path.join(cvr.SHARDS, "{csplit}", "manifest.json"),
+        update(os.path.join(cvr.SHARDS, "{csplit}", "manifest.json")),  # as the ladder's shards (data.smk)
     log:
         "results/logs/converge/shard-{csplit}.log",
     wildcard_constraints:
@@ -64,10 +64,10 @@ rule digits_shard:
 
 rule converge_rung:
     input:
-        train=cvr.data_path(CONVERGE, "train"),
-        test=cvr.data_path(CONVERGE, "test"),
+        train=ancient(cvr.data_path(CONVERGE, "train")),  # as the ladder's rungs (common.smk, rung_data)
+        test=ancient(cvr.data_path(CONVERGE, "test")),
     output:
-        "results/converge/rungs/{cstrategy}/{cprecision}/s{cseed}.h5",
+        update("results/converge/rungs/{cstrategy}/{cprecision}/s{cseed}.h5"),
     log:
         "results/logs/converge/{cstrategy}/{cprecision}/s{cseed}.log",
     wildcard_constraints:

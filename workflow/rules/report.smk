@@ -14,7 +14,7 @@ rule aggregate:
     input:
         LADDER.rung_files,
     output:
-        "results/ladder.h5",
+        update("results/ladder.h5"),  # kept while it is rebuilt, restored if that fails (a full disk)
     log:
         "results/logs/aggregate.log",
     params:
