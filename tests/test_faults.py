@@ -356,3 +356,16 @@ def test_a_failed_attempt_with_other_settings_never_reruns_a_finished_rung(tmp_p
     # ... and with the settings back, the finished rung is not planned again (before: reshard + every rung)
     out = snakemake(wf, RUNG_FILE, *prof, "-n")
     assert "rung" not in planned(out.stdout), out.stdout[-3000:]
+
+
+def test_a_value_of_no_allowed_form_names_the_forms() -> None:
+    import yaml
+
+    import scaleladder.workflow as swf
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = {**yaml.safe_load((repo / "config/config.yaml").read_text()), **yaml.safe_load((repo / "profiles/local/site.yaml").read_text())}
+    cfg["ladders"][0]["batches"] = ["four"]  # before: "'four' is not valid under any of the given schemas"
+    with pytest.raises(swf.ConfigError, match=r"config key 'ladders\[0\]\.batches\[0\]': 'four' is none of the allowed "
+                                              r"forms: an integer >= 1, or 'max'"):
+        swf.validate_config(cfg, repo / "workflow/schemas/config.schema.yaml")

@@ -360,7 +360,7 @@ def test_a_config_given_entirely_as_strings_validates() -> None:
         ({"ladders": [{"models": ["vit-debug"], "strategies": ["fsdp-full"], "knobs": ["sideways"], "batches": [4]}]},
          "config key 'ladders[0].knobs[0]': unknown FSDP knobs 'sideways'"),
         ({"ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [0]}]},
-         "config key 'ladders[0].batches[0]': 0 is not valid under any of the given schemas"),
+         "config key 'ladders[0].batches[0]': 0 is none of the allowed forms: an integer >= 1, or 'max'"),
         ({"steps": 2, "warmup": 2}, "config key 'warmup': warmup must be in [0, steps), got warmup=2 with steps=2"),
         ({"steps": "abc"}, "config key 'steps': 'abc' is not of type 'integer'"),
         ({"site": {"plan_device": "rtx4090"}}, "config key 'site.plan_device': unknown device 'rtx4090'; expected one of "),

@@ -169,12 +169,36 @@ def _filling_defaults(cls: type[jsonschema.protocols.Validator]) -> type[jsonsch
     return extended
 
 
+def _form(sub: Mapping[str, Any]) -> str:
+    """One alternative of an anyOf/oneOf, in words: ``{type: integer, minimum: 1}`` -> 'an integer >= 1'."""
+    if "const" in sub:
+        return repr(sub["const"])
+    if "enum" in sub:
+        return " or ".join(map(repr, sub["enum"]))
+    kind = {"integer": "an integer", "number": "a number", "string": "a string", "array": "a list",
+            "object": "a mapping", "boolean": "true or false"}.get(str(sub.get("type")), json.dumps(dict(sub)))
+    for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")):
+        if key in sub:
+            kind += f" {op} {sub[key]}"
+    return kind
+
+
+def _message(e: jsonschema.ValidationError) -> str:
+    """jsonschema's message, with the allowed forms named where it says only 'is not valid under
+    any of the given schemas' (``batches: [four]``: an integer >= 1, or 'max')."""
+    if e.validator in ("anyOf", "oneOf") and isinstance(e.validator_value, list):
+        forms = [_form(sub) for sub in e.validator_value if isinstance(sub, Mapping)]
+        if forms:
+            return f"{e.instance!r} is none of the allowed forms: {', or '.join(forms)}"
+    return str(e.message)
+
+
 def schema_errors(cfg: dict[str, Any], schema: Mapping[str, Any]) -> list[str]:
     """Every schema violation as ``config key 'K': message``, sorted by key; fills the
     schema's defaults into ``cfg`` in the same pass."""
     validator = _filling_defaults(jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
-    lines = [f"  config key '{config_key(e.absolute_path)}': {e.message}" for e in errors]
+    lines = [f"  config key '{config_key(e.absolute_path)}': {_message(e)}" for e in errors]
     if any(not e.absolute_path and "'site'" in e.message for e in errors):
         lines.append("  (the site and its ladder come from a profile: snakemake --profile profiles/<site>)")
     return lines
