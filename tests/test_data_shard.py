@@ -366,6 +366,7 @@ def test_progress_has_total_and_eta(tmp_path: Path, capsys: pytest.CaptureFixtur
     opts = ShardOptions(per_shard=5, progress_every=0.0, samples=12, expected=20)
     write_shard_set(iter_synthetic(20, 0, 16), tmp_path / "s", opts, {})
     lines = capsys.readouterr().err.strip().splitlines()
+    assert lines.pop().startswith("shard: training the tokenizer on 12 captions")  # the phase after the samples
     assert lines[0].startswith("shard: 1/12 samples (8%), 0 shards") and "ETA" in lines[0], lines
     assert lines[-1].startswith("shard: 12/12 samples (100%), 3 shards") and "ETA" not in lines[-1], lines
     write_shard_set(iter_synthetic(3, 0, 16), tmp_path / "t", ShardOptions(progress_every=0.0), {})

@@ -241,12 +241,24 @@ def test_rank_0_prints_progress_lines_at_a_steady_interval(tmp_path: Path) -> No
         return [line for line in p.stderr.splitlines() if line.startswith(f"scaleladder run: {RUNG}: ")]
 
     lines = run("0.05")
+    assert lines[0].endswith(f"building vit-debug (device init) on 1 rank(s), cpu ...")  # before the model exists
+    lines = lines[1:]
     assert lines[0].endswith("training 12 steps (2 warm-up) ...")
     assert lines[1].startswith(f"scaleladder run: {RUNG}: step 1/12 after ") and "max RSS" in lines[1]
     steady = [line for line in lines[2:] if " steps/s, ETA " in line]
-    assert steady and steady[-1].split(": step ")[1].startswith("12/12,"), lines
-    # the default interval (30 s): a short rung says it started and took its first step, no more
-    assert len(run(None)) == 2
+    done = [int(line.split(": step ")[1].split("/")[0]) for line in steady]
+    assert done and done == sorted(set(done)) and done[-1] <= 12, lines
+    # the default interval (30 s): a short rung says it builds, starts, took its first step, no more
+    assert len(run(None)) == 3
+
+
+def test_shard_into_a_log_says_what_it_does_at_a_few_lines_a_minute(tmp_path: Path) -> None:
+    p = sl("shard", "--out", str(tmp_path / "s"), "--samples", "64", "--per-shard", "16", "--image-size", "32")
+    assert p.returncode == 0 and "\r" not in p.stderr
+    lines = p.stderr.splitlines()
+    # stderr is a pipe here, as in a job's log: no 2-second lines, the tokenizer phase named
+    assert lines[0].startswith("shard: training the tokenizer on 64 captions (") and lines[0].endswith(" MB) ...")
+    assert len(lines) == 1 and p.stdout.startswith("wrote 64 samples in 4 shards")  # and the summary
 
 
 # -- fault 5: a cluster profile says what it is missing before any job --------------------------------

@@ -8,6 +8,9 @@
 # and each slice's record is its own output, so a rerun after a killed job redoes only
 # the missing slices.
 #
+# No --quiet: the log shows the job is alive (a progress line every 30 s, what the tokenizer is
+# doing) and ends with the summary.
+#
 # update(): Snakemake keeps the manifest (and slice records) while a shard job runs and puts
 # them back when it fails, instead of deleting them first. With the rungs' ancient() input
 # (common.smk), a failed attempt with other data settings never makes the finished rungs run
@@ -36,7 +39,7 @@ if SHARD_SLICES == 1:
             "../envs/scaleladder.yaml"
         shell:
             "{params.env}{params.scaleladder} shard --out {params.outdir:q} --samples {params.samples} "
-            "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --overwrite --quiet {params.sources}"
+            "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --overwrite {params.sources}"
             " > {log:q} 2>&1"
 
 else:
@@ -63,7 +66,7 @@ else:
             "../envs/scaleladder.yaml"
         shell:
             "{params.env}{params.scaleladder} shard --parts {params.parts:q} --slice {params.slice} --samples {params.samples} "
-            "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} --quiet {params.sources}"
+            "--per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} {params.sources}"
             " > {log:q} 2>&1"
 
     rule shard:
@@ -88,7 +91,7 @@ else:
         shell:
             "{params.env}{params.scaleladder} shard --parts {params.parts:q} --gather {params.slices} --out {params.outdir:q} "
             "--samples {params.samples} --per-shard {params.per_shard} --image-size {wildcards.px} --seed {params.seed} "
-            "--overwrite --quiet {params.sources} > {log:q} 2>&1"
+            "--overwrite {params.sources} > {log:q} 2>&1"
 
 
 # A site whose partition allocates whole nodes (site.local_data: true, Frontier's batch) writes

@@ -107,9 +107,12 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+LOG_PROGRESS_EVERY_S = 30.0
+
+
 def shard_main(args: argparse.Namespace) -> int:
     from scaleladder.data import slices  # webdataset/PIL only when needed
-    from scaleladder.data.shard import ShardOptions, write_shard_set
+    from scaleladder.data.shard import PROGRESS_EVERY_S, ShardOptions, write_shard_set
 
     # SIGTERM (Slurm time limit, Snakemake cancel) must run the cleanup below too;
     # Python's default for SIGTERM is to die without unwinding.
@@ -153,6 +156,8 @@ def shard_main(args: argparse.Namespace) -> int:
             vocab_size=args.vocab_size,
             vocab_file=args.vocab,
             progress=not args.quiet,
+            # a log file (a workflow job, a Slurm log) keeps every line: a few per minute there
+            progress_every=PROGRESS_EVERY_S if sys.stderr.isatty() else LOG_PROGRESS_EVERY_S,
             overwrite=args.overwrite,
             samples=samples,
             expected=source.candidates if source else None,

@@ -275,6 +275,9 @@ def finish_set(staging: Path, opts: ShardOptions, provenance: dict[str, Any], sh
         first = f"; first: {stats.examples[0]}" if stats.examples else ""
         raise DataError(f"no samples to write ({sum(stats.skipped.values())} skipped as bad{first})")
 
+    if opts.progress:  # a long caption set takes a while here, after the last progress line
+        print(f"shard: {'loading the tokenizer' if opts.vocab_file else 'training the tokenizer on'} "
+              f"{n} captions ({sum(map(len, captions)) / 1e6:.1f} MB) ...", file=sys.stderr, flush=True)
     tok = tokmod.from_vocab_file(opts.vocab_file) if opts.vocab_file else tokmod.train_wordpiece(captions, opts.vocab_size)
     tok_path = tokmod.save(tok, staging)
     lengths = [len(e.ids) for e in tok.encode_batch(captions)]  # with [CLS] and [SEP]

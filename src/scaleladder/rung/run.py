@@ -390,6 +390,9 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
     source, data_attrs = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
 
     init = _init_mode(cfg, flavor, device)
+    if env.rank == 0:  # a big model builds, shards and warms up for minutes before its first step
+        print(f"scaleladder run: {spec.path}: building {spec.model} ({init} init) on {world_text(env, device)} ...",
+              file=sys.stderr, flush=True)
     wrapped, report, params = build_wrapped(cfg, init, device, prec)
     optimizer = make_optimizer(wrapped.parameters(), cfg.lr, spec.precision)
     scaler = make_scaler(spec.precision, spec.strategy, device)
@@ -481,6 +484,10 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         file=sys.stderr,
     )
     return 0
+
+
+def world_text(env: Any, device: torch.device) -> str:
+    return f"{env.world} rank(s), {device.type}"
 
 
 def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
