@@ -19,7 +19,7 @@ LOCK    := containers/constraints-cuda.txt
 # the snakemake jobs and the tests call `scaleladder`, `torchrun`, `snakemake` by name
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test lint dryrun lock verify-pins image-check clean gpu-wheels gpu-check
+.PHONY: setup run test lint dryrun lock verify-pins image-check image-check-rocm clean gpu-wheels gpu-check
 
 setup: $(VENV)/.installed
 
@@ -65,6 +65,11 @@ verify-pins: setup
 # it installs podman, runc and debootstrap when missing. No `setup`: it needs no .venv.
 image-check:
 	containers/image-check
+
+# Dockerfile.rocm as a STAND-IN: its torch index pointed at PyPI (the ROCm index cannot be
+# reached here), so the ROCm torch is NOT installed; every other line and pin is checked.
+image-check-rocm:
+	containers/image-check --rocm-standin
 
 # Wheels of what the GPU machine lacks (torchmultimodal, iopath, webdataset, braceexpand, scaleladder)
 # into .whl/, then a check that they import and train with only what that machine has.

@@ -51,7 +51,8 @@ def torch_index(flavor: str) -> tuple[str, list[str]]:
     url = re.search(r"^ARG TORCH_INDEX_URL=(\S+)$", text, re.M)
     if not url:
         raise SystemExit(f"containers/Dockerfile.{flavor}: no ARG TORCH_INDEX_URL")
-    step = text[text.index("--no-deps --index-url"):]
+    # the first RUN, from its lock= (the names are its `"NAME==$(sed ...)"` arguments)
+    step = text[text.index("lock=containers/"):]
     step = step[:step.index("\n\n")]
     names = re.findall(r'"([\w-]+)==\$\(sed', step)
     return url.group(1), names

@@ -142,6 +142,60 @@ def test_rocm_lock_is_the_cuda_lock_without_cuda() -> None:
     assert {k: cuda[k] for k in rocm} == rocm
 
 
+def run_lock_step(tmp_path: Path, index: str) -> tuple[list[list[str]], str, str]:
+    """The ROCm Dockerfile's first RUN line, as the build runs it (dash, TORCH_INDEX_URL set as
+    the build arg sets it, the lock copied in), with `pip` a recorder: the step's own shell
+    decides what reaches pip. (pip installing torch takes minutes: `make image-check-rocm`.)
+    Returns pip's argument lists, the lock the step left for the later installs, and stdout."""
+    body = re.sub(r"^(--mount=\S+\s+)+", "", run_bodies("rocm")[0].replace("\\ ", ""))
+    (tmp_path / "containers").mkdir(parents=True)
+    shutil.copy(C / "constraints-rocm.txt", tmp_path / "containers")
+    (tmp_path / "bin").mkdir()
+    pip = tmp_path / "bin" / "pip"
+    pip.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\t" "$a"; done >> "$PIP_CALLS"; echo >> "$PIP_CALLS"\n')
+    pip.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TORCH_INDEX_URL": index,
+           "PIP_CALLS": str(tmp_path / "calls")}
+    out = subprocess.run(["dash", "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    calls = [ln.rstrip("\t").split("\t") for ln in (tmp_path / "calls").read_text().splitlines()]
+    return calls, (tmp_path / "containers/lock-used.txt").read_text(), out.stdout
+
+
+def test_rocm_standin_replaces_only_the_rocm_index_pins(tmp_path: Path) -> None:
+    """`make image-check-rocm` builds the real Dockerfile.rocm with TORCH_INDEX_URL=PyPI (the ROCm
+    index cannot be reached here). Then, and only then, the ROCm-index-only pin is dropped
+    (pytorch-triton-rocm: PyPI has no 3.8.0), torch and torchvision come from PyPI at the lock's
+    versions, and the build says the ROCm torch was NOT installed; every other pin of the lock
+    reaches the install unchanged. With the default index the step is the real one."""
+    lock = (C / "constraints-rocm.txt").read_text()
+    pins = constraints("rocm")
+    rocm_index = dockerfile_args("rocm")["TORCH_INDEX_URL"]
+    assert "download.pytorch.org" in rocm_index
+    wheels = [f"torch=={pins['torch']}", f"torchvision=={pins['torchvision']}"]
+    rest = ["install", "-c", "containers/lock-used.txt", "-r", "containers/lock-used.txt"]
+
+    calls, used, said = run_lock_step(tmp_path / "real", rocm_index)
+    assert calls == [["install", "--no-deps", "--index-url", rocm_index, *wheels,
+                      f"pytorch-triton-rocm=={pins['pytorch-triton-rocm']}"], rest]
+    assert used == lock and "NOT installed" not in said
+
+    calls, used, said = run_lock_step(tmp_path / "standin", "https://pypi.org/simple")
+    assert calls == [["install", "--no-deps", "--index-url", "https://pypi.org/simple", *wheels], rest]
+    dropped = [ln for ln in lock.splitlines() if ln not in used.splitlines()]
+    assert dropped == [f"pytorch-triton-rocm=={pins['pytorch-triton-rocm']}"]
+    assert used == "".join(ln + "\n" for ln in lock.splitlines() if ln not in dropped)  # the rest byte for byte
+    assert "STAND-IN: ROCm torch NOT installed" in said
+    # the project's own install and `pip check` take the same lock the step left
+    assert '-c containers/lock-used.txt ".[workflow]" && pip check' in run_bodies("rocm")[1]
+    # wired: the make target, the build arg, the plain words in the output, a tag of its own
+    script = (C / "image-check").read_text()
+    assert re.search(r"^image-check-rocm:\n\tcontainers/image-check --rocm-standin$", (REPO / "Makefile").read_text(), re.M)
+    assert 'build rocm "$tag" --build-arg TORCH_INDEX_URL=https://pypi.org/simple' in script
+    assert 'notrocm="ROCm torch NOT installed: stand-in torch from PyPI' in script
+    assert "tag=scaleladder:rocm-standin" in script
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_only_the_torch_wheels_come_from_the_torch_index(flavor: str) -> None:
     """TRAP: --index-url hides PyPI. The torch index step takes the torch wheels alone, without
