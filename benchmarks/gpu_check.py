@@ -33,7 +33,8 @@ left times its share over the shares still owed, so a section may use what earli
 left but never what later ones are owed, and every section starts. Within its share a
 section runs its key rows first (:data:`RUN_ORDER`; every model's ddp max-batch search
 first), starts no command its share cannot hold (judged by the median of its commands so
-far), and kills each at what its share has left (at least 60 s). Once the whole budget is
+far), and lets a started command run to the whole budget's end (at least 60 s; max-batch
+searches get their round's share of the section). Once the whole budget is
 spent nothing new starts, so the whole check overruns by a minute at most. Each rung's
 start-up (process start to its first step, ``startup_s`` in its record) is shown apart from
 its wall time. tests/test_gpu_check.py runs the full GPU selection on a simulated clock at
@@ -463,8 +464,13 @@ class Check:
                 raise BudgetSpent
 
     def limit(self, cap: float = 600.0) -> float:
-        """A command's time limit: what the section's share has left, but at least 60 s, at most ``cap``."""
-        return min(cap, max(60.0, self.section_remaining()))
+        """A command's time limit: what the whole budget has left, but at least 60 s, at most ``cap``.
+
+        Not the section's share: a command the share let start (guard) is let finish, since killing
+        it wastes what it already ran (on the CPU an inductor compile of flava-debug, started with a
+        minute of its share left, was killed at 64 s). A share overrun is bounded by the guard's
+        median rule, and the sections after it get their shares of what is then left."""
+        return min(cap, max(60.0, self.remaining()))
 
     def note(self, section: str, text: str) -> None:
         self.notes.setdefault(section, []).append(text)
