@@ -381,3 +381,14 @@ def test_a_value_of_no_allowed_form_names_the_forms() -> None:
     with pytest.raises(swf.ConfigError, match=r"config key 'ladders\[0\]\.batches\[0\]': 'four' is none of the allowed "
                                               r"forms: an integer >= 1, or 'max'"):
         swf.validate_config(cfg, repo / "workflow/schemas/config.schema.yaml")
+
+
+def test_every_reader_of_a_ladder_names_an_unreadable_one(tmp_path: Path) -> None:
+    garbage = tmp_path / "ladder.h5"
+    garbage.write_bytes(b"\0" * 4096)
+    for args in (("plots", "--ladder", str(garbage), "--out-dir", str(tmp_path / "plots")),
+                 ("report", "--ladder", str(garbage), "--plots", str(tmp_path), "--html", str(tmp_path / "r.html"),
+                  "--md", str(tmp_path / "r.md"))):
+        p = sl(*args)
+        assert p.returncode == 2 and one_line(p) == (f"scaleladder {args[0]}: error: {garbage}: not a readable HDF5 file "
+                                                     "(file signature not found)"), p.stderr
