@@ -127,11 +127,28 @@ def test_too_many_nodes_is_one_line(jobdir: Path, two_nodes: list[str]) -> None:
 def _run_in_job(wf: Path, nodes: int, command: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``command`` as the batch script of a ``nodes``-node job, waited for; its output."""
     log = wf / f"job-{os.getpid()}-{abs(hash(command))}.log"
-    proc = subprocess.run(["sbatch", "--wait", "--no-requeue", f"-N{nodes}", "--ntasks-per-node=2", "-c1", "-t", "5",
-                           f"--output={log}", "--wrap", command],
-                          cwd=wf, env=snakemake_env(), capture_output=True, text=True, timeout=timeout)
+    name = f"scaleladder-test-{os.getpid()}"
+    try:
+        proc = subprocess.run(["sbatch", "--wait", "--no-requeue", f"-J{name}", f"-N{nodes}", "--ntasks-per-node=2", "-c1",
+                               "-t", "5", f"--output={log}", "--wrap", command],
+                              cwd=wf, env=snakemake_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["scancel", "-n", name], timeout=30)  # never leave a pending job to the next test
+        raise
     proc.stdout += log.read_text() if log.exists() else ""
     return proc
+
+
+def _heal(two_nodes: list[str]) -> None:
+    """Every node idle again: each slurmd registers anew (`scontrol reconfigure`), and
+    .ci/slurm-up restarts a missing slurmd and resumes a node still down.
+    TRAP: slurmctld does not ping a node it set DOWN for not responding (Slurm's
+    ping_nodes.c, "Do not keep pinging down nodes"), so a node whose link comes back stays
+    down* until its slurmd registers again, as a rebooted node's does."""
+    subprocess.run(["scontrol", "reconfigure"], timeout=60)
+    up = subprocess.run(["bash", str(REPO / ".ci/slurm-up"), "--nodes", str(len(two_nodes))], capture_output=True,
+                        text=True, timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
 
 
 RUN = ("run --spec vit-debug/ddp/fp32/pre-lag/n{n}/b4 --steps 2 --warmup 1 --data synthetic --out {out}")
@@ -271,23 +288,21 @@ def test_link_cut_mid_rung_ends_node_fail_and_the_rung_reruns(jobdir: Path, two_
     veth = "slv" + two_nodes[1].removeprefix("slnode")  # the node's end of the bridge (.ci/slurm-up)
     subprocess.run(["ip", "link", "set", veth, "down"], check=True, timeout=30)
     t0 = time.monotonic()
+    state = ""
     try:
         proc.wait(timeout=180)
         took = time.monotonic() - t0
+        said = proc.stdout.read() if proc.stdout else ""
+        job_id = said.split("Submitted batch job")[-1].split()[0]
+        # (MinJobAge=600 keeps it in slurmctld's memory)
+        state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True, timeout=30)
+        _heal(two_nodes)  # the node is back; ReturnToService=2 returns it to idle once it registers
     assert proc.returncode != 0 and took < 120, took
-    said = proc.stdout.read() if proc.stdout else ""
-    job_id = said.split("Submitted batch job")[-1].split()[0]
-    state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
-    assert "JobState=NODE_FAIL" in state, state  # MinJobAge=600 keeps it in slurmctld's memory
+    # NODE_FAIL; or still COMPLETING for the node that was lost (its epilog never ran) with the reason NodeDown
+    assert "JobState=NODE_FAIL" in state or ("JobState=COMPLETING" in state and "Reason=NodeDown" in state), state
     _no_leftovers(jobdir, out)
-    # The node is back: its slurmd registers again (as a rebooted node's does), and
-    # ReturnToService=2 returns it to idle. TRAP: slurmctld does not ping a node it set DOWN
-    # for not responding (Slurm's ping_nodes.c, "Do not keep pinging down nodes"), so a
-    # node whose link comes back stays down* until its slurmd registers: `scontrol
-    # reconfigure` has every slurmd do so.
-    subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60)
     t1 = time.monotonic()
     while _node_state(two_nodes[1]) != "idle":
         assert time.monotonic() - t1 < 60, f"{two_nodes[1]} is {_node_state(two_nodes[1])} 60 s after it registered again"
@@ -302,6 +317,9 @@ def test_a_node_that_never_comes_up(jobdir: Path, two_nodes: list[str]) -> None:
     # The second node's slurmd is gone when the job starts (a node that crashed and never
     # came back, not yet noticed by slurmctld): Slurm still allocates it, and srun cannot
     # launch there. srun gives up after its own connection retries; finalize says so.
+    for node in two_nodes:  # (a test before may have left a node down)
+        if _node_state(node) != "idle":
+            _heal(two_nodes)
     pidfile = Path(f"/run/slurmd-{two_nodes[1]}.pid")
     pid = int(pidfile.read_text())
     os.kill(pid, 15)
@@ -318,9 +336,7 @@ def test_a_node_that_never_comes_up(jobdir: Path, two_nodes: list[str]) -> None:
                           f"{exe} {run.replace('run ', 'finalize --rc $rc ', 1)}", timeout=240)
         took = time.monotonic() - t0
     finally:
-        # the node comes back: .ci/slurm-up restarts the missing slurmd in place
-        subprocess.run(["bash", str(REPO / ".ci/slurm-up"), "--nodes", str(len(two_nodes))], check=True, timeout=180,
-                       capture_output=True)
+        _heal(two_nodes)  # the node comes back: .ci/slurm-up restarts the missing slurmd in place
     assert job.returncode != 0 and took < 120, (took, job.stdout[-3000:])
     said = [line for line in job.stdout.splitlines() if line.startswith("scaleladder: vit-debug/")]
     assert len(said) == 1 and "the run failed with exit code" in said[0] and "no result written" in said[0], job.stdout[-3000:]
