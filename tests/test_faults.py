@@ -392,3 +392,14 @@ def test_every_reader_of_a_ladder_names_an_unreadable_one(tmp_path: Path) -> Non
         p = sl(*args)
         assert p.returncode == 2 and one_line(p) == (f"scaleladder {args[0]}: error: {garbage}: not a readable HDF5 file "
                                                      "(file signature not found)"), p.stderr
+
+
+def test_plots_and_report_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
+    files = three_rungs(tmp_path)
+    assert sl("aggregate", "--out", str(tmp_path / "ladder.h5"), *map(str, files)).returncode == 0
+    p = sl("plots", "--ladder", str(tmp_path / "ladder.h5"), "--out-dir", str(tmp_path / "plots"), fsize=4096)
+    assert p.returncode == 1 and "cannot write " + str(tmp_path / "plots") in one_line(p) and "EFBIG" in p.stderr
+    p = sl("report", "--ladder", str(tmp_path / "ladder.h5"), "--plots", str(tmp_path), "--html",
+           str(tmp_path / "r.html"), "--md", str(tmp_path / "r.md"), fsize=2048)
+    assert p.returncode == 1 and "cannot write " in one_line(p) and "EFBIG" in p.stderr
+    assert litter(tmp_path) == []

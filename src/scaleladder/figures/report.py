@@ -313,11 +313,9 @@ def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures:
 
 
 def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    from scaleladder.results.store import write_bytes  # a full disk: one line naming the file, no tmp left
+
+    write_bytes(path, text.encode())
 
 
 def with_budget(text: str, ladder: str, html_page: bool) -> str:

@@ -168,12 +168,9 @@ def oom_handles(rungs: Iterable[Rung]) -> list[Any]:
 def save_figure(fig: Figure, path: str) -> str:
     """Write through a temporary file and rename, so an interrupted job never leaves a
     half-written figure that Snakemake would take for a finished one."""
+    from scaleladder.results.store import atomic_path  # a full disk: one line naming the figure, no tmp left
+
     ext = os.path.splitext(path)[1].lstrip(".")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format=ext, dpi=150 if ext in ("png", "jpg") else None)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
