@@ -250,7 +250,10 @@ class Progress:
         env = os.environ.get("SCALELADDER_PROGRESS_S")
         self.every = PROGRESS_EVERY_S if every is None else every
         if env and self.every > 0:
-            self.every = float(env)
+            try:
+                self.every = float(env)
+            except ValueError:
+                raise SpecError(f"SCALELADDER_PROGRESS_S must be a number of seconds (0: no progress lines), got {env!r}") from None
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.on = rank == 0 and self.every > 0
         self.label, self.steps, self.warmup, self.device = label, steps, warmup, device
