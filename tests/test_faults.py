@@ -368,6 +368,9 @@ def test_a_failed_attempt_with_other_settings_never_reruns_a_finished_rung(tmp_p
     # ... and with the settings back, the finished rung is not planned again (before: reshard + every rung)
     out = snakemake(wf, RUNG_FILE, *prof, "-n")
     assert "rung" not in planned(out.stdout), out.stdout[-3000:]
+    # data changed on purpose is another matter: the shards are rewritten and the rung measured again
+    out = snakemake(wf, RUNG_FILE, *prof, "--config", "data={samples: 32}", "-n")
+    assert {"shard", "rung"} <= planned(out.stdout), out.stdout[-3000:]
 
 
 def test_a_value_of_no_allowed_form_names_the_forms() -> None:

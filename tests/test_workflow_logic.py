@@ -554,3 +554,22 @@ def test_a_profiles_profiling_block_reaches_every_rung_through_the_job_environme
     assert not {"SCALELADDER_TRACE_STEPS", "SCALELADDER_MEMORY_SNAPSHOT"} & set(plain.config["site"].get("env") or {})
     with pytest.raises(wf.ConfigError, match="profiling"):
         prepare(cfg(profiling={"trace_step": 3}))
+
+
+def test_shards_are_settled_only_when_written_with_todays_data_settings(tmp_path: Path) -> None:
+    """Issue 21 fault 1 without its cost: a rung takes its shards as ancient() input only when the
+    finished set was written with the config's data settings (a reshard then writes the same
+    bytes); data changed on purpose makes it a plain input, so the rungs run again."""
+    import json
+
+    manifest = tmp_path / "manifest.json"
+    cfg = {"data": {"source": "embedded", "images": "/data/imgs/", "samples": 64, "per_shard": 16, "seed": 0}}
+    assert not wf.shards_settled(str(manifest), cfg)  # none yet
+    options = {"images": "/data/imgs", "captions": None, "wds": None, "vocab": None, "samples": 64, "per_shard": 16, "seed": 0,
+               "out": "results/shards/32px", "image_size": 32}
+    manifest.write_text(json.dumps({"scaleladder": {"options": options}}))
+    assert wf.shards_settled(str(manifest), cfg)
+    for key, value in (("images", "/data/other"), ("samples", 128), ("seed", 1), ("wds", ["a.tar"]), ("captions", "/c.tsv")):
+        assert not wf.shards_settled(str(manifest), {"data": {**cfg["data"], key: value}}), key
+    manifest.write_text("{not json")
+    assert not wf.shards_settled(str(manifest), cfg)

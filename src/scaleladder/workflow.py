@@ -59,7 +59,7 @@ from scaleladder.spec import (
 __all__ = [
     "ConfigError", "Ladder", "prepare", "validate_config", "check_data_values", "DATA_KEYS", "coerce_config_strings", "expand_ladder", "knobs_for",
     "resolve_ranks_per_node", "ranks_of", "rank_args", "is_selected", "planned_not_to_fit", "rung_path",
-    "result_path", "result_paths", "repeats", "rung_data_path", "rung_inputs", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
+    "result_path", "result_paths", "repeats", "rung_data_path", "rung_inputs", "rung_shards", "shards_settled", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
     "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices", "shard_slice_records", "provenance_json", "wildcard_constraints",
     "final_targets", "plan_figures", "plan_chart_args", "FIGURES",
 ]
@@ -437,6 +437,36 @@ def rung_data_path(spec: RunSpec, source: str) -> str:
     if source == "synthetic":
         return "synthetic"
     return f"results/shards/{get_flavor(spec.model).image_size}px/manifest.json"
+
+
+def shards_settled(manifest: str, cfg: Mapping[str, Any]) -> bool:
+    """Whether the finished shard set at ``manifest`` was written with the config's data settings.
+
+    Then a rerun of its shard job writes the same bytes (sharding is deterministic), so a rung
+    must not run again for it: the rung takes the manifest as ``ancient()`` input (common.smk).
+    TRAP: a failed shard attempt with other settings leaves its params in Snakemake's metadata,
+    so the next run reshards once; without this every finished rung would run again (issue 21).
+    When the settings differ (data changed on purpose) the manifest is a plain input, and the
+    rungs run again on the new shards. A missing or unreadable manifest is not settled."""
+    try:
+        with open(manifest) as f:
+            options = json.load(f)["scaleladder"]["options"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    data = cfg.get("data") or {}
+
+    def as_shard_says(key: str) -> str | None:  # `scaleladder shard` records str(Path(value))
+        return str(Path(data[key])) if data.get(key) else None
+
+    want = {"images": as_shard_says("images"), "captions": as_shard_says("captions"), "vocab": as_shard_says("vocab"),
+            "wds": list(data.get("wds") or []) or None, "samples": data.get("samples"), "per_shard": data.get("per_shard"),
+            "seed": data.get("seed")}
+    return isinstance(options, dict) and all(options.get(k) == v for k, v in want.items())
+
+
+def rung_shards(spec: RunSpec, cfg: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """The rung rule's input as (path, settled): its shard manifest, or nothing for synthetic data."""
+    return [(p, shards_settled(p, cfg)) for p in rung_inputs(spec, data_source(cfg))]
 
 
 def rung_inputs(spec: RunSpec, source: str) -> list[str]:

@@ -49,13 +49,13 @@ wildcard_constraints:
 # -- input and params functions of the rung rules (wildcards -> run spec -> string) --------
 
 
-# ancient: a rung needs its shards to exist, not to be older than itself. TRAP: a shard job
-# that runs again (a failed attempt with other settings leaves its params in Snakemake's
-# metadata, so the next run reshards) would otherwise make every finished rung run again
-# (issue 21; the shards are the same bytes). To measure on new data, rerun the rungs:
-# --forcerun rung rung_max (docs/workflow.md, "Reruns and interruptions").
+# ancient() where the finished shards were written with today's data settings: a rung needs
+# them to exist, not to be older than itself. TRAP: a failed shard attempt with other settings
+# leaves its params in Snakemake's metadata, so the next run reshards (the same bytes), which
+# would otherwise make every finished rung run again (issue 21). Data changed on purpose: a
+# plain input, so the rungs run again on the new shards (swf.shards_settled).
 def rung_data(wildcards):
-    return [ancient(f) for f in swf.rung_inputs(swf.spec_of(wildcards), swf.data_source(config))]
+    return [ancient(f) if settled else f for f, settled in swf.rung_shards(swf.spec_of(wildcards), config)]
 
 
 def data_arg(wildcards, input):
