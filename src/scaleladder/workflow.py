@@ -26,6 +26,7 @@ site value comes from the profile's site.yaml.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import os
@@ -449,8 +450,7 @@ def shards_settled(manifest: str, cfg: Mapping[str, Any]) -> bool:
     When the settings differ (data changed on purpose) the manifest is a plain input, and the
     rungs run again on the new shards. A missing or unreadable manifest is not settled."""
     try:
-        with open(manifest) as f:
-            options = json.load(f)["scaleladder"]["options"]
+        options = _manifest_options(manifest, os.stat(manifest).st_mtime_ns)
     except (OSError, ValueError, KeyError, TypeError):
         return False
     data = cfg.get("data") or {}
@@ -462,6 +462,13 @@ def shards_settled(manifest: str, cfg: Mapping[str, Any]) -> bool:
             "wds": list(data.get("wds") or []) or None, "samples": data.get("samples"), "per_shard": data.get("per_shard"),
             "seed": data.get("seed")}
     return isinstance(options, dict) and all(options.get(k) == v for k, v in want.items())
+
+
+@functools.lru_cache(maxsize=16)
+def _manifest_options(path: str, mtime_ns: int) -> Any:
+    """A manifest's shard options, read once per version of the file (every rung of a size asks)."""
+    with open(path) as f:
+        return json.load(f)["scaleladder"]["options"]
 
 
 def rung_shards(spec: RunSpec, cfg: Mapping[str, Any]) -> list[tuple[str, bool]]:
