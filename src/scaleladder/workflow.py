@@ -450,7 +450,8 @@ def shards_settled(manifest: str, cfg: Mapping[str, Any]) -> bool:
     When the settings differ (data changed on purpose) the manifest is a plain input, and the
     rungs run again on the new shards. A missing or unreadable manifest is not settled."""
     try:
-        options = _manifest_options(manifest, os.stat(manifest).st_mtime_ns)
+        st = os.stat(manifest)
+        options = _manifest_options(manifest, st.st_mtime_ns, st.st_size)
     except (OSError, ValueError, KeyError, TypeError):
         return False
     data = cfg.get("data") or {}
@@ -465,8 +466,9 @@ def shards_settled(manifest: str, cfg: Mapping[str, Any]) -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def _manifest_options(path: str, mtime_ns: int) -> Any:
-    """A manifest's shard options, read once per version of the file (every rung of a size asks)."""
+def _manifest_options(path: str, mtime_ns: int, size: int) -> Any:
+    """A manifest's shard options, read once per version of the file (every rung of a size asks).
+    TRAP: mtime alone is coarse (a clock tick): two writes within one share it, so size too."""
     with open(path) as f:
         return json.load(f)["scaleladder"]["options"]
 
