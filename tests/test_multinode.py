@@ -238,13 +238,27 @@ def _long_rung(wf: Path, out: Path) -> tuple[subprocess.Popen[str], Path]:
     log = wf / f"{out.name}.log"
     script = (f"OMP_NUM_THREADS=1 srun -N2 -n4 -c1 --kill-on-bad-exit=1 {exe} {LONG.format(out=out)} && rc=0 || rc=$?; "
               f"{exe} {FINALIZE.format(out=out)}")
-    proc = subprocess.Popen(["sbatch", "--wait", "--no-requeue", "-N2", "--ntasks-per-node=2", "-c1", "-t", "10",
-                             f"--output={log}", "--wrap", script], cwd=wf, env=snakemake_env(), text=True,
+    proc = subprocess.Popen(["sbatch", "--wait", "--no-requeue", f"-J{LONG_JOB}", "-N2", "--ntasks-per-node=2", "-c1",
+                             "-t", "10", f"--output={log}", "--wrap", script], cwd=wf, env=snakemake_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return proc, log
 
 
+LONG_JOB = f"scaleladder-long-{os.getpid()}"
+
+
+def _cancel_long_rung() -> None:
+    """A long rung left by a failed test would hold both nodes for its 10-minute limit."""
+    subprocess.run(["scancel", "-n", LONG_JOB], timeout=30)
+
+
 def _wait_for_ranks(node: str, proc: subprocess.Popen[str], n: int = 2, timeout: float = 90) -> list[int]:
+    # first its turn: another test's job may still hold the nodes (not part of the bound)
+    t_queue = time.monotonic()
+    while subprocess.run(["squeue", "-h", "-n", LONG_JOB, "-t", "PENDING", "-o", "%i"], capture_output=True, text=True,
+                         timeout=30).stdout.strip():
+        assert time.monotonic() - t_queue < 600, "the long rung never left the queue"
+        time.sleep(2)
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         pids = _ranks_on(node)
@@ -254,6 +268,16 @@ def _wait_for_ranks(node: str, proc: subprocess.Popen[str], n: int = 2, timeout:
         assert proc.poll() is None, "the job ended before its ranks started"
         time.sleep(1)
     raise AssertionError(f"no ranks on {node} after {timeout} s")
+
+
+def _nodes_free(nodes: list[str], timeout: float = 600) -> None:
+    """Wait until every node is idle (another test's job may still run); heal one that is down."""
+    t0 = time.monotonic()
+    while (states := [_node_state(n) for n in nodes]) != ["idle"] * len(nodes):
+        if any(st.startswith(("down", "drain", "fail")) for st in states):
+            _heal(nodes)
+        assert time.monotonic() - t0 < timeout, f"the nodes are {states} after {timeout} s"
+        time.sleep(2)
 
 
 def _node_state(node: str) -> str:
@@ -267,13 +291,17 @@ def _no_leftovers(folder: Path, out: Path) -> None:
 
 def test_second_nodes_ranks_killed_mid_rung(jobdir: Path, two_nodes: list[str]) -> None:
     out = jobdir / "killed.h5"
+    _nodes_free(two_nodes)  # never disturb another test's job
     proc, log = _long_rung(jobdir, out)
-    pids = _wait_for_ranks(two_nodes[1], proc)
-    t0 = time.monotonic()
-    for pid in pids:
-        os.kill(pid, 9)
-    proc.wait(timeout=120)
-    took = time.monotonic() - t0
+    try:
+        pids = _wait_for_ranks(two_nodes[1], proc)
+        t0 = time.monotonic()
+        for pid in pids:
+            os.kill(pid, 9)
+        proc.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        _cancel_long_rung()
     assert proc.returncode != 0 and took < 60, took
     said = [line for line in log.read_text().splitlines() if line.startswith("scaleladder: vit-debug/")]
     assert said == ["scaleladder: vit-debug/ddp/fp32/pre-lag/n2/b4: the run failed with exit code 137; no result written"] or \
@@ -283,8 +311,13 @@ def test_second_nodes_ranks_killed_mid_rung(jobdir: Path, two_nodes: list[str]) 
 
 def test_link_cut_mid_rung_ends_node_fail_and_the_rung_reruns(jobdir: Path, two_nodes: list[str]) -> None:
     out = jobdir / "cut.h5"
+    _nodes_free(two_nodes)  # never cut a link under another test's job
     proc, log = _long_rung(jobdir, out)
-    _wait_for_ranks(two_nodes[1], proc)
+    try:
+        _wait_for_ranks(two_nodes[1], proc)
+    except BaseException:
+        _cancel_long_rung()
+        raise
     veth = "slv" + two_nodes[1].removeprefix("slnode")  # the node's end of the bridge (.ci/slurm-up)
     subprocess.run(["ip", "link", "set", veth, "down"], check=True, timeout=30)
     t0 = time.monotonic()
@@ -298,6 +331,7 @@ def test_link_cut_mid_rung_ends_node_fail_and_the_rung_reruns(jobdir: Path, two_
         state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True, timeout=30)
+        _cancel_long_rung()
         _heal(two_nodes)  # the node is back; ReturnToService=2 returns it to idle once it registers
     assert proc.returncode != 0 and took < 120, took
     # NODE_FAIL; or still COMPLETING for the node that was lost (its epilog never ran) with the reason NodeDown
@@ -317,9 +351,7 @@ def test_a_node_that_never_comes_up(jobdir: Path, two_nodes: list[str]) -> None:
     # The second node's slurmd is gone when the job starts (a node that crashed and never
     # came back, not yet noticed by slurmctld): Slurm still allocates it, and srun cannot
     # launch there. srun gives up after its own connection retries; finalize says so.
-    for node in two_nodes:  # (a test before may have left a node down)
-        if _node_state(node) != "idle":
-            _heal(two_nodes)
+    _nodes_free(two_nodes)  # killing a slurmd under another job's feet would fail that job instead
     pidfile = Path(f"/run/slurmd-{two_nodes[1]}.pid")
     pid = int(pidfile.read_text())
     os.kill(pid, 15)
