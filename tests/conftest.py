@@ -35,9 +35,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     meet on the same srun MASTER_PORT (the slurm-localhost profile's), and queue on the
     node's CPUs (slurm.conf OverSubscribe=NO) past their timeouts. Without xdist the marks
     do nothing."""
+    # (on a worker `dist` reads 'no'; xdist keeps the mode in its own `loadgroup` option)
+    on_loadgroup_worker = hasattr(config, "workerinput") and bool(config.getvalue("loadgroup"))
     for item in items:
         group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        node_id = getattr(item, "_id", None)  # pytest >= 9 (a NodeId); older pytest reads _nodeid
+        if on_loadgroup_worker and hasattr(node_id, "parse"):
+            # TRAP: pytest-xdist 3.8 tells the scheduler a test's group by setting
+            # `item._nodeid = "<nodeid>@<group>"`, but pytest 9 reads a node's id from `item._id`,
+            # so the suffix never arrives: every test is its own group, and the Slurm tests (one
+            # cluster, one srun port) ran on both workers at once. Set the suffixed id here;
+            # xdist's own suffix after it is then harmless (the scheduler reads the last '@').
+            item._id = type(node_id).parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
 
 
 def write_rung(root: Path, spec_path: str, status: str = "ok", **metrics: Any) -> Path:
