@@ -4,10 +4,10 @@
 
 vit-base and vit-huge × single, single-ac, fsdp2-full, fsdp2-full-ac (FSDP2 on the fake process
 group at world 8) × two local batches, bf16-mixed: two runner steps on fake CPU tensors under the
-tracker (scaleladder.planner.check), and the planner's prediction. Prints a markdown table (the
+tracker (scaleladder.campaign.plan_check), and the planner's prediction. Prints a markdown table (the
 one in docs/planner.md) with the machine and the time each case took. Slow on a small CPU: each
 case is a full-size model's step traced op by op (tens of seconds to minutes on dev-cpu); the
-suite runs a fast subset (tests/test_plan_check.py). FLAVA is not covered yet (planner/check.py).
+suite runs a fast subset (tests/test_plan_check.py). FLAVA is not covered yet (campaign/plan_check.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec = f"{model}/{strategy}/bf16-mixed/{knobs}/n1/b{b}"
                 # one process per case: a tracker and its fake process group leave nothing behind
                 t0 = time.perf_counter()
-                code = ("import json,sys; from scaleladder.planner.check import measure; from scaleladder.spec import RunSpec; "
+                code = ("import json,sys; from scaleladder.campaign.plan_check import measure; from scaleladder.spec import RunSpec; "
                         f"c = measure(RunSpec.from_path({spec!r}), {world}); "
                         "print('CHECK ' + json.dumps({'p': c.planned_peak, 't': c.tracked_peak, 'sp': c.static('params'), "
                         "'so': c.static('optimizer')}))")

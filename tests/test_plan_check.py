@@ -3,7 +3,7 @@
 Each case builds the model on FAKE CPU tensors, wraps it with the runner's ladder, and runs two
 training steps of the runner's own step under torch's ``MemTracker`` (``FSDPMemTracker`` for FSDP2,
 on the fake process group as rank 0 of 8), then compares the second step's peak and the static
-categories with ``scaleladder plan`` (scaleladder.planner.check). One case per mechanism: plain
+categories with ``scaleladder plan`` (scaleladder.campaign.plan_check). One case per mechanism: plain
 single-rank training, activation checkpointing under autocast (the term issue 22 fixed: 5.4% over
 the tracker before the fix at this batch), FSDP2 sharding with AC. The full matrix (vit-base and
 vit-huge × single, single-ac, fsdp2-full, fsdp2-full-ac × two batches) is
@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 
 from scaleladder.cli import main as cli
-from scaleladder.planner.check import measure
+from scaleladder.campaign.plan_check import measure
 from scaleladder.spec import RunSpec, SpecError
 
 TOLERANCE = 0.05

@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="with --spec: hold the planner against torch's own MemTracker/FSDPMemTracker, two runner steps on "
                         "fake CPU tensors (no GPU; FSDP2 on the fake process group at --check-world ranks); both figures "
-                        "side by side (planner/check.py)")
+                        "side by side (campaign/plan_check.py)")
     p.add_argument("--check-world", default="1", help="ranks --check plays (FSDP2: rank 0 of them; default 1)")
 
 
@@ -156,7 +156,7 @@ def _vs_measured(args: argparse.Namespace, device: Device) -> int:
 def _check(args: argparse.Namespace) -> int:
     """``--check``: the planner and torch's memory tracker, side by side, for one spec (no device needed:
     the peak does not depend on the capacity)."""
-    from scaleladder.planner.check import measure
+    from scaleladder.campaign.plan_check import measure
 
     if not args.spec:
         raise SpecError("--check needs --spec")
