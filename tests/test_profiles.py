@@ -51,13 +51,14 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     rung = "results/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.h5"
     out = dry_run(wf, "frontier", rung, SCALELADDER_SLURM_ACCOUNT="abc123")
     cmd = shell_of(out, "rung", rung)
-    image = "${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"
+    # every path a shell expands is quoted, so a checkout path with a space stays one word (issue 26)
+    image = '"${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"'
     plugin_dir = "${SCALELADDER_RCCL_NET_PLUGIN%/*}"
     launcher = (
         "srun -N2 -n16 -c7 --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=1 "
-        "apptainer exec --rocm --workdir $PWD --bind /opt/cray,/var/spool/slurmd,/lustre/orion,"
+        'apptainer exec --rocm --workdir "$PWD" --bind "/opt/cray,/var/spool/slurmd,/lustre/orion,'
         "/usr/lib64/libcxi.so.1:/opt/host-lib64/libcxi.so.1,/usr/lib64/libjansson.so.4:/opt/host-lib64/libjansson.so.4,"
-        f"{plugin_dir} {image} scaleladder"
+        f'{plugin_dir}" {image} scaleladder'
     )
     args = ARGS.format(steps=40, warmup=10, data="results/shards/224px/manifest.json", workers=6, out=rung)
     spec = "--spec vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32"
@@ -79,7 +80,7 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     assert cmd == (
         f"rm -f {rung}.oom-rank*.json; {env}srun -N2 --ntasks-per-node=1 mkdir -p /tmp/miopen-$USER; "
         f"{launcher} run --device cuda {spec} {args} > {log} 2>&1 && rc=0 || rc=$?; "
-        f"apptainer exec --workdir $PWD --bind /lustre/orion {image} scaleladder finalize --rc $rc --device cuda {spec} {args} >> {log} 2>&1"
+        f'apptainer exec --workdir "$PWD" --bind /lustre/orion {image} scaleladder finalize --rc $rc --device cuda {spec} {args} >> {log} 2>&1'
     )
     assert "torchrun" not in out  # srun starts the ranks on Frontier, never torchrun
     res = resources_of(out, "rung", rung)
@@ -114,9 +115,9 @@ def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
 def test_predicted_oom_rungs_are_recorded_on_the_login_node(wf: Path) -> None:
     spec = "vit-15b/ddp/bf16-mixed/pre-lag/n2/b32"
     out = dry_run(wf, "frontier", f"results/predicted/{spec}.h5")
-    image = "${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"
+    image = '"${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"'
     cmd = shell_of(out, "predicted_oom", f"results/predicted/{spec}.h5")
-    assert f"apptainer exec --workdir $PWD --bind /lustre/orion {image} scaleladder launch --plan-only --plan-device mi250x-gcd " \
+    assert f'apptainer exec --workdir "$PWD" --bind /lustre/orion {image} scaleladder launch --plan-only --plan-device mi250x-gcd ' \
            f"--ranks-per-node 8 --spec {spec} " in cmd
     assert "srun" not in cmd  # a local rule: no allocation for a certain OOM
     assert re.search(r"localrules:\s+predicted_oom,", (REPO / "workflow/rules/ladder.smk").read_text())
