@@ -312,3 +312,11 @@ def test_no_ok_for_binds_after_a_fatal_bind(login: Path) -> None:
     rc, lines = diagnose(login)
     assert rc == 1 and any("bind source" in line for line in fatal(lines))
     assert not any(line.startswith("ok") and "binds:" in line for line in lines), "\n".join(lines)
+
+
+def test_an_infiniband_site_needs_no_network_plugin(login: Path) -> None:
+    """The A100 profile climbs nodes over InfiniBand, which NCCL serves itself: no RCCL/OFI plugin
+    is asked of it (only a Slingshot site, which binds libcxi, needs one)."""
+    _, lines = diagnose(login, "a100")
+    assert not [line for line in fatal(lines) if "network" in line], lines
+    assert any(line.startswith("ok") and "NCCL's own InfiniBand transport" in line for line in lines), lines

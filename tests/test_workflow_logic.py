@@ -472,8 +472,9 @@ PINNED: dict[str, dict[str, int]] = {
     "slurm-localhost": {"rung": 2, "rung_max": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 7},
     "frontier": {"rung": 238, "predicted_oom": 95, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1,
                  "total": 338},
-    "a100": {"rung": 60, "rung_max": 50, "predicted_oom": 14, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
-             "all": 1, "total": 129},
+    # a100: + the 1/2/4-node ViT weak-scaling block of issue 20 (24 rungs)
+    "a100": {"rung": 84, "rung_max": 50, "predicted_oom": 14, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
+             "all": 1, "total": 153},
 }
 SHARDS = {"local": 2, "slurm-localhost": 1, "frontier": 1, "a100": 1}  # 32+64 px (debug flavors); 224 px
 

@@ -422,6 +422,12 @@ class Doctor:
         env = self.expanded_env
         declared = self.site.get("env") or {}
         plugin = env.get("NCCL_NET_PLUGIN")
+        slingshot = "libcxi" in str(self.site.get("launcher", ""))  # the CXI provider: a Slingshot network
+        if not slingshot and "NCCL_NET_PLUGIN" not in declared:
+            # InfiniBand (an A100 cluster): NCCL's own IB transport needs no plugin; a fall back to
+            # sockets shows in `doctor --compute`'s bus bandwidth and NET line instead
+            self.add(OK, "network: no network plugin named: NCCL's own InfiniBand transport (doctor --compute measures it)")
+            return
         if "NCCL_NET_PLUGIN" not in declared:
             self.add(FATAL, "network: no NCCL_NET_PLUGIN in site.env, so RCCL/NCCL loads no network plugin and runs "
                             "multi-node rungs over TCP sockets; set it to the plugin (librccl-net.so; module rccl-net-plugin)")
@@ -430,7 +436,7 @@ class Doctor:
         if "NCCL_NET" not in declared:
             self.add(FATAL, "network: NCCL_NET is not forced, so a plugin that fails to load falls back to TCP sockets "
                             "without an error; set NCCL_NET (OFI on more than one node)")
-        if "libcxi" in str(self.site.get("launcher", "")):  # the CXI provider: a Slingshot network
+        if slingshot:
             missing = [k for k in SLINGSHOT_ENV if k not in declared]
             if missing:
                 self.add(FATAL, f"network: Slingshot settings the site requires are missing from site.env: {', '.join(missing)} "
