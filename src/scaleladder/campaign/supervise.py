@@ -46,6 +46,49 @@ def stamp(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+def failure_notes(out: Path) -> Path:
+    """Where a rung's failed attempts are noted: ``results/failed/<spec>.h5.json`` for a result
+    under ``results/rungs/``, else ``.failed/<name>.json`` beside it. Never among the results
+    themselves, where every file is a finished result."""
+    parts = out.parts
+    if "rungs" in parts[:-1]:
+        i = len(parts) - 1 - parts[::-1].index("rungs")
+        return Path(*parts[:i], "failed", *parts[i + 1:-1], f"{out.name}.json")
+    return out.parent / ".failed" / f"{out.name}.json"
+
+
+def note_failure(cfg: RunConfig, rc: int) -> None:
+    """Append this failed attempt (when, exit code, the one-line reason) to the rung's notes
+    (:func:`failure_notes`).
+
+    The failure is not a result: no rung file is written, so the next `snakemake` runs the rung
+    again. The notes stay as history: the report lists every failed attempt of a ladder's rungs
+    ("Failed attempts", figures/report.py), redone or not. A note that cannot be written costs
+    nothing but the note (the exit code and the log line are the failure's record)."""
+    import datetime
+    import signal
+
+    try:
+        why = f"killed by {signal.Signals(rc - 128).name}" if rc > 128 else f"exit code {rc}"
+    except ValueError:
+        why = f"exit code {rc}"
+    path = failure_notes(cfg.out)
+    try:
+        notes = json.loads(path.read_text()) if path.is_file() else []
+    except (OSError, ValueError):
+        notes = []
+    notes.append({"spec": cfg.spec.path, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "rc": rc, "reason": f"the run failed ({why}); no result written (its log names the cause)"})
+    try:
+        from scaleladder.results.store import atomic_path
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(notes, indent=1))
+    except Exception as e:  # the disk that failed the rung may refuse the note too
+        print(f"scaleladder: {cfg.spec.path}: could not note the failure in {path}: {e}", file=sys.stderr)
+
+
 def finalize(cfg: RunConfig, rc: int, world: int | None = None, previous: tuple[int, int] | None = None) -> int:
     """Decide what a finished launch produced. Returns the supervisor's exit code.
 
@@ -70,6 +113,7 @@ def finalize(cfg: RunConfig, rc: int, world: int | None = None, previous: tuple[
         if not old:
             cfg.out.unlink(missing_ok=True)  # never leave a result from a failed launch
         print(f"scaleladder: {cfg.spec.path}: the run failed with exit code {rc}; no result written", file=sys.stderr)
+        note_failure(cfg, rc)
         return rc if rc not in (0, EXIT_OOM) else 1
     finally:
         _clear(cfg.out)

@@ -9,6 +9,7 @@ embeds nothing; it opens from the results folder in any browser).
 from __future__ import annotations
 
 import argparse
+import glob
 import html
 import json
 import math
@@ -331,6 +332,38 @@ def with_budget(text: str, ladder: str, html_page: bool) -> str:
     return text + "\n## Budget\n\n" + body
 
 
+def failed_attempts(ladder: str) -> list[dict[str, Any]]:
+    """Every failed attempt noted in ``failed/`` beside the ladder (campaign.supervise.note_failure),
+    oldest first, each with whether the rung has a result now."""
+    root = os.path.dirname(os.path.abspath(ladder))
+    failed = os.path.join(root, "failed")
+    out: list[dict[str, Any]] = []
+    for note in sorted(glob.glob(os.path.join(failed, "**", "*.h5.json"), recursive=True)):
+        try:
+            with open(note) as f:
+                entries = json.load(f)
+        except (OSError, ValueError):
+            continue
+        result = os.path.join(root, "rungs", os.path.relpath(note, failed)[: -len(".json")])
+        for e in entries if isinstance(entries, list) else []:
+            out.append({**e, "redone": os.path.isfile(result)})
+    return sorted(out, key=lambda e: str(e.get("when", "")))
+
+
+def with_failures(text: str, ladder: str, html_page: bool) -> str:
+    """The report plus a "Failed attempts" section, when any rung of this results folder failed
+    before (a lost node, a crash): each attempt's time and one-line reason, and whether it was redone."""
+    rows = failed_attempts(ladder)
+    if not rows:
+        return text
+    lines = [f"{r.get('when', '?')} {r.get('spec', '?')}: {r.get('reason', '?')}"
+             + ("; redone since" if r["redone"] else "; no result yet") for r in rows]
+    if html_page:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+        return text.replace("</body></html>", f"<h2>Failed attempts</h2>\n<ul>{items}</ul>\n</body></html>")
+    return text + "\n## Failed attempts\n\n" + "".join(f"- {line}\n" for line in lines)
+
+
 def main(args: argparse.Namespace) -> int:
     if not (args.html or args.md):
         print("scaleladder report: error: give --html and/or --md", file=sys.stderr)
@@ -348,6 +381,7 @@ def main(args: argparse.Namespace) -> int:
 
                 text = with_section(text, read_records(args.converge), rel, html_page=render is render_html)
             text = with_budget(text, args.ladder, html_page=render is render_html)
+            text = with_failures(text, args.ladder, html_page=render is render_html)
             _write(out, text)
             print(f"scaleladder report: {out}")
     return 0
