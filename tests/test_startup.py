@@ -71,10 +71,13 @@ def test_a_two_rank_rung_under_spawn_records_its_startup(tmp_path: Path) -> None
     assert 0 <= float(a["teardown_s"]) < 60
 
 
+# TRAP: the ranks share one stdout pipe: each line goes out in ONE write (print with several
+# arguments may write piecewise, and the ranks' pieces interleave: seen in CI)
 RANK_PROGRAM = """import os, sys, time
 rank = int(os.environ["RANK"])
-print("rank", rank, os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"],
-      os.environ["MASTER_PORT"], os.environ["SCALELADDER_LAUNCHER"], os.environ.get("OMP_NUM_THREADS"), flush=True)
+words = ["rank", str(rank), os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"],
+         os.environ["MASTER_PORT"], os.environ["SCALELADDER_LAUNCHER"], str(os.environ.get("OMP_NUM_THREADS"))]
+os.write(1, (" ".join(words) + "\\n").encode())
 if rank == int(os.environ.get("FAIL_RANK", -1)):
     sys.exit(7)
 time.sleep(float(os.environ.get("SLEEP", 0)))
