@@ -307,6 +307,11 @@ def test_second_nodes_ranks_killed_mid_rung(jobdir: Path, two_nodes: list[str]) 
     assert said == ["scaleladder: vit-debug/ddp/fp32/pre-lag/n2/b4: the run failed with exit code 137; no result written"] or \
         (len(said) == 1 and "the run failed with exit code" in said[0]), log.read_text()[-3000:]
     _no_leftovers(jobdir, out)
+    # ... and the failed attempt is noted apart from the results, for the report (test_failed_attempts)
+    from scaleladder.campaign.supervise import failure_notes
+
+    notes = json.loads(failure_notes(out).read_text())
+    assert len(notes) == 1 and "no result written" in notes[0]["reason"], notes
 
 
 def test_link_cut_mid_rung_ends_node_fail_and_the_rung_reruns(jobdir: Path, two_nodes: list[str]) -> None:
