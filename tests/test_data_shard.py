@@ -422,3 +422,22 @@ def test_published_directory_follows_umask(tmp_path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "s").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_sigterm_that_lands_inside_an_import_is_still_interrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM raises wherever the process is. Inside an import (numpy's C extension, seen in CI)
+    it comes out as an ImportError, which must still read as 'interrupted', leaving nothing."""
+    from scaleladder.data import shard as shard_mod
+
+    def landed_in_an_import(*a: object, **k: object) -> None:
+        shard_mod.INTERRUPTED.set()  # what the SIGTERM handler does first
+        raise ImportError("PyCapsule_Import could not import module \"datetime\"")
+
+    monkeypatch.setattr(shard_mod, "write_shard_set", landed_in_an_import)
+    assert shard(["--out", str(tmp_path / "s"), "--samples", "4", "--image-size", "16"]) == 1
+    assert "scaleladder shard: interrupted; nothing was written" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    # the flag is this run's only: the next run in the same process shards as usual
+    monkeypatch.undo()
+    assert shard(["--out", str(tmp_path / "t"), "--samples", "2", "--image-size", "16", "--quiet"]) == 0

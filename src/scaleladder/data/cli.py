@@ -112,11 +112,14 @@ LOG_PROGRESS_EVERY_S = 30.0
 
 def shard_main(args: argparse.Namespace) -> int:
     from scaleladder.data import slices  # webdataset/PIL only when needed
-    from scaleladder.data.shard import PROGRESS_EVERY_S, ShardOptions, write_shard_set
+    from scaleladder.data.shard import INTERRUPTED, PROGRESS_EVERY_S, ShardOptions, write_shard_set
+
+    INTERRUPTED.clear()  # a flag left by an earlier run in this process is not this run's
 
     # SIGTERM (Slurm time limit, Snakemake cancel) must run the cleanup below too;
     # Python's default for SIGTERM is to die without unwinding.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
+    out = Path(args.out) if args.out is not None else Path(".")  # named by a write error before the real one is known
     try:
         _validate(args)
         synthetic = not (args.wds or args.images is not None or args.captions is not None)
@@ -187,7 +190,24 @@ def shard_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("scaleladder shard: interrupted; nothing was written", file=sys.stderr)
         return 1
-    except OSError as e:  # disk full, quota, read-only, ulimit -f: one line naming the file, nothing written
+    except Exception as e:
+        if INTERRUPTED.is_set():
+            # TRAP: SIGTERM raises inside whatever runs at that moment: mid-import (numpy's C
+            # extension, seen in CI) it surfaces as an ImportError, not a KeyboardInterrupt
+            print("scaleladder shard: interrupted; nothing was written", file=sys.stderr)
+            return 1
+        return _shard_error(e, args, out)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if not args.quiet:
+        _summary(manifest)
+    return 0
+
+
+def _shard_error(e: Exception, args: argparse.Namespace, out: Path) -> int:
+    """One line for a failed shard run, naming the file and cause of a write error."""
+    if isinstance(e, OSError):  # disk full, quota, read-only, ulimit -f: one line naming the file, nothing written
         from scaleladder.files import CAUSES, write_error
 
         if e.errno not in CAUSES:
@@ -198,15 +218,9 @@ def shard_main(args: argparse.Namespace) -> int:
             where = Path(args.parts or out) / where.name
         print(f"scaleladder shard: error: {write_error(where, e)}; nothing was written", file=sys.stderr)
         return 1
-    except Exception as e:  # anything else: still one line, still nothing written
-        print(f"scaleladder shard: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    if not args.quiet:
-        _summary(manifest)
-    return 0
+    # anything else: still one line, still nothing written
+    print(f"scaleladder shard: error: {type(e).__name__}: {e}", file=sys.stderr)
+    return 1
 
 
 def _summary(manifest: Path) -> None:
