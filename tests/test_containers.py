@@ -370,3 +370,20 @@ def test_dockerignore_keeps_what_the_images_copy() -> None:
     for flavor in FLAVORS:
         for src in re.findall(r"^COPY (\S+)", (C / f"Dockerfile.{flavor}").read_text(), re.M):
             assert not any(src == ig or src.startswith(ig.rstrip("/") + "/") for ig in ignored), src
+
+
+def _pipefail_scripts() -> list[Path]:
+    scripts = [p for d in (REPO / ".ci", C, REPO / "scripts") if d.is_dir() for p in sorted(d.iterdir()) if p.is_file()]
+    return [p for p in scripts if p.read_text(errors="replace").startswith("#!") and "pipefail" in p.read_text()]
+
+
+@pytest.mark.parametrize("script", _pipefail_scripts(), ids=lambda p: p.name)
+def test_no_pipe_into_grep_q_under_pipefail(script: Path) -> None:
+    """`cmd | grep -q x` under pipefail fails when grep exits at its first match and cmd then dies
+    of SIGPIPE: CI's image check at e8527cd refused an image that did record its commit. Here-
+    strings (`grep -q x <<<"$(cmd)"`) do not race. A `head -1 | grep` is safe (one write)."""
+    lines = script.read_text().splitlines()
+    bad = [f"{script.name}:{i}: {ln.strip()}" for i, ln in enumerate(lines, 1)
+           if not ln.lstrip().startswith("#")
+           and re.search(r"\|\s*grep\s+-\w*q", ln) and not re.search(r"\bhead -1[^|]*\|", ln)]
+    assert not bad, "\n".join(bad)
