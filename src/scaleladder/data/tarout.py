@@ -48,12 +48,6 @@ def header(name: str, size: int) -> bytes:
     return b"".join((raw, bytes(100 - len(raw)), _AFTER_NAME, size_field, _AFTER_SIZE, chk, _AFTER_CHK))
 
 
-def member(name: str, data: bytes) -> bytes:
-    """One regular-file member: a POSIX ustar header (what tarfile's PAX format writes
-    for an ASCII name under 100 bytes) and the data padded to a block."""
-    return header(name, len(data)) + data + bytes(-len(data) % BLOCK)
-
-
 class ShardFile:
     """A tar file being written: ``add`` members, then ``close`` for (size, sha256).
 

@@ -81,11 +81,6 @@ def step_transient_bytes(precision: str) -> int:
     return 4 if precision == "bf16-true" else 0
 
 
-def compute_bytes(precision: str) -> int:
-    """Bytes per element of activations produced by matmuls (autocast or true low precision)."""
-    return 4 if precision in ("fp32", "tf32") else 2
-
-
 def fsdp_param_bytes(precision: str) -> int:
     """Bytes per element of an unsharded (all-gathered) FSDP parameter: MixedPrecision's param_dtype."""
     return 2 if precision in ("bf16-mixed", "fp16-mixed") else storage_bytes(precision)
