@@ -95,7 +95,7 @@ def test_vit_round_trip_by_key(small: Path) -> None:
 
 def test_flava_round_trip_by_key(small: Path) -> None:
     written = _written(small)
-    tok = load_tokenizer(small)
+    tok = load_tokenizer(read_manifest(small).tokenizer_path)
     S = FLAVA.image_size
     for batch in _load(small, local_batch=8, steps=2, augment=False, keys=True):
         assert batch["itm_labels"].tolist() == [1] * 8  # no negatives swapped in
@@ -116,7 +116,7 @@ def test_flava_text_round_trip(small: Path) -> None:
     def squash(s: str) -> str:
         return re.sub(r"\W+", "", s.lower())
 
-    tok = load_tokenizer(small)
+    tok = load_tokenizer(read_manifest(small).tokenizer_path)
     written = {squash(x["txt"].decode()) for s in read_manifest(small).shards for x in wds.WebDataset(str(s.path), shardshuffle=False)}
     decoded = 0
     for batch in _load(small, local_batch=8, steps=2):
@@ -230,7 +230,7 @@ def test_vocab_txt_needs_pad_zero(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_trained_tokenizer_specials(small: Path) -> None:
-    tok = load_tokenizer(small)
+    tok = load_tokenizer(read_manifest(small).tokenizer_path)
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     assert tok.get_vocab_size() <= FLAVA.vocab_size
     assert Tokenizer.from_file(str(small / "tokenizer.json")).get_vocab_size() == read_manifest(small).info["tokenizer"]["vocab_size"]

@@ -138,3 +138,18 @@ def test_transforms_are_seeded_per_reader(tokenizer_file: Path) -> None:
     same = all(torch.equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
     differs = any(not torch.equal(x[k], y[k]) for x, y in zip(a, c) for k in ("image", "image_patches_mask", "text_masked"))
     assert same and differs
+
+
+def test_codec_reads_the_tokenizer_through_its_checks(tokenizer_file: Path, tmp_path: Path) -> None:
+    """The loader's path loads with tokenizer.load_tokenizer: pad from the file, and a file without [PAD] = 0 is refused."""
+    codec = TextCodec(tokenizer_file, 16)
+    assert codec.tok.padding is not None and codec.tok.padding["pad_token"] == "[PAD]" and codec.tok.padding["pad_id"] == 0
+    from tokenizers import models
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "a": 5}
+    bad = tmp_path / "tokenizer.json"
+    Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]")).save(str(bad))
+    with pytest.raises(tokmod.DataError, match=r"\[PAD\] has id 1, but scaleladder needs it to be 0"):
+        TextCodec(bad, 16)
+    with pytest.raises(tokmod.DataError, match="tokenizer file does not exist"):
+        TextCodec(tmp_path / "missing.json", 16)

@@ -72,9 +72,10 @@ INVALID = "invalid scaleladder config:\n"
 class ConfigError(ValueError):
     """A config the workflow cannot run, with the key that is wrong in the message.
 
-    Not Snakemake's WorkflowError: this package does not depend on Snakemake (the GPU
-    images have none). common.smk re-raises it as a WorkflowError, which Snakemake prints
-    without a traceback and exits 1 on, before any job."""
+    Not Snakemake's WorkflowError: Snakemake is the optional ``[workflow]`` extra (the GPU
+    images install it; a bare ``pip install scaleladder`` has none), and this module stays
+    importable without it. common.smk re-raises it as a WorkflowError, which Snakemake
+    prints without a traceback and exits 1 on, before any job."""
 
 
 # -- 1. config --------------------------------------------------------------------------------

@@ -42,13 +42,17 @@ def _pipeline(model: models.Model) -> Tokenizer:
     return tok
 
 
-def _finish(tok: Tokenizer, where: str) -> Tokenizer:
-    vocab = tok.get_vocab()
+def _check_specials(vocab: dict[str, int], where: str) -> None:
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
         raise DataError(f"{where}: vocabulary lacks special token(s) {' '.join(missing)}")
     if vocab[PAD] != 0:
         raise DataError(f"{where}: {PAD} has id {vocab[PAD]}, but scaleladder needs it to be 0 (padding and mlm labels)")
+
+
+def _finish(tok: Tokenizer, where: str) -> Tokenizer:
+    vocab = tok.get_vocab()
+    _check_specials(vocab, where)
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.post_processor = processors.TemplateProcessing(
         single=f"{CLS} $A {SEP}", special_tokens=[(CLS, vocab[CLS]), (SEP, vocab[SEP])]
@@ -108,19 +112,22 @@ def save(tok: Tokenizer, directory: Path) -> Path:
     return path
 
 
-def load_tokenizer(manifest: str | Path) -> Tokenizer:
-    """The tokenizer that ``manifest`` (file or shard directory) points to, checked for ``[PAD]`` = 0 and the specials."""
-    from scaleladder.data.manifest import read_manifest
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The ``tokenizer.json`` at ``path`` (the manifest's ``tokenizer_path``), checked for the specials and ``[PAD]`` = 0.
 
-    m = read_manifest(manifest)
-    path = m.tokenizer_path
+    The one way a tokenizer is read: the transforms' :class:`~scaleladder.data.transforms.TextCodec`
+    (in each DataLoader worker) and the tests. The file is used as written (its pipeline and
+    post-processor were set by :func:`save`); only its vocabulary is checked.
+    """
+    path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: tokenizer named by {m.path} does not exist")
+        raise DataError(f"{path}: tokenizer file does not exist")
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on a bad file
         raise DataError(f"{path}: not a tokenizers JSON file ({one_line(e)})") from None
-    return _finish(tok, str(path))
+    _check_specials(tok.get_vocab(), str(path))
+    return tok
 
 
 def check_vocab(tokenizer_vocab_size: int, flavor: Flavor, where: str = "the tokenizer") -> str | None:

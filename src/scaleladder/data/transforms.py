@@ -149,18 +149,18 @@ class TextCodec:
     """Tokenize + pad, and BERT-style MLM masking, with the ids of one tokenizer."""
 
     def __init__(self, tokenizer_path: Path, text_len: int) -> None:
-        from tokenizers import Tokenizer
+        from scaleladder.data.tokenizer import CLS, MASK, PAD, SEP, load_tokenizer
 
         # Trap: a tokenizers.Tokenizer used in the parent before the DataLoader forks
         # prints "The current process just got forked, after parallelism has already
         # been used" and disables itself; so each worker builds its own, lazily.
-        tok = Tokenizer.from_file(str(tokenizer_path))
-        tok.enable_truncation(max_length=text_len)  # keeps the final [SEP]
-        tok.enable_padding(length=text_len, pad_id=0, pad_token="[PAD]")
-        self.tok = tok
+        tok = load_tokenizer(tokenizer_path)
         vocab = tok.get_vocab()
-        self.mask_id = vocab["[MASK]"]
-        self.special = np.array(sorted({vocab[t] for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}), dtype=np.int64)
+        tok.enable_truncation(max_length=text_len)  # keeps the final [SEP]
+        tok.enable_padding(length=text_len, pad_id=vocab[PAD], pad_token=PAD)
+        self.tok = tok
+        self.mask_id = vocab[MASK]
+        self.special = np.array(sorted({vocab[t] for t in (PAD, CLS, SEP, MASK)}), dtype=np.int64)
         specials_all = {i for t, i in vocab.items() if t.startswith("[") and t.endswith("]")}
         self.random_ids = np.array(sorted(set(vocab.values()) - specials_all), dtype=np.int64)
 
