@@ -85,7 +85,7 @@ def main() -> None:
     bare_t, harness_t = [], []
     for _ in range(a.repeats):
         bare_t.append(bare(model, opt, batches, prec, device, warmup))
-        m = train_loop(model, opt, batches, a.steps, warmup, prec, device)
+        m = train_loop(model, opt, batches, steps=a.steps, warmup=warmup, prec=prec, device=device)
         harness_t.append(m.window_s / m.measured_steps)
     b, h = float(np.median(bare_t)), float(np.median(harness_t))
     print(f"device={device} model={a.model} precision={a.precision} batch={a.batch} steps={a.steps} repeats={a.repeats}")

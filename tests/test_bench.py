@@ -39,7 +39,7 @@ def test_alloc_retries_and_ooms_count_the_window_only(monkeypatch: pytest.Monkey
     monkeypatch.setattr(loop, "_mem_counters", lambda device: (100 + model.calls, 10 + model.calls // 3))
     batches = [{"x": torch.ones(2)}] * steps
     with one_rank_group():
-        m = train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, steps, warmup, policy("fp32"), CPU)
+        m = train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, steps=steps, warmup=warmup, prec=policy("fp32"), device=CPU)
     assert m.alloc_retries.tolist() == [steps - warmup]  # the warm-up's and the process's earlier ones excluded
     assert m.ooms.tolist() == [steps // 3 - warmup // 3]
     assert m.measured_steps == steps - warmup and len(m.step_time_s) == steps
@@ -89,5 +89,5 @@ def test_a_cublas_alloc_failure_in_a_step_carries_its_step(monkeypatch: pytest.M
     monkeypatch.setenv("SCALELADDER_INJECT_OOM", "0:2:cublas")
     model = Counting()
     with one_rank_group(), pytest.raises(OOMDuringStep) as e:
-        train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [{"x": torch.ones(2)}] * 4, 4, 1, policy("fp32"), CPU)
+        train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [{"x": torch.ones(2)}] * 4, steps=4, warmup=1, prec=policy("fp32"), device=CPU)
     assert e.value.step == 2 and "CUBLAS_STATUS_ALLOC_FAILED" in str(e.value)

@@ -144,7 +144,7 @@ def _syncs(flavor_name: str, strategy: str, precision: str, steps: int) -> int:
     scaler = make_scaler(precision, parse_strategy(strategy), CPU)
     batches = SyntheticBatches(flavor, 4, 0, steps, 0, CPU, dtype=prec.storage_dtype)
     with SyncCounter() as c:
-        loop.train_loop(wrapped, opt, batches, steps, 1, prec, CPU, scaler)
+        loop.train_loop(wrapped, opt, batches, steps=steps, warmup=1, prec=prec, device=CPU, scaler=scaler)
     return sum(c.counts.values())
 
 
@@ -188,7 +188,7 @@ def _final_loss(precision: str, steps: int = 200) -> float:
     wrapped, _ = ladder.apply_strategy(model, parse_strategy("single"), Knobs(), prec, CPU)
     opt = make_optimizer(wrapped.parameters(), 1e-4, precision)
     m = loop.train_loop(wrapped, opt, SyntheticBatches(flavor, 8, 0, steps, 0, CPU, dtype=prec.storage_dtype),
-                         steps, 1, prec, CPU)
+                         steps=steps, warmup=1, prec=prec, device=CPU)
     return float(np.mean(m.loss[-10:]))
 
 
@@ -233,7 +233,7 @@ def test_bf16_true_masters_work_on_fsdp2_shards() -> None:
         wrapped, _ = ladder.apply_strategy(model, strategy, default_knobs(strategy), prec, CPU)
         opt = make_optimizer(wrapped.parameters(), 1e-3, "bf16-true")
         before = [p.to_local().clone() for p in wrapped.parameters()]
-        m = loop.train_loop(wrapped, opt, SyntheticBatches(flavor, 4, 0, 3, 0, CPU, dtype=torch.bfloat16), 3, 1, prec, CPU)
+        m = loop.train_loop(wrapped, opt, SyntheticBatches(flavor, 4, 0, 3, 0, CPU, dtype=torch.bfloat16), steps=3, warmup=1, prec=prec, device=CPU)
     assert all(isinstance(p, DTensor) and p.dtype == torch.bfloat16 for p in wrapped.parameters())
     assert not any(isinstance(master, DTensor) for master in opt.masters)
     assert all(master.dtype == torch.float32 for master in opt.masters)

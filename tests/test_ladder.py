@@ -158,7 +158,7 @@ def test_a_graph_break_is_a_one_line_compile_error() -> None:
     wrapped, _ = _ladder("vit-debug", "single-compile", model)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     with pytest.raises(CompileError, match="failed to compile at step 0") as e:
-        train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 2, 0, CPU), 2, 1, policy("fp32"), CPU, compiled=True)
+        train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 2, 0, CPU), steps=2, warmup=1, prec=policy("fp32"), device=CPU, compiled=True)
     assert "\n" not in str(e.value)
 
 
@@ -175,7 +175,7 @@ def test_a_recompile_inside_the_window_is_an_error() -> None:
     # the measured step gets a batch of another size than the warm-up's: a new graph
     batches = [synthetic_batch(flavor, 2, 0, 0, 0), synthetic_batch(flavor, 3, 0, 1, 0)]
     with pytest.raises(CompileError, match="recompiled inside the measured window at step 1"):
-        train_loop(wrapped, opt, batches, 2, 1, policy("fp32"), CPU, compiled=True)
+        train_loop(wrapped, opt, batches, steps=2, warmup=1, prec=policy("fp32"), device=CPU, compiled=True)
     assert torch._dynamo.config.error_on_recompile is False  # the window's rule does not outlive it
 
 
@@ -187,8 +187,8 @@ def test_a_compiled_loop_needs_a_warmup_and_records_its_compile() -> None:
     wrapped, _ = _ladder("vit-debug", "single-compile")
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     with pytest.raises(CompileError, match="warmup >= 1"):
-        train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 3, 0, CPU), 3, 0, policy("fp32"), CPU, compiled=True)
-    m = train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 4, 0, CPU), 4, 1, policy("fp32"), CPU, compiled=True)
+        train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 3, 0, CPU), steps=3, warmup=0, prec=policy("fp32"), device=CPU, compiled=True)
+    m = train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 4, 0, CPU), steps=4, warmup=1, prec=policy("fp32"), device=CPU, compiled=True)
     assert m.compile_graphs >= 1
     # the definition (rung/loop.py, docs/metrics.md), from the step times it keeps
     assert m.compile_s == pytest.approx(m.step_time_s[0] - np.median(m.step_time_s[1:]))

@@ -70,8 +70,8 @@ def losses(flavor_name: str, name: str, local_batch: int, steps: int, backend: s
     rank = dist.get_rank()
     compiled = name != "raw-hybrid1" and parse_strategy(strategy_name).compile
     # A compiled loop needs a warm-up step (its compile); every step's loss is kept either way.
-    m = train_loop(wrapped, opt, SyntheticBatches(flavor, local_batch, rank, steps, 0, device), steps, int(compiled), prec, device,
-                   compiled=compiled)
+    m = train_loop(wrapped, opt, SyntheticBatches(flavor, local_batch, rank, steps, 0, device), steps=steps,
+                   warmup=int(compiled), prec=prec, device=device, compiled=compiled)
     return [float(x) for x in m.loss]
 
 

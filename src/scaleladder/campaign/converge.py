@@ -258,7 +258,7 @@ def _converge(cfg: ConvergeConfig, env: Any, device: torch.device) -> int:
     reached = False
     while done < run.steps and not reached:
         n = min(cfg.eval_every, run.steps - done)
-        m = train_loop(wrapped, optimizer, itertools.islice(feed, n), n, 0, prec, device, scaler)
+        m = train_loop(wrapped, optimizer, itertools.islice(feed, n), steps=n, warmup=0, prec=prec, device=device, scaler=scaler)
         train_s += m.window_s
         done += n
         losses.append(m.loss)

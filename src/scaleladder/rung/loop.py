@@ -303,6 +303,7 @@ def train_loop(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batches: Iterable[dict[str, Tensor]],
+    *,
     steps: int,
     warmup: int,
     prec: PrecisionPolicy,
@@ -311,6 +312,14 @@ def train_loop(
     compiled: bool = False,
     label: str = "",
 ) -> Measurement:
+    """Run ``steps`` steps of ``model`` on ``batches``, the first ``warmup`` untimed: the
+    module docstring says what each number of the returned :class:`Measurement` means.
+
+    Keyword-only after ``batches``: ``steps`` and ``warmup`` are both ints and were once
+    easy to swap at a call; the callers already hold each value, so keywords name them
+    without a config object to build at every call. ``label`` (the rung's path) turns on
+    rank 0's progress lines; ``compiled`` makes a recompile in the window an error.
+    """
     if not 0 <= warmup < steps:
         raise ValueError(f"warm-up ({warmup}) must be smaller than steps ({steps})")
     if compiled and warmup < 1:

@@ -405,8 +405,8 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
 
     # off by default: a trace of steps after warm-up, an allocator snapshot (rung/profiling.py)
     with StepProfiler(cfg.trace_steps, cfg.memory_snapshot, cfg.warmup, cfg.out, device, env.rank) as profiler:
-        m = train_loop(wrapped, optimizer, profiler.wrap(batches), cfg.steps, cfg.warmup, prec, device, scaler,
-                       compiled=spec.strategy.compile, label=spec.path)
+        m = train_loop(wrapped, optimizer, profiler.wrap(batches), steps=cfg.steps, warmup=cfg.warmup, prec=prec,
+                       device=device, scaler=scaler, compiled=spec.strategy.compile, label=spec.path)
     steps_done = time.monotonic()
     if env.rank != 0:
         return 0
