@@ -22,10 +22,10 @@ from scaleladder.spec import RunSpec
 PEAK_A100_BF16 = PEAKS["a100"].bf16
 
 
-def model(**kw: object) -> cost.Model:
+def time_model(**kw: object) -> cost.TimeModel:
     base = dict(plan_device="a100-40gb", steps=100, mfu={"default": 0.5, "ddp": 0.4}, startup_s=60.0, probe_steps=5)
     base.update(kw)
-    return cost.Model(**base)  # type: ignore[arg-type]
+    return cost.TimeModel(**base)  # type: ignore[arg-type]
 
 
 def plant(root: Path, path: str, **attrs: object) -> None:
@@ -34,13 +34,13 @@ def plant(root: Path, path: str, **attrs: object) -> None:
 
 def test_stated_mfu_time_model() -> None:
     spec = RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n2/b32")
-    est = cost.estimate(spec, 16, True, None, model(), {})
+    est = cost.estimate(spec, 16, True, None, time_model(), {})
     step = 32 * cost.model_flops_per_sample(spec, 32 * 16) / (PEAK_A100_BF16 * 0.4)
     assert est.step_s == pytest.approx(step) and est.job_s == pytest.approx(100 * step + 60)
     assert est.node_hours == pytest.approx(2 * (100 * step + 60) / 3600)
     assert est.source == "stated mfu 0.40 (ddp)"
     # a strategy the table does not name falls back to its wrapper, then to 'default'
-    assert cost.estimate(RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b32"), 16, True, None, model(), {}).source \
+    assert cost.estimate(RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b32"), 16, True, None, time_model(), {}).source \
         == "stated mfu 0.50 (default)"
 
 
@@ -55,37 +55,37 @@ def test_calibration_from_measured_rungs_of_the_same_model_and_strategy(tmp_path
     assert len(measured) == 5
 
     spec = RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b32")
-    est = cost.estimate(spec, 16, True, None, model(), measured)
+    est = cost.estimate(spec, 16, True, None, time_model(), measured)
     # the median of 0.20, 0.30, 0.10 (the OOM has no MFU; DDP is another strategy)
     mfu = 0.20
     assert est.step_s == pytest.approx(32 * cost.model_flops_per_sample(spec, 512) / (PEAK_A100_BF16 * mfu))
     assert est.source == ("calibrated mfu 0.200 from vit-huge/fsdp-full/bf16-mixed/pre-lag/n1/b16, "
                           "vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b32, vit-huge/fsdp-full/bf16-mixed/pre-lag/n8/b32")
     # a rung measured itself takes its own step time and costs nothing more
-    own = cost.estimate(RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b32"), 32, True, None, model(), measured)
+    own = cost.estimate(RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b32"), 32, True, None, time_model(), measured)
     assert own.measured and own.step_s == 0.9 and own.source == "measured (this rung)"
     # another model: the stated MFU still
-    other = cost.estimate(RunSpec.from_path("vit-1b/fsdp-full/bf16-mixed/pre-lag/n2/b32"), 16, True, None, model(), measured)
+    other = cost.estimate(RunSpec.from_path("vit-1b/fsdp-full/bf16-mixed/pre-lag/n2/b32"), 16, True, None, time_model(), measured)
     assert other.source == "stated mfu 0.50 (default)"
     # the estimate sharpens as the campaign runs: one more measurement moves the median
     plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b16", step_time_mean_s=0.4, mfu=0.40)
     measured = cost.read_measured([str(p) for p in (tmp_path / "results/rungs").rglob("*.h5")])
-    assert cost.estimate(spec, 16, True, None, model(), measured).source.startswith("calibrated mfu 0.250 from ")
+    assert cost.estimate(spec, 16, True, None, time_model(), measured).source.startswith("calibrated mfu 0.250 from ")
 
 
 def test_max_rungs_pay_for_the_search_and_unfit_rungs_cost_nothing() -> None:
     spec = RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n1/bmax")
-    est = cost.estimate(spec, 8, True, 64, model(), {})
+    est = cost.estimate(spec, 8, True, 64, time_model(), {})
     step = 64 * cost.model_flops_per_sample(spec, 64 * 8) / (PEAK_A100_BF16 * 0.4)
     assert est.batch == 64 and est.job_s == pytest.approx(100 * step + 60 + math.ceil(math.log2(64)) * (5 * step + 60))
-    none = cost.estimate(RunSpec.from_path("vit-15b/ddp/bf16-mixed/pre-lag/n1/b32"), 8, False, None, model(), {})
+    none = cost.estimate(RunSpec.from_path("vit-15b/ddp/bf16-mixed/pre-lag/n1/b32"), 8, False, None, time_model(), {})
     assert not none.fits and none.node_hours == 0 and "does not fit" in none.source
 
 
 def test_block_table_flags_jobs_over_the_time_limit() -> None:
-    m = model(steps=100_000)
+    m = time_model(steps=100_000)
     long = cost.estimate(RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32"), 8, True, None, m, {})
-    short = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b32"), 8, True, None, model(steps=10), {})
+    short = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b32"), 8, True, None, time_model(steps=10), {})
     rows = cost.block_table([("big", [long]), ("small", [short])], {"rung": 60.0})
     assert long.job_s / 60 > 60 and rows[0]["time limit"] == "60 min, 1 over" and rows[1]["time limit"] == "60 min"
     assert rows[2]["ladder block"] == "total" and rows[2]["to run"] == "2"
@@ -152,20 +152,20 @@ def test_start_up_is_priced_from_finished_rungs_and_scales_with_nodes(tmp_path: 
     """Issue 25: measured start-up (startup_s + teardown_s of finished rungs) replaces the stated
     budget.startup_s, at the same node count, else on the line through the node counts measured."""
     spec1 = RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b32")
-    stated = cost.estimate(spec1, 8, True, None, model(), {})
+    stated = cost.estimate(spec1, 8, True, None, time_model(), {})
     assert stated.startup_s == 60.0 and stated.startup_source.startswith("stated start-up 60 s")
     plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n1/b16", startup_s=10.0, teardown_s=1.0)
     plant(tmp_path, "vit-huge/ddp/bf16-mixed/pre-lag/n1/b16", startup_s=12.0, teardown_s=1.0)
     plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b16", startup_s=19.0, teardown_s=1.0)
     plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n8/b16", status="oom")  # no start-up in an oom record
     measured = cost.read_measured([str(p) for p in (tmp_path / "results/rungs").rglob("*.h5")])
-    one = cost.estimate(spec1, 8, True, None, model(), measured)
+    one = cost.estimate(spec1, 8, True, None, time_model(), measured)
     assert one.startup_s == pytest.approx(12.0) and "median of 2 rung(s) on 1 node(s)" in one.startup_source
     assert one.job_s == pytest.approx(100 * one.step_s + 12.0)
     # n2 was never measured: medians 12 s at 1 node and 20 s at 4 give 12 + 8/3 x (2 - 1)
-    two = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n2/b32"), 16, True, None, model(), measured)
+    two = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n2/b32"), 16, True, None, time_model(), measured)
     assert two.startup_s == pytest.approx(12.0 + 8.0 / 3.0) and "x nodes" in two.startup_source
     # the table shows start-up apart: an hour's stated start-up on 10 nodes is 10 node-hours of it
-    big = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n10/b32"), 80, True, None, model(startup_s=3600.0), {})
+    big = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n10/b32"), 80, True, None, time_model(startup_s=3600.0), {})
     rows = cost.block_table([("b", [big])], {})
     assert rows[0]["of which start-up"] == "10.0" and float(rows[0]["node-hours to run"]) >= 10.0

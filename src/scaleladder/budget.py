@@ -26,7 +26,7 @@ from scaleladder.errors import SpecError
 from scaleladder.results.store import atomic_path
 
 
-def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.Model]:
+def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.TimeModel]:
     prof = load_profile(profile_name, repo, plan=True)
     if prof.config_error or prof.ladder is None:
         raise SpecError(f"profile {profile_name}: {prof.config_error}")
@@ -36,8 +36,8 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
         raise SpecError(f"profile {profile_name} names no site.plan_device, so there is no device to price the rungs on")
     b: dict[str, Any] = cfg.get("budget") or {}
     mb = cfg.get("maxbatch") or {}
-    model = cost.Model(site["plan_device"], int(cfg["steps"]), b.get("mfu") or {},
-                       float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)))
+    timing = cost.TimeModel(site["plan_device"], int(cfg["steps"]), b.get("mfu") or {},
+                            float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)))
     measured = cost.read_measured([str(p) for p in (repo / "results" / "rungs").rglob("*.h5")])
     from scaleladder.campaign.maxbatch import planned_start
 
@@ -63,7 +63,7 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
                 if max_batch is None and spec.strategy.compile and not why:
                     why = ("not priced: its eager counterpart does not fit batch 1, and the planner does not model "
                            "torch.compile (the rung runs; its search finds out)")
-            est = cost.estimate(spec, world, fits, max_batch, model, measured)
+            est = cost.estimate(spec, world, fits, max_batch, timing, measured)
             if spec.batch == "max" and spec.strategy.compile and not est.measured and max_batch is not None:
                 est = dataclasses.replace(est, source=est.source + "; at the eager rung's predicted max batch")
             if why and not est.measured:
@@ -71,7 +71,7 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
             ests.append(est)
         blocks.append((str(block.get("name") or f"ladders[{i}]"), ests))
     limits = {rule: float(v) for rule in ("rung", "rung_max") if (v := prof.resources(rule).get("runtime"))}
-    return blocks, limits, model
+    return blocks, limits, timing
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -82,13 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    blocks, limits, model = estimates(args.profile, Path(args.repo).resolve())
+    blocks, limits, timing = estimates(args.profile, Path(args.repo).resolve())
     rows = cost.block_table(blocks, limits)
-    mfu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(model.mfu.items())) or f"default {cost.DEFAULT_MFU}"
+    mfu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(timing.mfu.items())) or f"default {cost.DEFAULT_MFU}"
     sources = sorted({e.startup_source for _, ests in blocks for e in ests if e.fits and e.priced and e.startup_source})
-    head = (f"Budget for profile {args.profile}: {model.steps} steps per rung on {model.plan_device}, stated MFU {mfu}; "
+    head = (f"Budget for profile {args.profile}: {timing.steps} steps per rung on {timing.plan_device}, stated MFU {mfu}; "
             "calibrated from finished rungs where there are any. Start-up per job (priced apart from the steps): "
-            + ("; ".join(sources) if sources else f"stated {model.startup_s:.0f} s") + ".\n\n")
+            + ("; ".join(sources) if sources else f"stated {timing.startup_s:.0f} s") + ".\n\n")
     text = head + cost.markdown(rows)
     if args.rungs:
         text += "\n" + "\n".join(

@@ -56,7 +56,9 @@ def peak_key(plan_device: str) -> str:
     raise KeyError(f"no peak FLOP/s for plan_device {plan_device!r} (rung/devices.py PEAKS: {', '.join(PEAKS)})")
 
 
-def peak_flops(plan_device: str, precision: str) -> float:
+def plan_device_peak_flops(plan_device: str, precision: str) -> float:
+    """The dense peak of the site's ``plan_device`` from the table: no device is at hand here
+    (cf. ``rung/devices.py``'s peak of a rank's own device, checked against its SMs and power cap)."""
     from scaleladder.rung.devices import PEAKS
 
     return PEAKS[peak_key(plan_device)].for_precision(precision)
@@ -113,8 +115,8 @@ class Estimate:
 
 
 @dataclass
-class Model:
-    """The time model's inputs, from the profile."""
+class TimeModel:
+    """The time model's inputs, from the profile: what prices a rung's job in seconds."""
 
     plan_device: str
     steps: int
@@ -159,7 +161,7 @@ def measured_startup(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float
     return statistics.median(every), f"measured start-up (median of {len(every)} rung(s))"
 
 
-def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, model: Model,
+def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, timing: TimeModel,
              measured: Mapping[str, Measured]) -> Estimate:
     """One rung's job: its step time (measured, calibrated or stated), steps, start-up."""
     own = measured.get(spec.path)
@@ -170,21 +172,21 @@ def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, model
         step, source, done = own.step_time_s, "measured (this rung)", True
         batch = own.batch or batch
     else:
-        peak = peak_flops(model.plan_device, spec.precision)
+        peak = plan_device_peak_flops(timing.plan_device, spec.precision)
         cal = calibrated_mfu(spec, list(measured.values()))
         if cal:
             mfu, sources = cal
             source = f"calibrated mfu {mfu:.3f} from " + ", ".join(sources)
         else:
-            mfu, source = stated_mfu(spec, model.mfu)
+            mfu, source = stated_mfu(spec, timing.mfu)
         step = batch * model_flops_per_sample(spec, batch * world) / (peak * mfu)
         done = False
     start = measured_startup(spec, list(measured.values()))
-    startup, startup_source = start if start else (model.startup_s, f"stated start-up {model.startup_s:.0f} s (budget.startup_s)")
-    job, paid = model.steps * step + startup, startup
+    startup, startup_source = start if start else (timing.startup_s, f"stated start-up {timing.startup_s:.0f} s (budget.startup_s)")
+    job, paid = timing.steps * step + startup, startup
     if spec.batch == "max":  # the search's probes, one per doubling up to the batch (an estimate)
         probes = max(1, math.ceil(math.log2(max(batch, 2))))
-        job += probes * (model.probe_steps * step + startup)
+        job += probes * (timing.probe_steps * step + startup)
         paid += probes * startup
     return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done, startup_s=paid, startup_source=startup_source)
 
