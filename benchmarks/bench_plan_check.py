@@ -18,7 +18,9 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from scaleladder.files import atomic_write_text
+from scaleladder.markdown import row, rule
 
 MODELS = ("vit-base", "vit-huge")
 STRATEGIES = (("single", 1), ("single-ac", 1), ("fsdp2-full", 8), ("fsdp2-full-ac", 8))
@@ -30,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     ap.add_argument("--out", default="", help="also write the table here (markdown)")
     args = ap.parse_args(argv)
-    rows = ["| rung | world | planner (MiB) | tracker (MiB) | planned/tracked − 1 | params equal | optimizer within 0.1% | time (s) |",
-            "|---|---|---|---|---|---|---|---|"]
+    header = ["rung", "world", "planner (MiB)", "tracker (MiB)", "planned/tracked − 1", "params equal", "optimizer within 0.1%",
+              "time (s)"]
+    rows = [row(header), rule(len(header))]
     worst = 0.0
     for model in MODELS:
         for strategy, world in STRATEGIES:
@@ -55,20 +58,16 @@ def main(argv: list[str] | None = None) -> int:
                 d = json.loads(line[6:])
                 err = d["p"] / d["t"] - 1
                 worst = max(worst, abs(err))
-                rows.append(f"| `{spec}` | {world} | {d['p'] / 2**20:.1f} | {d['t'] / 2**20:.1f} | {err:+.1%} | "
-                            f"{'yes' if d['sp'][0] == d['sp'][1] else 'NO'} | "
-                            f"{'yes' if abs(d['so'][1] - d['so'][0]) <= 1e-3 * d['so'][0] else 'NO'} | {took:.0f} |")
+                rows.append(row([f"`{spec}`", world, f"{d['p'] / 2**20:.1f}", f"{d['t'] / 2**20:.1f}", f"{err:+.1%}",
+                                 "yes" if d["sp"][0] == d["sp"][1] else "NO",
+                                 "yes" if abs(d["so"][1] - d["so"][0]) <= 1e-3 * d["so"][0] else "NO", f"{took:.0f}"]))
                 print(rows[-1], flush=True)
     head = [f"Machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
             f"`python3 benchmarks/bench_plan_check.py`; worst |error| {worst:.1%} (tolerance {TOLERANCE:.0%}).", ""]
     text = "\n".join(head + rows) + "\n"
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, out)
+        atomic_write_text(args.out, text)
     return 0
 
 

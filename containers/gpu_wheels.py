@@ -115,13 +115,14 @@ def pip(*args: str, quiet: bool = True) -> None:
 
 
 def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("SCALELADDER_GIT_COMMIT", "unknown")
+    """The tree's commit (scaleladder.gitinfo: git with -dirty, else SCALELADDER_GIT_COMMIT), or "unknown".
+    Loaded from the tree's src/: this script may run where scaleladder is not installed, and
+    gitinfo imports nothing of scaleladder's."""
+    if str(REPO / "src") not in sys.path:
+        sys.path.insert(0, str(REPO / "src"))
+    from scaleladder.gitinfo import git_commit as commit
+
+    return commit(REPO) or "unknown"
 
 
 def download(out: Path) -> None:

@@ -285,7 +285,7 @@ def test_provenance_reads_the_commit_baked_into_an_image(monkeypatch: pytest.Mon
     def no_git(*a: object, **k: object) -> None:
         raise FileNotFoundError("git")  # an image has no git and no .git
 
-    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    monkeypatch.setattr("subprocess.run", no_git)
     monkeypatch.setenv("SCALELADDER_GIT_COMMIT", "0123abc")
     monkeypatch.setenv("SCALELADDER_IMAGE", "scaleladder:cuda")
     for var in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"):

@@ -6,6 +6,8 @@ quota, ``ulimit -f``, read-only) into the one-line :class:`~scaleladder.errors.W
 naming the file. :func:`remove_dead_leftovers` is how the next run of a command cleans up
 what a SIGKILLed one left (a ``.tmp-<pid>`` file, a ``.partial-<host>-<pid>-`` folder): only
 when that process is gone from this host, never a live one's (docs/faults.md).
+:func:`atomic_file` and :func:`atomic_write_text` are the one atomic write: a reader sees the
+old file or the whole new one, never half.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import errno
 import os
 import re
 import shutil
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from scaleladder.errors import WriteError
@@ -75,3 +78,39 @@ def remove_dead_leftovers(folder: Path, pattern: str) -> list[Path]:
                         os.unlink(entry.path)
                     removed.append(Path(entry.path))
     return removed
+
+
+@contextmanager
+def atomic_file(out: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``out`` (``<name>.tmp-<pid>``: the same filesystem, so the
+    rename is atomic); rename it onto ``out`` when the block ends cleanly. The temporary file
+    never survives, and a dead process's one of the same name is removed first. A write that
+    fails for want of room or rights (an errno in :data:`CAUSES`) raises :func:`write_error`'s
+    one line naming ``out``; any other ``OSError`` is raised as it is."""
+    out = Path(out)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            remove_dead_leftovers(out.parent, re.escape(out.name) + r"\.tmp-(?P<pid>[0-9]+)")
+            yield tmp
+            os.replace(tmp, out)
+        except OSError as e:
+            if e.errno in CAUSES:
+                raise write_error(out, e) from None
+            raise
+    finally:
+        with suppress(OSError):
+            tmp.unlink()
+
+
+def atomic_write_text(path: str | Path, text: str, *, fsync: bool = False) -> None:
+    """``text`` as the file ``path`` (UTF-8), atomically (:func:`atomic_file`). ``fsync``: flushed
+    to the device before the rename, for a file that must survive a crash of the node (a
+    full disk on NFS or Lustre may surface only there)."""
+    with atomic_file(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaleladder.markdown import row
 from scaleladder.planner.memory import (
     CALIBRATED,
     DEVICES,
@@ -137,10 +138,6 @@ def vit_fit(model: str, strategy: str, gcds: int, variant: Variant = RUNNER) -> 
 # -- the tables of docs/planner.md ------------------------------------------------------------
 
 
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def _fit_cell(f: Fit) -> str:
     verdict = "fits" if f.fits else "no"
     flag = " **borderline**" if f.borderline else ""
@@ -151,27 +148,27 @@ def tables() -> str:
     out = ["Max local batch, FLAVA on 8 × A100 40GB (bf16-mixed, synthetic pairs):", ""]
     for name, v in (("runner", RUNNER), ("seed's mechanisms", SEED_FLAVA), ("seed's mechanisms, 512-token text", SEED_FLAVA_512)):
         mb = flava_max_batches(v)
-        out += [f"{name}:", _row(["model", *FLAVA_STRATEGIES]), _row(["---"] * 4)]
-        out += [_row([m, *(str(mb[s][i] or "–") for s in FLAVA_STRATEGIES)]) for i, m in enumerate(FLAVA)]
+        out += [f"{name}:", row(["model", *FLAVA_STRATEGIES]), row(["---"] * 4)]
+        out += [row([m, *(str(mb[s][i] or "–") for s in FLAVA_STRATEGIES)]) for i, m in enumerate(FLAVA)]
         out.append("")
     out += ["Fit at local batch 1 (required of capacity, margin, flip factor k*):", ""]
     for name, v in (("runner", RUNNER), ("seed's mechanisms", SEED_FLAVA)):
-        out += [f"{name}:", _row(["model", *FLAVA_STRATEGIES]), _row(["---"] * 4)]
-        out += [_row([m, *(_fit_cell(fit(m, s, 8, A100, 1, v)) for s in FLAVA_STRATEGIES)]) for m in FLAVA]
+        out += [f"{name}:", row(["model", *FLAVA_STRATEGIES]), row(["---"] * 4)]
+        out += [row([m, *(_fit_cell(fit(m, s, 8, A100, 1, v)) for s in FLAVA_STRATEGIES)]) for m in FLAVA]
         out.append("")
     out += ["Batch ratios (FSDP+AC / DDP at 350M, at 900M; 10B's FSDP+AC max batch) with overheads × k:", "",
-            _row(["variant", "k = 0.5", "k = 1", "k = 1.5"]), _row(["---"] * 4)]
+            row(["variant", "k = 0.5", "k = 1", "k = 1.5"]), row(["---"] * 4)]
     for name, v in (("runner", RUNNER), ("seed's mechanisms", SEED_FLAVA), ("seed, 512-token text", SEED_FLAVA_512)):
         cells = []
         for k in (0.5, 1.0, 1.5):
             r350, r900, ten = batch_ratios(v, CALIBRATED.scaled(k))
             cells.append(f"{r350:.2f}×, {r900:.2f}×, {ten or '–'}")
-        out.append(_row([name, *cells]))
+        out.append(row([name, *cells]))
     out += ["", "ViT on MI250X GCDs, local batch 32 (runner = fused AdamW = ORNL's; foreach = the runner before issue 10):",
-            "", _row(["model", "strategy", "GCDs", "runner (fused AdamW)", "peak", "foreach AdamW"]), _row(["---"] * 6)]
+            "", row(["model", "strategy", "GCDs", "runner (fused AdamW)", "peak", "foreach AdamW"]), row(["---"] * 6)]
     for m, s, g in VIT_CASES:
         f = vit_fit(m, s, g)
-        out.append(_row([m, s, str(g), _fit_cell(f), f"{f.peak / 1e9:.1f} GB at {f.phase}", _fit_cell(vit_fit(m, s, g, FOREACH))]))
+        out.append(row([m, s, str(g), _fit_cell(f), f"{f.peak / 1e9:.1f} GB at {f.phase}", _fit_cell(vit_fit(m, s, g, FOREACH))]))
     return "\n".join(out)
 
 
@@ -190,11 +187,11 @@ def fsdp2_table() -> str:
         p = predict(RunSpec(model, st, "bf16-mixed", default_knobs(st), 1, b), 8, 8, dev)
         return f"{p.peak_bytes / GIB:.1f} / {p.required_bytes / GIB:.1f} {'fits' if p.fits else '**OOM**'} (max {p.max_batch or '-'})"
 
-    out = [_row(["model", "device", "local batch", "AC", "fsdp-full: peak / required GiB", "fsdp2-full: peak / required GiB"]),
-           _row(["---"] * 6)]
+    out = [row(["model", "device", "local batch", "AC", "fsdp-full: peak / required GiB", "fsdp2-full: peak / required GiB"]),
+           row(["---"] * 6)]
     for model, dev, b in FSDP2_CASES:
         for ac in ("", "-ac"):
-            out.append(_row([model, f"8 × {dev}", str(b), "yes" if ac else "no",
+            out.append(row([model, f"8 × {dev}", str(b), "yes" if ac else "no",
                              *(cell(model, f"{w}-full{ac}", dev, b) for w in ("fsdp", "fsdp2"))]))
     return "\n".join(out)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from scaleladder.files import atomic_file
 from scaleladder.spec import SpecError
 
 #: Allocator events kept by the memory history (torchtitan's default is 100,000).
@@ -100,13 +101,8 @@ class StepProfiler:
 
     def _export(self, prof: Any) -> None:
         path = trace_path(self.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
+        with atomic_file(path) as tmp:
             prof.export_chrome_trace(str(tmp))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
         self.written["trace_file"] = path.name
         self.written["trace_steps"] = self.trace_steps
         self.written["trace_first_step"] = self.warmup
@@ -121,13 +117,8 @@ class StepProfiler:
             # explains it (the OOM record does not name it; it lies at the same place).
             try:
                 path = snapshot_path(self.out)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-                try:
+                with atomic_file(path) as tmp:
                     torch.cuda.memory._dump_snapshot(str(tmp))
-                    os.replace(tmp, path)
-                finally:
-                    tmp.unlink(missing_ok=True)
                 self.written["memory_snapshot_file"] = path.name
             finally:
                 torch.cuda.memory._record_memory_history(enabled=None)

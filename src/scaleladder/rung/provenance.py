@@ -6,7 +6,6 @@ import datetime as _dt
 import os
 import shlex
 import socket
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,18 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-def git_commit() -> str:
-    """The commit of the scaleladder checkout (empty when installed from a wheel)."""
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if out.returncode == 0:
-            dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
-            return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("SCALELADDER_GIT_COMMIT", "")  # baked into container images
+from scaleladder.gitinfo import git_commit  # git (-dirty), else the image's SCALELADDER_GIT_COMMIT, else ""
 
 
 def hosts() -> list[str]:
