@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from scaleladder import doctor
+from scaleladder import doctor, doctor_checks, profiles
 
 PLUGIN = "/sw/frontier/rccl-net-plugin/1.0/lib/librccl-net.so"
 
@@ -80,9 +80,10 @@ def login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return repo
 
 
-def diagnose(repo: Path, profile: str = "frontier", compute: bool = False) -> tuple[int, list[str]]:
+def diagnose(repo: Path, profile: str = "frontier", compute: bool = False, only: str | None = None,
+             skip: str | None = None) -> tuple[int, list[str]]:
     lines: list[str] = []
-    args = argparse.Namespace(profile=profile, compute=compute, repo=str(repo), timeout=60,
+    args = argparse.Namespace(profile=profile, compute=compute, repo=str(repo), timeout=60, only=only, skip=skip, list=False,
                               fs_root=str(repo.parent / "root"), probe=None, probe_device="auto", probe_via=None)
     return doctor.main(args, out=lines.append), lines
 
@@ -178,14 +179,14 @@ def test_missing_plugin_variable_names_itself(login: Path, monkeypatch: pytest.M
 
 
 def test_snakemake_plugin_missing(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = doctor.version
+    real = doctor_checks.version
 
     def version(dist: str) -> str:
         if dist == "snakemake-executor-plugin-slurm":
-            raise doctor.PackageNotFoundError(dist)
+            raise doctor_checks.PackageNotFoundError(dist)
         return real(dist)
 
-    monkeypatch.setattr(doctor, "version", version)
+    monkeypatch.setattr(doctor_checks, "version", version)
     rc, lines = diagnose(login)
     assert rc == 1 and any(line.startswith("FATAL snakemake-executor-plugin-slurm: not installed") for line in lines), lines
 
@@ -226,8 +227,7 @@ def test_compute_sees_a_socket_fallback_between_nodes(login: Path, monkeypatch: 
 
 
 def test_compute_script_uses_the_site_launcher(login: Path) -> None:
-    d = doctor.Doctor(doctor.load_profile("frontier", login))
-    d.run_all()
+    d = doctor_checks.Context(profiles.load_profile("frontier", login))
     script = doctor.compute_script(d, login / "results/doctor/compute.json", nodes=2)
     assert "srun -N2 -n2 -c7 --gpus-per-task=1" in script and "apptainer exec --rocm" in script
     assert re.search(r"scaleladder doctor --probe \S+compute.json --probe-device cuda\n$", script)
@@ -243,7 +243,7 @@ def test_unknown_profile_is_one_line(login: Path) -> None:
 
 def test_every_frontier_bind_source_is_a_documented_path_or_a_checked_variable() -> None:
     site = yaml.safe_load((REPO / SITE).read_text())["site"]
-    sources = doctor.bind_sources(site["launcher"]) + doctor.bind_sources(site["scaleladder"])
+    sources = profiles.bind_sources(site["launcher"]) + profiles.bind_sources(site["scaleladder"])
     documented = {"/opt/cray", "/var/spool/slurmd", "/lustre/orion", "/usr/lib64/libcxi.so.1", "/usr/lib64/libjansson.so.4"}
     for src in sources:
         assert src in documented or src.startswith("${SCALELADDER_"), src
@@ -280,9 +280,8 @@ def test_compute_through_the_real_one_node_slurm(tmp_path: Path) -> None:
 
 def _read_probe(login: Path, profile: str, probe: dict[str, object]) -> list[str]:
     """The probe's findings alone (the rest of the doctor is other tests' business)."""
-    d = doctor.Doctor(doctor.load_profile(profile, login))
-    doctor.read_probe(d, probe)
-    return [f.line() for f in d.findings]
+    d = doctor_checks.Context(profiles.load_profile(profile, login))
+    return [f.line() for f in doctor.read_probe(d, probe)]
 
 
 def test_compute_names_the_old_driver_when_torch_sees_no_gpu(login: Path) -> None:
@@ -320,3 +319,67 @@ def test_an_infiniband_site_needs_no_network_plugin(login: Path) -> None:
     _, lines = diagnose(login, "a100")
     assert not [line for line in fatal(lines) if "network" in line], lines
     assert any(line.startswith("ok") and "NCCL's own InfiniBand transport" in line for line in lines), lines
+
+
+# -- the checks as units: each runs alone, and --only/--skip choose them ----------------------
+
+
+def _context(login: Path, profile: str = "frontier") -> doctor_checks.Context:
+    return doctor_checks.Context(profiles.load_profile(profile, login), fs_root=str(login.parent / "root"))
+
+
+def test_every_check_has_a_name_and_one_line_saying_what_it_checks() -> None:
+    assert list(doctor_checks.CHECKS) == ["config", "slurm", "local-rules", "env", "image", "binds", "network", "threads",
+                                          "results-fs", "snakemake"]
+    for name, c in doctor_checks.CHECKS.items():
+        assert c.name == name and c.about and "\n" not in c.about, name
+
+
+def test_one_check_runs_alone(login: Path) -> None:
+    """A check is a function of the context: no other check needs to run first (the env check's
+    expansions, which threads and binds read, are the context's own)."""
+    threads = doctor_checks.CHECKS["threads"].run
+    assert [f.line() for f in threads(_context(login))] == ["ok    threads: 56 on 56 cores per node"]
+    edit(login / SITE, "    OMP_NUM_THREADS: 1\n", "    OMP_NUM_THREADS: 7\n")
+    (found,) = threads(_context(login))
+    assert found.level == doctor_checks.FATAL and "threads: 8 ranks x (OMP_NUM_THREADS 7 + workers 6) = 104" in found.what
+    edit(login / SITE, ":/opt/host-lib64\n", ":/opt/host-lib64:$LD_LIBRARY_PATH\n")
+    (found,) = doctor_checks.check_env(_context(login))
+    assert found.what.startswith("site.env.APPTAINERENV_LD_LIBRARY_PATH: the job's shell (set -u) stops on it"), found
+    assert doctor_checks.check_network(_context(login, "local")) == []  # one CPU node: nothing to say
+
+
+def test_only_and_skip_choose_the_checks(login: Path) -> None:
+    _, every = diagnose(login)
+    rc, lines = diagnose(login, only="threads,config")  # the running order, not the order asked
+    assert rc == 0 and lines == ["ok    config: valid; 333 rungs (scaleladder budget: what they cost)",
+                                 "ok    threads: 56 on 56 cores per node", "doctor: 0 fatal, 0 warnings (profile frontier)"]
+    _, lines = diagnose(login, skip="snakemake,results-fs")
+    assert lines == [ln for ln in every if not ln.startswith(("ok    snakemake", "ok    results/:"))]
+    _, lines = diagnose(login, only="network,binds", skip="binds")
+    assert [ln.split(":")[0] for ln in lines] == ["ok    network", "doctor"]
+    # a fault outside the chosen checks is not looked for
+    edit(login / SITE, "    OMP_NUM_THREADS: 1\n", "    OMP_NUM_THREADS: 7\n")
+    assert diagnose(login, skip="threads")[0] == 0 and diagnose(login, only="threads")[0] == 1
+
+
+def test_an_unknown_check_is_one_line_naming_it_and_the_known_ones(login: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scaleladder import cli
+
+    rc = cli.main(["doctor", "--profile", "frontier", "--repo", str(login), "--skip", "snakemake,thread"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("scaleladder doctor: error: --skip: no check named 'thread'; the checks are config, slurm, "
+                               "local-rules, env, image, binds, network, threads, results-fs, snakemake (doctor --list says "
+                               "what each does)\n"), err
+
+
+def test_list_and_help_name_every_check(capsys: pytest.CaptureFixture[str]) -> None:
+    from scaleladder import cli
+
+    assert cli.main(["doctor", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == list(doctor_checks.CHECKS)
+    assert listed[0] == f"{'config':12} {doctor_checks.CHECKS['config'].about}"
+    with pytest.raises(SystemExit):
+        cli.main(["doctor", "--help"])
+    assert "results-fs" in " ".join(capsys.readouterr().out.split())

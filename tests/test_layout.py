@@ -24,8 +24,8 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("rung", ("scaleladder.rung",)),
     ("campaign", ("scaleladder.campaign",)),
     ("figures", ("scaleladder.figures",)),
-    ("front doors", ("scaleladder.plan", "scaleladder.workflow", "scaleladder.doctor", "scaleladder.budget", "scaleladder.cli",
-                     "scaleladder.__main__", "scaleladder")),
+    ("front doors", ("scaleladder.plan", "scaleladder.workflow", "scaleladder.profiles", "scaleladder.doctor", "scaleladder.budget",
+                     "scaleladder.cli", "scaleladder.__main__", "scaleladder")),
 ]
 
 

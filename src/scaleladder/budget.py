@@ -21,8 +21,8 @@ from typing import Any
 
 from scaleladder import workflow as swf
 from scaleladder.campaign import cost
-from scaleladder.doctor import load_profile
 from scaleladder.errors import SpecError
+from scaleladder.profiles import load_profile
 from scaleladder.results.store import atomic_path
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scaleladder.profiles import expand
+
 
 def missing(site: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: str | None = None) -> list[str]:
     """One line per required setting of ``site`` that is not there."""
@@ -25,8 +27,6 @@ def missing(site: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: 
     lines = []
     for key, what in (site.get("requires") or {}).items():
         if key == "image":
-            from scaleladder.doctor import expand
-
             path, why = expand(str(site.get("image", "")), env)
             if path is None:
                 lines.append(f"image ({what}): {why}")
