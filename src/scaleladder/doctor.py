@@ -1,8 +1,8 @@
 """`scaleladder doctor --profile NAME [--compute] [--only|--skip NAME,...] [--list]`: what would make
 a campaign fail or lie, found on the login node in seconds, before anything is queued.
 
-The checks (``doctor_checks``) each print one line, ``FATAL``/``WARN``/``ok`` + what is wrong + the
-fix; exit 1 when any is fatal. ``--compute`` then runs one tiny job through the site's launcher
+The checks (``doctor_checks``) print one line per finding, ``FATAL``/``WARN``/``ok`` + what is wrong +
+the fix; exit 1 when any is fatal. ``--compute`` then runs one tiny job through the site's launcher
 (``campaign/probe.py`` on the compute node). The reasoning: docs/workflow.md, "Before submitting".
 """
 
