@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Lowest first. A module may import modules of its own stage and of any stage before it.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("errors", ("scaleladder.errors", "scaleladder.files", "scaleladder.markdown", "scaleladder.gitinfo")),
+    ("errors", ("scaleladder.errors", "scaleladder.files", "scaleladder.markdown", "scaleladder.gitinfo", "scaleladder.log")),
     ("flavor registry", ("scaleladder.models.flavors",)),  # data every stage reads, below the spec
     ("spec", ("scaleladder.spec",)),
     ("models", ("scaleladder.models",)),

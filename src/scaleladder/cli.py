@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from scaleladder import log
 from scaleladder.errors import WriteError
 from scaleladder.spec import SpecError
 
@@ -48,11 +49,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand: the first word that is neither a flag nor --log-level's value."""
+    return next((a for i, a in enumerate(argv) if not a.startswith("-") and list(argv[i - 1:i]) != ["--log-level"]), None)
+
+
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | None]:
     parser = _Parser(prog="scaleladder", description="Measure distributed-training strategies rung by rung.")
+    parser.add_argument("--log-level", choices=log.LEVELS, type=str.lower,
+                        help=f"progress and diagnostics shown (default: ${log.LEVEL_ENV}, else info; "
+                             "exported to the ranks a launcher starts)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    # Only import the module of the command actually asked for.
-    wanted = next((a for a in argv if not a.startswith("-")), None)
+    wanted = command_of(argv)  # only import the module of the command actually asked for
     for name, (module, add_fn, _main, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == wanted:
@@ -61,7 +69,7 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] == ["run"]:
+    if argv is None and command_of(sys.argv[1:]) == "run":
         _exit_without_teardown(_main(sys.argv[1:]))
     return _main(list(sys.argv[1:] if argv is None else argv))
 
@@ -92,6 +100,7 @@ def _main(argv: list[str]) -> int:
         return 2
     module, _add, main_fn, _help = COMMANDS[args.command]
     try:
+        log.setup(args.log_level)
         return int(getattr(importlib.import_module(module), main_fn)(args) or 0)
     except SpecError as e:
         print(f"scaleladder {args.command}: error: {e}", file=sys.stderr)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import random
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,8 +52,11 @@ from scaleladder.data.errors import DataError, one_line
 from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha256_file
 from scaleladder.data.tokenizer import check_vocab
 from scaleladder.data.transforms import FlavaTransform, VitTransform, collate
+from scaleladder.log import get_logger
 from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
+
+_log = get_logger(__name__)
 
 SHUFFLE_BUFFER = 256
 SHUFFLE_INITIAL = 64
@@ -263,7 +265,7 @@ def make_loader(
     decode_on = check_decode(decode, decode_device)  # before any shard is hashed: a refusal costs nothing
     m, notice = preflight.agreed(lambda: _prepare(manifest, flavor, rank, world, workers, resample, verify), rank, world)
     if notice and rank == 0:
-        print(f"scaleladder: note: {notice}", file=sys.stderr, flush=True)
+        _log.info(f"scaleladder: note: {notice}")
 
     if flavor.family == "flava":
         transform: Any = FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode)

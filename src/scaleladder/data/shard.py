@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +39,9 @@ from scaleladder.data.manifest import write_manifest
 from scaleladder.data.prepare import JPEG_QUALITY, Prepared, prepare_image, prepared_stream  # noqa: F401 - re-exported
 from scaleladder.data.sources import BadSample, Item, Pending
 from scaleladder.data.tarout import ShardFile
+from scaleladder.log import get_logger
+
+_log = get_logger(__name__)
 
 MAX_SKIP_EXAMPLES = 20
 PROGRESS_EVERY_S = 2.0
@@ -97,7 +99,7 @@ class _Progress:
                 f"{nbytes / 1e6 / elapsed:.1f} MB/s, {samples / elapsed:.0f} samples/s")
         if self.total and samples and not final:
             line += f", ETA {_duration(max(self.total - samples, 0) * elapsed / samples)}"
-        print(line, file=sys.stderr, flush=True)
+        _log.info(line)
 
 
 def _duration(seconds: float) -> str:
@@ -276,8 +278,8 @@ def finish_set(staging: Path, opts: ShardOptions, provenance: dict[str, Any], sh
         raise DataError(f"no samples to write ({sum(stats.skipped.values())} skipped as bad{first})")
 
     if opts.progress:  # a long caption set takes a while here, after the last progress line
-        print(f"shard: {'loading the tokenizer' if opts.vocab_file else 'training the tokenizer on'} "
-              f"{n} captions ({sum(map(len, captions)) / 1e6:.1f} MB) ...", file=sys.stderr, flush=True)
+        _log.info(f"shard: {'loading the tokenizer' if opts.vocab_file else 'training the tokenizer on'} "
+                  f"{n} captions ({sum(map(len, captions)) / 1e6:.1f} MB) ...")
     tok = tokmod.from_vocab_file(opts.vocab_file) if opts.vocab_file else tokmod.train_wordpiece(captions, opts.vocab_size)
     tok_path = tokmod.save(tok, staging)
     lengths = [len(e.ids) for e in tok.encode_batch(captions)]  # with [CLS] and [SEP]
@@ -287,8 +289,8 @@ def finish_set(staging: Path, opts: ShardOptions, provenance: dict[str, Any], sh
     # (sources.py): counted and said, never silent.
     not_utf8 = sum("\ufffd" in c for c in captions)
     if not_utf8:
-        print(f"scaleladder shard: {not_utf8} caption(s) were not valid UTF-8; their undecodable bytes were replaced "
-              "with U+FFFD (manifest: stats.captions_not_utf8)", file=sys.stderr)
+        _log.warning(f"scaleladder shard: {not_utf8} caption(s) were not valid UTF-8; their undecodable bytes were replaced "
+                     "with U+FFFD (manifest: stats.captions_not_utf8)")
     info: dict[str, Any] = {
         **provenance,
         "members": {"image": "jpg", "caption": "txt", "label": "cls", "meta": "json"},

@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,7 +22,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from scaleladder.log import get_logger
 from scaleladder.spec import SpecError
+
+_log = get_logger(__name__)
 
 # torch.distributed's usual default. A site whose port differs (OLCF's examples use
 # 3442) sets MASTER_PORT in its profile; nothing site-specific belongs here.
@@ -265,8 +267,7 @@ def pick_device(env: DistEnv, want: str = "auto", environ: Mapping[str, str] | N
             why = no_gpu_cause(env_vars, torch.version.cuda, getattr(torch.version, "hip", None))
             if expected:
                 raise NoGPUError(f"{expected}, but torch sees no GPU: {why}")
-            print(f"scaleladder: warning: --device auto trains on the CPU although this node has a GPU driver: {why}",
-                  file=sys.stderr)
+            _log.warning(f"scaleladder: warning: --device auto trains on the CPU although this node has a GPU driver: {why}")
         return torch.device("cpu")
     # With --gpus-per-task=1 (Frontier) each rank sees exactly one device: index 0.
     index = env.local_rank % torch.cuda.device_count()
