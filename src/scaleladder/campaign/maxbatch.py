@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from scaleladder.results.record import OK, OOM, Build, MaxBatch, Memory, Oom, Placement, Record, Spec, checked
 from scaleladder.spec import RunSpec, SpecError, parse_positive, parse_steps_warmup
 
 PASS = "ok"
@@ -166,14 +167,14 @@ def read_probe(path: Path, batch: int, seconds: float) -> ProbeResult:
     from scaleladder.results.store import read_attrs
 
     a = read_attrs(path)
-    status = str(a.get("status", ""))
-    reason = "" if status == "ok" else str(a.get("error", "") or status)
+    status = str(a.get(Record.status, ""))
+    reason = "" if status == "ok" else str(a.get(Oom.error, "") or status)
     if status not in ("ok", "oom"):
         # A record that failed some other way but whose error is an allocation failure
         # (e.g. CUBLAS_STATUS_ALLOC_FAILED) is an OOM for the search, as for the runner.
         status = "oom" if is_oom_message(reason) else "error"
-    return ProbeResult(batch, status, int(a.get("alloc_retries", 0) or 0),
-                       float(a.get("peak_active_gib", float("nan"))), float(a.get("peak_reserved_gib", float("nan"))),
+    return ProbeResult(batch, status, int(a.get(Memory.alloc_retries, 0) or 0),
+                       float(a.get(Memory.peak_active_gib, float("nan"))), float(a.get(Memory.peak_reserved_gib, float("nan"))),
                        reason, seconds)
 
 
@@ -230,17 +231,6 @@ def probes_datasets(probes: list[ProbeResult]) -> dict[str, np.ndarray]:
     }
 
 
-def _clean(v: Any) -> Any:
-    """An HDF5-storable attribute value (lists as JSON, None as empty, str as str)."""
-    import json
-
-    if isinstance(v, (list, tuple, dict)):
-        return json.dumps(v)
-    if v is None:
-        return ""
-    return str(v) if isinstance(v, str) else v
-
-
 def _write_datasets(f: Any, datasets: dict[str, np.ndarray]) -> None:
     import h5py
 
@@ -252,14 +242,15 @@ def _write_datasets(f: Any, datasets: dict[str, np.ndarray]) -> None:
 
 
 def search_attrs(res: SearchResult, max_retries: int, cap: int | None, planned: int | None) -> dict[str, Any]:
+    """The search as record attributes (results/record.py, MaxBatch)."""
     return {
-        "max_batch": res.max_batch if res.max_batch is not None else 0,
-        "maxbatch_probes": len(res.probes),
-        "maxbatch_start": res.start,
-        "maxbatch_planned": planned if planned is not None else 0,  # 0 = no prediction
-        "maxbatch_capped": res.capped,
-        "maxbatch_cap": cap or 0,
-        "maxbatch_max_retries": max_retries,
+        MaxBatch.max_batch: res.max_batch if res.max_batch is not None else 0,
+        MaxBatch.maxbatch_probes: len(res.probes),
+        MaxBatch.maxbatch_start: res.start,
+        MaxBatch.maxbatch_planned: planned if planned is not None else 0,  # 0 = no prediction
+        MaxBatch.maxbatch_capped: res.capped,
+        MaxBatch.maxbatch_cap: cap or 0,
+        MaxBatch.maxbatch_max_retries: max_retries,
     }
 
 
@@ -267,10 +258,10 @@ def final_retry_attrs(final: Path, batch: int, max_retries: int, rung_steps: int
     """The full rung's allocator retries after warm-up, and a note when they exceed the threshold."""
     from scaleladder.results.store import read_attrs
 
-    retries = int(read_attrs(final).get("alloc_retries", 0) or 0)
-    attrs: dict[str, Any] = {"maxbatch_final_retries": retries}
+    retries = int(read_attrs(final).get(Memory.alloc_retries, 0) or 0)
+    attrs: dict[str, Any] = {MaxBatch.maxbatch_final_retries: retries}
     if retries > max_retries:
-        attrs["maxbatch_note"] = (f"the full rung at b={batch} ({rung_steps} steps) had {retries} allocator retries after "
+        attrs[MaxBatch.maxbatch_note] = (f"the full rung at b={batch} ({rung_steps} steps) had {retries} allocator retries after "
                                   f"warm-up, over the threshold {max_retries} its {probe_steps}-step probe stayed within: "
                                   f"b={batch} is at the edge")
     return attrs
@@ -280,17 +271,18 @@ def record_result(final: Path, out: Path, spec: RunSpec, attrs: dict[str, Any], 
     """Copy the final run's file onto ``out`` with the search's attributes and probes, atomically."""
     import h5py
 
-    from scaleladder.results.store import h5_in_memory
+    from scaleladder.results.store import attr_value, h5_in_memory
 
+    # The rung is the `max` rung: its spec stays b'max'; `batch` is the batch it ran at.
+    added = checked({**attrs, Spec.spec: spec.path, Spec.batch: str(attrs[MaxBatch.max_batch])}, OK)
     # in memory, then written by Python: a full disk is one line, not an HDF5 crash (results.store)
     with h5py.File(final, "r") as src, h5_in_memory(out) as dst:
         for k, v in src.attrs.items():
             dst.attrs[k] = v
         for name in src:
             src.copy(src[name], dst, name=name)
-        # The rung is the `max` rung: its spec stays b'max'; `batch` is the batch it ran at.
-        for k, v in {**attrs, "spec": spec.path, "batch": str(attrs["max_batch"])}.items():
-            dst.attrs[k] = _clean(v)
+        for k, v in added.items():
+            dst.attrs[k] = attr_value(v)
         _write_datasets(dst, probes_datasets(probes))
 
 
@@ -299,14 +291,14 @@ def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeRe
     import h5py
 
     from scaleladder.rung import provenance
-    from scaleladder.results.store import h5_in_memory
+    from scaleladder.results.store import attr_value, h5_in_memory
 
     reason = probes[-1].reason if probes else "out of memory"
-    rec = {"status": "oom", **cfg.attrs(), "world_size": world, "error": f"batch 1 does not train: {reason}",
-           **{k: v for k, v in provenance.collect("").items() if k != "device_name"}, **attrs}
+    rec = checked({Record.status: "oom", **cfg.attrs(), Build.world_size: world, Oom.error: f"batch 1 does not train: {reason}",
+                   **{k: v for k, v in provenance.collect("").items() if k != Placement.device_name}, **attrs}, OOM)
     with h5_in_memory(cfg.out) as f:
         for k, v in rec.items():
-            f.attrs[k] = _clean(v)
+            f.attrs[k] = attr_value(v)
         _write_datasets(f, probes_datasets(probes))
 
 
@@ -395,8 +387,8 @@ def main(args: argparse.Namespace) -> int:
                 log(f"the rung at b={res.max_batch} failed (exit {rc}); no result written")
                 return rc or 1
         attrs.update(final_retry_attrs(final, res.max_batch, max_retries, cfg.steps, steps))
-        if "maxbatch_note" in attrs:
-            log(str(attrs["maxbatch_note"]))
+        if MaxBatch.maxbatch_note in attrs:
+            log(str(attrs[MaxBatch.maxbatch_note]))
         record_result(final, cfg.out, cfg.spec, attrs, res.probes)
         log(f"-> {cfg.out}")
         return 0
@@ -415,5 +407,5 @@ def _world(probes: list[ProbeResult], workdir: Path, fallback: int) -> int:
     for p in reversed(probes):
         f = workdir / f"probe-b{p.batch}.h5"
         if f.is_file():
-            return int(read_attrs(f).get("world_size", fallback) or fallback)
+            return int(read_attrs(f).get(Build.world_size, fallback) or fallback)
     return fallback

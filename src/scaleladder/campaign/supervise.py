@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scaleladder.results.record import FAILED, MaxBatch, Placement, Plan, Spec, checked
+from scaleladder.results.record import FailedAttempt as F
 from scaleladder.rung.run import EXIT_OOM, RunConfig, add_arguments, config_from_args, oom_marker, write_oom_record
 from scaleladder.spec import SpecError, parse_positive
 
@@ -77,8 +79,8 @@ def note_failure(cfg: RunConfig, rc: int) -> None:
         notes = json.loads(path.read_text()) if path.is_file() else []
     except (OSError, ValueError):
         notes = []
-    notes.append({"spec": cfg.spec.path, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "rc": rc, "reason": f"the run failed ({why}); no result written (its log names the cause)"})
+    notes.append(checked({Spec.spec: cfg.spec.path, F.when: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                          F.rc: rc, F.reason: f"the run failed ({why}); no result written (its log names the cause)"}, FAILED))
     try:
         from scaleladder.results.store import atomic_path
 
@@ -133,10 +135,10 @@ def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[
     if p.fits:
         return None
     # Every planner device is a GPU, one rank each.
-    extra: dict[str, Any] = {"predicted_peak_gib": p.peak_bytes / 2**30, "predicted_required_gib": p.required_bytes / 2**30,
-                             "plan_device": device_key, "gpus_per_node": ranks_per_node}
+    extra: dict[str, Any] = {Plan.predicted_peak_gib: p.peak_bytes / 2**30, Plan.predicted_required_gib: p.required_bytes / 2**30,
+                             Plan.plan_device: device_key, Placement.gpus_per_node: ranks_per_node}
     if cfg.spec.batch == "max":
-        extra |= {"max_batch": 0, "maxbatch_probes": 0}
+        extra |= {MaxBatch.max_batch: 0, MaxBatch.maxbatch_probes: 0}
     return extra
 
 
@@ -147,7 +149,7 @@ def record_predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int, p
         return False
     write_oom_record(cfg, [], cfg.spec.nodes * ranks_per_node, status="predicted-oom", extra=verdict)
     print(f"scaleladder {prog}: {cfg.spec.path}: predicted not to fit on {device_key} "
-          f"(needs {verdict['predicted_required_gib']:.1f} GiB); recorded as 'predicted-oom'", file=sys.stderr)
+          f"(needs {verdict[Plan.predicted_required_gib]:.1f} GiB); recorded as 'predicted-oom'", file=sys.stderr)
     return True
 
 

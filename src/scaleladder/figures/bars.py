@@ -10,24 +10,25 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from scaleladder.figures.rungs import Rung, family, interval, is_oom, repeat_values
+from scaleladder.figures.rungs import RungAttrs, family, interval, is_oom, repeat_values
 from scaleladder.figures.style import Palette, model_label, oom_handles, oom_mark, strategy_label
+from scaleladder.results.record import Record, Spec
 
 
-def families(rungs: list[Rung]) -> list[str]:
+def families(rungs: list[RungAttrs]) -> list[str]:
     """The model families of the ladder, one row of panels each."""
-    return sorted({family(r["model"]) for r in rungs}) or ["other"]
+    return sorted({family(r[Spec.model]) for r in rungs}) or ["other"]
 
 
 def grouped_bars(
     ax: Axes,
-    rs: list[Rung],
+    rs: list[RungAttrs],
     models: list[str],
     strategies: list[str],
     palette: Palette,
-    value: Callable[[Rung], float | None],
-    annotate: Callable[[Rung], str] | None = None,
-    interval: Callable[[Rung], tuple[float, float] | None] | None = None,
+    value: Callable[[RungAttrs], float | None],
+    annotate: Callable[[RungAttrs], str] | None = None,
+    interval: Callable[[RungAttrs], tuple[float, float] | None] | None = None,
 ) -> None:
     """``interval``: a bar's 95% interval, drawn as an error bar (an unbounded upper end,
     from a step-time interval reaching 0, is drawn to twice the bar)."""
@@ -35,12 +36,12 @@ def grouped_bars(
     for j, s in enumerate(strategies):
         for i, m in enumerate(models):
             x = i - 0.4 + width * (j + 0.5)
-            match = [r for r in rs if r["model"] == m and r["strategy"] == s]
+            match = [r for r in rs if r[Spec.model] == m and r[Spec.strategy] == s]
             if not match:
                 continue
             r = match[0]
             v = value(r)
-            if is_oom(r) or (v is not None and v <= 0 and r.get("status") == "ok"):
+            if is_oom(r) or (v is not None and v <= 0 and r.get(Record.status) == "ok"):
                 oom_mark(ax, x, r)
             elif v is not None:
                 ax.bar(x, v, width * 0.95, color=palette(s), edgecolor="black", linewidth=0.4)
@@ -63,7 +64,7 @@ def grouped_bars(
     ax.set_axisbelow(True)
 
 
-def strategy_legend(fig: Figure, palette: Palette, strategies: list[str], rungs: list[Rung]) -> None:
+def strategy_legend(fig: Figure, palette: Palette, strategies: list[str], rungs: list[RungAttrs]) -> None:
     """One legend under the panels: the strategies shown, then the kinds of OOM."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch

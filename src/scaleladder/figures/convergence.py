@@ -27,6 +27,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from scaleladder.figures.style import OOM_COLOR, strategy_label
+from scaleladder.results.record import Build, Convergence, Placement, Read, Record, Settings, Spec, Throughput
 
 MISSED = "did-not-converge"
 PRECISION_ORDER = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
@@ -39,23 +40,23 @@ def read_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     for p in paths:
         with h5py.File(p, "r") as f:
             r: dict[str, Any] = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-            if r.get("kind") != "convergence":
-                raise ValueError(f"{p}: not a convergence record (kind={r.get('kind')!r}); see `scaleladder converge`")
-            r["eval_step"] = f["eval/step"][()]
-            r["eval_accuracy"] = f["eval/test_accuracy"][()]
-            r["eval_train_s"] = f["eval/train_s"][()]
-        r["path"] = str(p)
+            if r.get(Convergence.kind) != "convergence":
+                raise ValueError(f"{p}: not a convergence record (kind={r.get(Convergence.kind)!r}); see `scaleladder converge`")
+            r[Read.eval_step] = f["eval/step"][()]
+            r[Read.eval_accuracy] = f["eval/test_accuracy"][()]
+            r[Read.eval_train_s] = f["eval/train_s"][()]
+        r[Read.path] = str(p)
         out.append(r)
     return out
 
 
 def rung_label(r: dict[str, Any]) -> str:
-    return f"{strategy_label(str(r['strategy']))} · {r['precision']}"
+    return f"{strategy_label(str(r[Spec.strategy]))} · {r[Spec.precision]}"
 
 
 def _key(r: dict[str, Any]) -> tuple[int, str, int]:
-    prec = str(r["precision"])
-    return (int(r.get("world_size", 1)), str(r["strategy"]), PRECISION_ORDER.index(prec) if prec in PRECISION_ORDER else 99)
+    prec = str(r[Spec.precision])
+    return (int(r.get(Build.world_size, 1)), str(r[Spec.strategy]), PRECISION_ORDER.index(prec) if prec in PRECISION_ORDER else 99)
 
 
 def grouped(records: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -63,9 +64,9 @@ def grouped(records: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str,
     stable order (world, strategy, precision)."""
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        groups[(str(r["model"]), str(r["strategy"]), str(r["precision"]), str(r.get("batch")))].append(r)
+        groups[(str(r[Spec.model]), str(r[Spec.strategy]), str(r[Spec.precision]), str(r.get(Spec.batch)))].append(r)
     rows = sorted(groups.values(), key=lambda rs: _key(rs[0]))
-    return [(rung_label(rs[0]), sorted(rs, key=lambda r: int(r.get("seed", 0)))) for rs in rows]
+    return [(rung_label(rs[0]), sorted(rs, key=lambda r: int(r.get(Settings.seed, 0)))) for rs in rows]
 
 
 def fig_convergence(records: Sequence[dict[str, Any]]) -> Figure:
@@ -79,29 +80,29 @@ def fig_convergence(records: Sequence[dict[str, Any]]) -> Figure:
         return fig
     y = np.arange(len(rows))
     labels = [label for label, _ in rows]
-    targets = sorted({float(r["target"]) for _, rs in rows for r in rs})
+    targets = sorted({float(r[Convergence.target]) for _, rs in rows for r in rs})
     first = rows[0][1][0]
-    budget_max = max(int(r["step_budget"]) for _, rs in rows for r in rs)
+    budget_max = max(int(r[Convergence.step_budget]) for _, rs in rows for r in rs)
     longest_s = 0.0
     for i, (_, rs) in enumerate(rows):
-        ok = [r for r in rs if r["status"] != MISSED]
-        thr = [float(r["samples_per_s"]) for r in rs]
+        ok = [r for r in rs if r[Record.status] != MISSED]
+        thr = [float(r[Throughput.samples_per_s]) for r in rs]
         axes[0].barh(i, float(np.median(thr)), color="#4c72b0")
         axes[0].plot(thr, [i] * len(thr), "k.", ms=4)
         if ok:
-            tt = [float(r["time_to_target_s"]) for r in ok]
+            tt = [float(r[Convergence.time_to_target_s]) for r in ok]
             longest_s = max(longest_s, max(tt))
             axes[1].barh(i, float(np.median(tt)), color="#55a868")
             axes[1].plot(tt, [i] * len(tt), "k.", ms=4)
-        acc = [float(r["final_test_accuracy"]) for r in rs]
+        acc = [float(r[Convergence.final_test_accuracy]) for r in rs]
         axes[2].barh(i, float(np.median(acc)), color=OOM_COLOR if len(ok) < len(rs) else "#55a868")
         axes[2].plot(acc, [i] * len(acc), "k.", ms=4)
     # Did-not-converge marks go at the right edge of the time axis, once its extent is known.
     edge = longest_s * 1.05 if longest_s > 0 else 1.0
     for i, (_, rs) in enumerate(rows):
-        missed = [r for r in rs if r["status"] == MISSED]
+        missed = [r for r in rs if r[Record.status] == MISSED]
         if missed:
-            best = max(float(r["best_test_accuracy"]) for r in missed)
+            best = max(float(r[Convergence.best_test_accuracy]) for r in missed)
             axes[1].plot([edge], [i], "x", color=OOM_COLOR, ms=10, mew=2.5)
             axes[1].annotate(f"did not converge ({len(missed)}/{len(rs)} seeds; best {best:.3f})", (edge, i),
                              xytext=(-6, 0), textcoords="offset points", ha="right", va="center", color=OOM_COLOR, fontsize=8)
@@ -115,10 +116,10 @@ def fig_convergence(records: Sequence[dict[str, Any]]) -> Figure:
     axes[1].set_xlim(0, edge * 1.02)
     axes[2].set_xlabel("held-out accuracy at the end")
     axes[2].set_xlim(0, 1)
-    global_batches = sorted({int(r["batch"]) * int(r.get("world_size", 1)) for _, rs in rows for r in rs})
-    fig.suptitle(f"Accuracy kept: {first['model']}, global batch {', '.join(map(str, global_batches))}, lr {float(first['lr']):g}, "
+    global_batches = sorted({int(r[Spec.batch]) * int(r.get(Build.world_size, 1)) for _, rs in rows for r in rs})
+    fig.suptitle(f"Accuracy kept: {first[Spec.model]}, global batch {', '.join(map(str, global_batches))}, lr {float(first[Settings.lr]):g}, "
                  f"target {', '.join(f'{t:g}' for t in targets)} within {budget_max} steps; "
-                 f"{first.get('device_name', '')} ({len(records)} runs)")
+                 f"{first.get(Placement.device_name, '')} ({len(records)} runs)")
     return fig
 
 
@@ -126,19 +127,19 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     """One table row per rung for the report: its verdict first."""
     out = []
     for label, rs in grouped(records):
-        missed = [r for r in rs if r["status"] == MISSED]
-        tt = [float(r["time_to_target_s"]) for r in rs if r["status"] != MISSED]
-        st = [int(r["steps_to_target"]) for r in rs if r["status"] != MISSED]
+        missed = [r for r in rs if r[Record.status] == MISSED]
+        tt = [float(r[Convergence.time_to_target_s]) for r in rs if r[Record.status] != MISSED]
+        st = [int(r[Convergence.steps_to_target]) for r in rs if r[Record.status] != MISSED]
         out.append({
             "rung": label,
-            "ranks": str(int(rs[0].get("world_size", 1))),
+            "ranks": str(int(rs[0].get(Build.world_size, 1))),
             "verdict": "FAILING: did not converge" if missed else "ok",
             "seeds reaching target": f"{len(rs) - len(missed)}/{len(rs)}",
-            "target": f"{float(rs[0]['target']):g}",
-            "final held-out accuracy": ", ".join(f"{float(r['final_test_accuracy']):.3f}" for r in rs),
+            "target": f"{float(rs[0][Convergence.target]):g}",
+            "final held-out accuracy": ", ".join(f"{float(r[Convergence.final_test_accuracy]):.3f}" for r in rs),
             "steps to target (median)": f"{int(np.median(st))}" if st else "—",
             "time to target s (median)": f"{float(np.median(tt)):.1f}" if tt else "—",
-            "samples/s (median)": f"{float(np.median([float(r['samples_per_s']) for r in rs])):.1f}",
+            "samples/s (median)": f"{float(np.median([float(r[Throughput.samples_per_s]) for r in rs])):.1f}",
         })
     return out
 

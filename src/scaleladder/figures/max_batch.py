@@ -7,33 +7,34 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from scaleladder.figures.bars import families, grouped_bars, strategy_legend
-from scaleladder.figures.rungs import Rung, family, is_max, model_order, num, reference, select
+from scaleladder.figures.rungs import RungAttrs, family, is_max, model_order, num, reference, select
 from scaleladder.figures.style import Palette, held_fixed, max_batch_label, note, strategy_sort_key
+from scaleladder.results.record import MaxBatch, Record, Spec
 
 
-def fig_max_batch(rungs: list[Rung], palette: Palette) -> Figure:
+def fig_max_batch(rungs: list[RungAttrs], palette: Palette) -> Figure:
     fams = families(rungs)
     fig, axes = plt.subplots(len(fams), 1, figsize=(9, 4 * len(fams) + 0.8), squeeze=False)
     for row, fam in enumerate(fams):
         ax = axes[row][0]
-        rs_fam = [r for r in rungs if family(r["model"]) == fam and is_max(r)]
+        rs_fam = [r for r in rungs if family(r[Spec.model]) == fam and is_max(r)]
         ref = reference(rs_fam) if rs_fam else {}
         rs = select(rs_fam, **ref) if rs_fam else []
-        held = held_fixed(rs, ("precision", "nodes"))
+        held = held_fixed(rs, (Spec.precision, Spec.nodes))
         ax.set_title(f"{fam.upper()}: largest local batch that trains" + (f"  ({held})" if held else ""), fontsize=10)
         if not rs:
             note(ax, f"no max-batch rungs for {fam} in this ladder")
             continue
         models = model_order(rs)
-        strategies = [s for s in palette.order if any(r["strategy"] == s for r in rs)]
+        strategies = [s for s in palette.order if any(r[Spec.strategy] == s for r in rs)]
 
-        def mb(r: Rung) -> float | None:
-            return num(r.get("max_batch")) if r.get("status") == "ok" else None
+        def mb(r: RungAttrs) -> float | None:
+            return num(r.get(MaxBatch.max_batch)) if r.get(Record.status) == "ok" else None
 
         grouped_bars(ax, rs, models, strategies, palette, value=mb, annotate=max_batch_label)
         ax.set_ylabel("max local batch (samples per GPU)")
     fig.suptitle("Max local batch per strategy and model size", fontsize=12)
     maxed = [r for r in rungs if is_max(r)]
-    strategy_legend(fig, palette, sorted({r["strategy"] for r in maxed}, key=strategy_sort_key) or palette.order, maxed)
+    strategy_legend(fig, palette, sorted({r[Spec.strategy] for r in maxed}, key=strategy_sort_key) or palette.order, maxed)
     fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     return fig

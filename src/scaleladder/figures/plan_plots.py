@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.models.flavors import FLAVORS
+from scaleladder.results.record import Build, Memory, Placement, Record, Settings, Spec
 
 GIB = 2**30
 
@@ -120,15 +121,15 @@ def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
     from scaleladder.planner.memory import predict
     from scaleladder.spec import RunSpec
 
-    measured = float(a.get("peak_active_gib", 0.0) or 0.0)
-    if a.get("status") != "ok" or not measured or math.isnan(measured):
+    measured = float(a.get(Memory.peak_active_gib, 0.0) or 0.0)
+    if a.get(Record.status) != "ok" or not measured or math.isnan(measured):
         return None
     spec = RunSpec.from_path(spec_path)
     if spec.strategy.compile:
         return None  # the planner does not model torch.compile: nothing to compare
-    world = int(a.get("world_size", 1))
-    p = predict(spec, world, int(a.get("ranks_per_node", world)), device, batch=int(a["batch"]),
-                data=str(a.get("data", "synthetic")))
+    world = int(a.get(Build.world_size, 1))
+    p = predict(spec, world, int(a.get(Placement.ranks_per_node, world)), device, batch=int(a[Spec.batch]),
+                data=str(a.get(Settings.data, "synthetic")))
     return PeakPoint(spec.path, p.peak_bytes / GIB, measured)
 
 
@@ -139,7 +140,7 @@ def points_from_rungs(paths: list[str | Path], device: Any) -> list[PeakPoint]:
     points = []
     for path in paths:
         a = read_attrs(path)
-        pt = _point(a, str(a.get("spec", "")), device)
+        pt = _point(a, str(a.get(Spec.spec, "")), device)
         if pt is not None:
             points.append(pt)
     return points
@@ -150,4 +151,4 @@ def points_from_ladder(path: str | Path, device: Any) -> list[PeakPoint]:
     from scaleladder.results.aggregate import read_ladder
 
     rungs, _root = read_ladder(str(path))
-    return [pt for r in rungs if (pt := _point(r, r["spec"], device)) is not None]
+    return [pt for r in rungs if (pt := _point(r, r[Spec.spec], device)) is not None]

@@ -43,7 +43,7 @@ from matplotlib.figure import Figure
 from scaleladder.figures.fsdp_knobs import fig_fsdp_knobs
 from scaleladder.figures.max_batch import fig_max_batch
 from scaleladder.figures.pareto import fig_pareto
-from scaleladder.figures.rungs import Rung
+from scaleladder.figures.rungs import RungAttrs
 from scaleladder.figures.style import Palette, save_figure
 from scaleladder.figures.throughput_by_model import fig_throughput_by_model
 from scaleladder.figures.weak_scaling import fig_weak_scaling
@@ -51,7 +51,7 @@ from scaleladder.results.aggregate import read_ladder
 
 # The registry: a figure's name (its file name and its --only choice) and what draws it, in
 # the order they are drawn and shown in the report.
-DRAW: dict[str, Callable[[list[Rung], Palette], Figure]] = {
+DRAW: dict[str, Callable[[list[RungAttrs], Palette], Figure]] = {
     "throughput_by_model": fig_throughput_by_model,
     "max_batch": fig_max_batch,
     "fsdp_knobs": fig_fsdp_knobs,
@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="*", choices=FIGURES, help="draw only these figures")
 
 
-def draw_all(rungs: list[Rung], out_dir: str, only: Iterable[str] | None = None) -> list[str]:
+def draw_all(rungs: list[RungAttrs], out_dir: str, only: Iterable[str] | None = None) -> list[str]:
     """Write every figure as PNG and PDF; return the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     palette = Palette(rungs)

@@ -21,7 +21,9 @@ from typing import Any
 
 from scaleladder.results.aggregate import read_ladder
 from scaleladder.figures.plots import FIGURES
-from scaleladder.figures.rungs import Rung, interval, is_ok, is_oom, model_order, num
+from scaleladder.figures.rungs import RungAttrs, interval, is_ok, is_oom, model_order, num
+from scaleladder.results.record import (Build, Compile, Corrupt, FailedAttempt, Ladder, Loader, MaxBatch, Memory, Oom, Placement, Provenance,
+                                        Read, Record, Repeats, Spec, Startup, Throughput)
 from scaleladder.results.stats import overlap
 from scaleladder.figures.style import knobs_label, strategy_label
 
@@ -44,24 +46,26 @@ def figures_in(plot_dir: str) -> list[str]:
     """The ladder's figures, then the planner's where the plots folder has them."""
     return [*FIGURES, *(f for f in PLAN_FIGURES if os.path.exists(os.path.join(plot_dir, f"{f}.png")))]
 
-COLUMNS = [
-    ("spec", "run spec"),
-    ("status", "status"),
-    ("world_size", "GPUs"),
-    ("batch", "local batch"),
-    ("items_per_s", "items/s"),
-    ("items_per_s_ci", "items/s 95% interval"),
-    ("samples_per_s", "samples/s"),
-    ("mfu", "MFU"),
-    ("peak_reserved_gib", "peak reserved GiB"),
-    ("peak_active_gib", "peak active GiB"),
-    ("alloc_retries", "alloc retries"),
+CI_COLUMN = "items_per_s_ci"  # not an attribute: the interval's two ends in one cell
+#: The table of every rung: a record attribute (results/record.py) or CI_COLUMN, and its heading.
+COLUMNS: list[tuple[str, str]] = [
+    (Spec.spec, "run spec"),
+    (Record.status, "status"),
+    (Build.world_size, "GPUs"),
+    (Spec.batch, "local batch"),
+    (Throughput.items_per_s, "items/s"),
+    (CI_COLUMN, "items/s 95% interval"),
+    (Throughput.samples_per_s, "samples/s"),
+    (Throughput.mfu, "MFU"),
+    (Memory.peak_reserved_gib, "peak reserved GiB"),
+    (Memory.peak_active_gib, "peak active GiB"),
+    (Memory.alloc_retries, "alloc retries"),
     # compiled rungs only: the warm-up's excess over steady state (docs/metrics.md), outside the window
-    ("compile_s", "compile s"),
+    (Compile.compile_s, "compile s"),
     # rank 0's seconds from its process start to its first batch (rung/startup.py; docs/metrics.md, "Start-up")
-    ("startup_s", "start-up s"),
+    (Startup.startup_s, "start-up s"),
     # multi-node rungs: which host (and address) held which ranks, and the rendezvous used
-    ("rank_placement", "where ranks ran"),
+    (Placement.rank_placement, "where ranks ran"),
 ]
 
 
@@ -80,18 +84,19 @@ def _fmt(key: str, v: Any) -> str:
     x = num(v)
     if x is None:
         return "-" if isinstance(v, float) else str(v)  # NaN: not measured for this rung (compile_s of an eager one)
-    if key == "mfu":
+    if key == Throughput.mfu:
         return f"{100 * x:.1f}%"
-    if key in ("world_size", "alloc_retries") or float(x).is_integer() and key not in ("items_per_s", "samples_per_s"):
+    if key in (Build.world_size, Memory.alloc_retries) or float(x).is_integer() and key not in (Throughput.items_per_s,
+                                                                                               Throughput.samples_per_s):
         return f"{int(x)}" if float(x).is_integer() else f"{x:.2f}"
     return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.2f}"
 
 
-def placement_cell(r: Rung) -> str:
+def placement_cell(r: RungAttrs) -> str:
     """``host (addr): ranks a-b; ...; master addr:port`` from a record's ``rank_placement``
     (rung.provenance.rank_placement), nodes in node-index order; "-" where the record has
     none (records written before it existed, predicted-oom rungs)."""
-    raw = r.get("rank_placement")
+    raw = r.get(Placement.rank_placement)
     try:
         ranks = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError:
@@ -106,46 +111,46 @@ def placement_cell(r: Rung) -> str:
         span = f"rank {rs[0]}" if len(rs) == 1 else (f"ranks {min(rs)}-{max(rs)}" if max(rs) - min(rs) + 1 == len(rs)
                                                       else "ranks " + ",".join(map(str, sorted(rs))))
         parts.append(f"{host} ({addr}): {span}" if addr else f"{host}: {span}")
-    master = f"; master {r.get('master_addr') or r.get('master_host', '?')}:{r.get('master_port', '?')}"
+    master = f"; master {r.get(Placement.master_addr) or r.get(Placement.master_host, '?')}:{r.get(Placement.master_port, '?')}"
     return "; ".join(parts) + master
 
 
-def _cell(r: Rung, key: str) -> str:
-    if key == "rank_placement":
+def _cell(r: RungAttrs, key: str) -> str:
+    if key == Placement.rank_placement:
         return placement_cell(r)
-    if key == "items_per_s_ci":
+    if key == CI_COLUMN:
         ci = interval(r)
-        reps = f" ({r['repeats']} runs)" if num(r.get("repeats")) and r["repeats"] > 1 else ""
-        return f"[{_fmt('items_per_s', ci[0])}, {_fmt('items_per_s', ci[1])}]{reps}" if ci else "-"
-    if key == "batch" and str(r.get("spec_batch")) == "max":
-        return f"max = {r.get('max_batch', r.get('batch', '?'))}"
-    if key == "status" and r.get("status") != "ok":
-        return str(r.get("status"))
+        reps = f" ({r[Repeats.repeats]} runs)" if num(r.get(Repeats.repeats)) and r[Repeats.repeats] > 1 else ""
+        return f"[{_fmt(Throughput.items_per_s, ci[0])}, {_fmt(Throughput.items_per_s, ci[1])}]{reps}" if ci else "-"
+    if key == Spec.batch and str(r.get(Read.spec_batch)) == "max":
+        return f"max = {r.get(MaxBatch.max_batch, r.get(Spec.batch, '?'))}"
+    if key == Record.status and r.get(Record.status) != "ok":
+        return str(r.get(Record.status))
     return _fmt(key, r.get(key))
 
 
-def distinguishable(a: Rung, b: Rung) -> str:
+def distinguishable(a: RungAttrs, b: RungAttrs) -> str:
     """'' when the 95% throughput intervals of ``a`` and ``b`` are apart; else why the
     ranking of the two means nothing (issue 14): they overlap, or one has no interval."""
-    names = f"{strategy_label(a['strategy'])} vs {strategy_label(b['strategy'])}"
+    names = f"{strategy_label(a[Spec.strategy])} vs {strategy_label(b[Spec.strategy])}"
     verdict = overlap(interval(a) or (float("nan"),) * 2, interval(b) or (float("nan"),) * 2)
     if verdict is None:
         return f"{names}: no interval to tell them apart (too few steps; run more, or repeats)"
     return f"{names}: not distinguishable at this noise" if verdict else ""
 
 
-def within_noise(rungs: list[Rung]) -> list[str]:
+def within_noise(rungs: list[RungAttrs]) -> list[str]:
     """Per model, node count, local batch, precision and knobs: each pair of strategies
     next to each other in throughput order whose intervals overlap (or are unknown)."""
-    groups: dict[tuple[str, ...], list[Rung]] = defaultdict(list)
+    groups: dict[tuple[str, ...], list[RungAttrs]] = defaultdict(list)
     for r in rungs:
         if is_ok(r):
-            key = (r["model"], str(r.get("nodes", 1)), str(r.get("spec_batch", r.get("batch"))), str(r.get("precision")),
-                   str(r.get("knobs")))
+            key = (r[Spec.model], str(r.get(Spec.nodes, 1)), str(r.get(Read.spec_batch, r.get(Spec.batch))), str(r.get(Spec.precision)),
+                   str(r.get(Spec.knobs)))
             groups[key].append(r)
     lines = []
     for (model, nodes, batch, precision, knobs), rs in sorted(groups.items()):
-        ranked = sorted(rs, key=lambda r: -r["items_per_s"])
+        ranked = sorted(rs, key=lambda r: -r[Throughput.items_per_s])
         for a, b in zip(ranked, ranked[1:]):
             if why := distinguishable(a, b):
                 lines.append(f"{model}, {nodes} node(s), batch {batch}, {precision}, {knobs}: {why}")
@@ -157,87 +162,87 @@ INPUT_NOTE = ("These rungs trained on shards (--data) and their steps waited for
               "model. More loader workers per rank, or --decode gpu, in the site profile's loader block (docs/data.md).")
 
 
-def input_bound(rungs: list[Rung]) -> list[str]:
+def input_bound(rungs: list[RungAttrs]) -> list[str]:
     """The rungs whose record says ``input_bound`` (loader wait > 3% of the timed step time), one line each."""
     lines = []
     for r in _sorted_rungs(rungs):
-        if not is_ok(r) or not bool(r.get("input_bound", False)):
+        if not is_ok(r) or not bool(r.get(Loader.input_bound, False)):
             continue
-        rate = r.get("loader_samples_per_s")
-        lines.append(f"{r.get('spec', r.get('model'))}: waited {100 * float(r.get('loader_wait_fraction', math.nan)):.1f}% of "
-                     f"its step time for batches (decode {r.get('decode_path', '?')}, {r.get('loader_workers', '?')} "
+        rate = r.get(Loader.loader_samples_per_s)
+        lines.append(f"{r.get(Spec.spec, r.get(Spec.model))}: waited {100 * float(r.get(Loader.loader_wait_fraction, math.nan)):.1f}% of "
+                     f"its step time for batches (decode {r.get(Loader.decode_path, '?')}, {r.get(Loader.loader_workers, '?')} "
                      f"worker(s) per rank" + (f", loader {float(rate):.0f} samples/s per rank" if num(rate) else "") + ")")
     return lines
 
 
-def winners(rungs: list[Rung]) -> list[dict[str, str]]:
+def winners(rungs: list[RungAttrs]) -> list[dict[str, str]]:
     """Per model and node count: the fastest measured strategy, and the one that fits the
     largest batch; plus which strategies ran out of memory."""
-    groups: dict[tuple[str, int], list[Rung]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[RungAttrs]] = defaultdict(list)
     for r in rungs:
-        groups[(r["model"], int(r.get("nodes", 1)))].append(r)
+        groups[(r[Spec.model], int(r.get(Spec.nodes, 1)))].append(r)
     rows = []
     order = model_order(rungs)
     for model, nodes in sorted(groups, key=lambda k: (order.index(k[0]), k[1])):
         rs = groups[(model, nodes)]
         ok = [r for r in rs if is_ok(r)]
-        fastest = max(ok, key=lambda r: r["items_per_s"], default=None)
+        fastest = max(ok, key=lambda r: r[Throughput.items_per_s], default=None)
         # the claim "fastest" holds only if it is apart from the best other strategy
-        others = [r for r in ok if fastest and r["strategy"] != fastest["strategy"]]
-        runner_up = max(others, key=lambda r: r["items_per_s"], default=None)
+        others = [r for r in ok if fastest and r[Spec.strategy] != fastest[Spec.strategy]]
+        runner_up = max(others, key=lambda r: r[Throughput.items_per_s], default=None)
         caveat = distinguishable(fastest, runner_up) if fastest and runner_up else ""
-        maxb = [r for r in rs if r.get("status") == "ok" and num(r.get("max_batch"))]
-        biggest = max(maxb, key=lambda r: num(r.get("max_batch")) or 0, default=None)
-        oom = sorted({strategy_label(r["strategy"]) for r in rs if is_oom(r)})
+        maxb = [r for r in rs if r.get(Record.status) == "ok" and num(r.get(MaxBatch.max_batch))]
+        biggest = max(maxb, key=lambda r: num(r.get(MaxBatch.max_batch)) or 0, default=None)
+        oom = sorted({strategy_label(r[Spec.strategy]) for r in rs if is_oom(r)})
         rows.append({
             "model": model,
             "nodes": str(nodes),
-            "fastest": (f"{strategy_label(fastest['strategy'])} ({_fmt('items_per_s', fastest['items_per_s'])} items/s, "
-                        f"batch {fastest.get('max_batch', fastest.get('batch'))}, {fastest.get('knobs')})"
+            "fastest": (f"{strategy_label(fastest[Spec.strategy])} ({_fmt(Throughput.items_per_s, fastest[Throughput.items_per_s])} items/s, "
+                        f"batch {fastest.get(MaxBatch.max_batch, fastest.get(Spec.batch))}, {fastest.get(Spec.knobs)})"
                         + (f"; {caveat}" if caveat else "")) if fastest else "-",
-            "largest batch": (f"{strategy_label(biggest['strategy'])} ({int(num(biggest['max_batch']) or 0)}"
-                              f"{', the search cap' if biggest.get('maxbatch_capped') else ''})" if biggest else "-"),
+            "largest batch": (f"{strategy_label(biggest[Spec.strategy])} ({int(num(biggest[MaxBatch.max_batch]) or 0)}"
+                              f"{', the search cap' if biggest.get(MaxBatch.maxbatch_capped) else ''})" if biggest else "-"),
             "out of memory": ", ".join(oom) or "-",
         })
     return rows
 
 
-def _summary(rungs: list[Rung], root: dict[str, Any]) -> list[tuple[str, str]]:
+def _summary(rungs: list[RungAttrs], root: dict[str, Any]) -> list[tuple[str, str]]:
     prov = {}
     try:
-        prov = json.loads(root.get("provenance", "{}"))
+        prov = json.loads(root.get(Ladder.provenance, "{}"))
     except (TypeError, json.JSONDecodeError):
         pass
-    counts = json.loads(root.get("status_counts", "{}") or "{}") if isinstance(root.get("status_counts"), str) else {}
-    devices = sorted({str(r.get("device_name")) for r in rungs if r.get("device_name")})
+    counts = json.loads(root.get(Ladder.status_counts, "{}") or "{}") if isinstance(root.get(Ladder.status_counts), str) else {}
+    devices = sorted({str(r.get(Placement.device_name)) for r in rungs if r.get(Placement.device_name)})
     return [
         ("site", str(prov.get("site", "-"))),
         ("rungs", f"{len(rungs)} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or '-'})"),
         ("steps per rung", f"{prov.get('steps', '-')} ({prov.get('warmup', '-')} warm-up steps excluded)"),
         ("runs per rung", f"{prov.get('repeats', 1)} (repeats; the intervals: docs/metrics.md, 'Uncertainty')"),
         ("devices", ", ".join(devices) or "-"),
-        ("torch", ", ".join(sorted({str(r.get("torch_version")) for r in rungs if r.get("torch_version")})) or "-"),
-        ("scaleladder", f"{root.get('scaleladder_version', '-')} (git {str(root.get('git_commit', ''))[:12] or '-'})"),
-        ("aggregated", str(root.get("created_utc", "-"))),
+        ("torch", ", ".join(sorted({str(r.get(Provenance.torch_version)) for r in rungs if r.get(Provenance.torch_version)})) or "-"),
+        ("scaleladder", f"{root.get(Ladder.scaleladder_version, '-')} (git {str(root.get(Ladder.git_commit, ''))[:12] or '-'})"),
+        ("aggregated", str(root.get(Ladder.created_utc, "-"))),
         ("combinations skipped", str(len(prov.get("skipped", []))) if prov else "-"),
     ]
 
 
-def corrupt(rungs: list[Rung]) -> list[str]:
+def corrupt(rungs: list[RungAttrs]) -> list[str]:
     """Rungs whose file could not be read (results.aggregate), each with the command that redoes it."""
-    return [f"{r['spec']}: {r.get('error', 'unreadable')}; redo it with: {r.get('redo', '-')}"
-            for r in sorted(rungs, key=lambda r: r["spec"]) if r.get("status") == "corrupt"]
+    return [f"{r[Spec.spec]}: {r.get(Oom.error, 'unreadable')}; redo it with: {r.get(Corrupt.redo, '-')}"
+            for r in sorted(rungs, key=lambda r: r[Spec.spec]) if r.get(Record.status) == "corrupt"]
 
 
 CORRUPT_NOTE = "These rung files could not be read, so the figures leave them out; the other rungs are unaffected."
 
 
-def _sorted_rungs(rungs: list[Rung]) -> list[Rung]:
+def _sorted_rungs(rungs: list[RungAttrs]) -> list[RungAttrs]:
     order = model_order(rungs)
-    return sorted(rungs, key=lambda r: (order.index(r["model"]), int(r.get("nodes", 1)), r["spec"]))
+    return sorted(rungs, key=lambda r: (order.index(r[Spec.model]), int(r.get(Spec.nodes, 1)), r[Spec.spec]))
 
 
-def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
+def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
     out = ["# scaleladder report", ""]
     out += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _summary(rungs, root)] + [""]
     if bad := corrupt(rungs):
@@ -263,7 +268,7 @@ def render_markdown(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figu
     return "\n".join(out) + "\n"
 
 
-def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
+def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
     e = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>scaleladder report</title>",
@@ -306,7 +311,7 @@ def render_html(rungs: list[Rung], root: dict[str, Any], plot_rel: str, figures:
         cls = " class='oom'" if is_oom(r) else ""
         parts.append(f"<tr{cls}>" + "".join(f"<td>{e(_cell(r, k))}</td>" for k, _ in COLUMNS) + "</tr>")
     parts.append("</table>")
-    knob_note = ", ".join(sorted({f"{k} = {knobs_label(k)}" for k in {str(r.get('knobs')) for r in rungs} if "-" in k}))
+    knob_note = ", ".join(sorted({f"{k} = {knobs_label(k)}" for k in {str(r.get(Spec.knobs)) for r in rungs} if "-" in k}))
     if knob_note:
         parts.append(f"<p><small>FSDP knobs in run specs: {e(knob_note)}.</small></p>")
     parts.append("</body></html>")
@@ -347,7 +352,7 @@ def failed_attempts(ladder: str) -> list[dict[str, Any]]:
         result = os.path.join(root, "rungs", os.path.relpath(note, failed)[: -len(".json")])
         for e in entries if isinstance(entries, list) else []:
             out.append({**e, "redone": os.path.isfile(result)})
-    return sorted(out, key=lambda e: str(e.get("when", "")))
+    return sorted(out, key=lambda e: str(e.get(FailedAttempt.when, "")))
 
 
 def with_failures(text: str, ladder: str, html_page: bool) -> str:
@@ -356,7 +361,7 @@ def with_failures(text: str, ladder: str, html_page: bool) -> str:
     rows = failed_attempts(ladder)
     if not rows:
         return text
-    lines = [f"{r.get('when', '?')} {r.get('spec', '?')}: {r.get('reason', '?')}"
+    lines = [f"{r.get(FailedAttempt.when, '?')} {r.get(Spec.spec, '?')}: {r.get(FailedAttempt.reason, '?')}"
              + ("; redone since" if r["redone"] else "; no result yet") for r in rows]
     if html_page:
         items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)

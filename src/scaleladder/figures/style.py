@@ -23,8 +23,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from scaleladder.figures.rungs import Rung, num  # noqa: E402
+from scaleladder.figures.rungs import RungAttrs, num  # noqa: E402
 from scaleladder.spec import SpecError, parse_strategy  # noqa: E402
+from scaleladder.results.record import Build, MaxBatch, Record, Spec
 
 OOM_COLOR = "#c0392b"
 
@@ -69,27 +70,27 @@ def knobs_label(k: str) -> str:
     return f"{prefetch}, {lag}" + (", forward prefetch" if "fwd" in parts[2:] else "")
 
 
-def model_label(m: str, rungs: list[Rung]) -> str:
-    p = next((num(r.get("params")) for r in rungs if r["model"] == m and num(r.get("params"))), None)
+def model_label(m: str, rungs: list[RungAttrs]) -> str:
+    p = next((num(r.get(Build.params)) for r in rungs if r[Spec.model] == m and num(r.get(Build.params))), None)
     return f"{m}\n({p / 1e6:,.0f}M)" if p and p >= 1e6 else (f"{m}\n({p:,.0f})" if p else m)
 
 
-def max_batch_label(r: Rung) -> str:
+def max_batch_label(r: RungAttrs) -> str:
     # a search stopped by its cap (always, on a CPU) found a lower bound, not the max
-    mb = r.get("max_batch", r.get("batch", "?"))
-    return f"≥{mb} (cap)" if r.get("maxbatch_capped") else f"{mb}"
+    mb = r.get(MaxBatch.max_batch, r.get(Spec.batch, "?"))
+    return f"≥{mb} (cap)" if r.get(MaxBatch.maxbatch_capped) else f"{mb}"
 
 
-def held_fixed(rs: list[Rung], keys: tuple[str, ...]) -> str:
+def held_fixed(rs: list[RungAttrs], keys: tuple[str, ...]) -> str:
     """The values of ``keys`` that all of ``rs`` share, for a title to say what was held fixed."""
     parts = []
     for k in keys:
         vals = sorted({str(r.get(k)) for r in rs})
         if len(vals) == 1:
             v = vals[0]
-            if k == "nodes":
+            if k == Spec.nodes:
                 v = f"{v} node{'s' if v != '1' else ''}"
-            elif k == "knobs" and v.count("-") >= 1:
+            elif k == Spec.knobs and v.count("-") >= 1:
                 v = knobs_label(v)
             parts.append(v)
     return ", ".join(parts)
@@ -118,8 +119,8 @@ def strategy_sort_key(s: str) -> tuple[int, int, str]:
 class Palette:
     """One colour per strategy, the same in every figure."""
 
-    def __init__(self, rungs: list[Rung]) -> None:
-        order = sorted({r["strategy"] for r in rungs}, key=strategy_sort_key)
+    def __init__(self, rungs: list[RungAttrs]) -> None:
+        order = sorted({r[Spec.strategy] for r in rungs}, key=strategy_sort_key)
         cmap = plt.get_cmap("tab10" if len(order) <= 10 else "tab20")
         self.colors = {s: cmap(i % cmap.N) for i, s in enumerate(order)}
         self.order = order
@@ -131,18 +132,18 @@ class Palette:
 # -- out of memory ------------------------------------------------------------------------
 
 
-def oom_style(r: Rung) -> dict[str, Any]:
+def oom_style(r: RungAttrs) -> dict[str, Any]:
     """Measured OOM: a red cross. Predicted (never run): a hollow red circle."""
-    if r.get("status") == "predicted-oom":
+    if r.get(Record.status) == "predicted-oom":
         return {"marker": "o", "markerfacecolor": "none", "markeredgecolor": OOM_COLOR, "color": OOM_COLOR}
     return {"marker": "x", "color": OOM_COLOR}
 
 
-def oom_label(r: Rung) -> str:
-    return "pred. OOM" if r.get("status") == "predicted-oom" else "OOM"
+def oom_label(r: RungAttrs) -> str:
+    return "pred. OOM" if r.get(Record.status) == "predicted-oom" else "OOM"
 
 
-def oom_mark(ax: Axes, x: float, r: Rung) -> None:
+def oom_mark(ax: Axes, x: float, r: RungAttrs) -> None:
     """A red 'OOM' (or 'pred. OOM') standing on the axis where a bar would be."""
     ax.plot([x], [0], markersize=8, mew=2, clip_on=False, zorder=5, **oom_style(r))
     ax.annotate(
@@ -151,14 +152,14 @@ def oom_mark(ax: Axes, x: float, r: Rung) -> None:
     )
 
 
-def oom_handles(rungs: Iterable[Rung]) -> list[Any]:
+def oom_handles(rungs: Iterable[RungAttrs]) -> list[Any]:
     """Legend entries for the kinds of OOM this ladder has (a measured one always shows)."""
     from matplotlib.lines import Line2D
 
     handles: list[Any] = [Line2D([], [], linestyle="", mew=2, label="out of memory (measured)", **oom_style({}))]
-    if any(r.get("status") == "predicted-oom" for r in rungs):
+    if any(r.get(Record.status) == "predicted-oom" for r in rungs):
         handles.append(Line2D([], [], linestyle="", mew=2, label="predicted not to fit (not run)",
-                              **oom_style({"status": "predicted-oom"})))
+                              **oom_style({Record.status: "predicted-oom"})))
     return handles
 
 

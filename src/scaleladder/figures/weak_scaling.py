@@ -9,50 +9,51 @@ from collections import defaultdict
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from scaleladder.figures.rungs import (Rung, batch_of, family, interval, is_fixed, is_ok, is_oom,
+from scaleladder.figures.rungs import (RungAttrs, batch_of, family, interval, is_fixed, is_ok, is_oom,
                                        model_order, num, reference, select)
 from scaleladder.figures.style import Palette, held_fixed, note, oom_handles, oom_style, strategy_label, throughput_label
+from scaleladder.results.record import Memory, Spec, Throughput
 
 
-def fig_weak_scaling(rungs: list[Rung], palette: Palette) -> Figure:
+def fig_weak_scaling(rungs: list[RungAttrs], palette: Palette) -> Figure:
     fixed = [r for r in rungs if is_fixed(r)]
     ref = reference(fixed) if fixed else {}
     # The batch the scaling study uses: the fixed batch with the most node counts.
     by_batch: dict[int | None, set[int]] = defaultdict(set)
     for r in fixed:
-        by_batch[batch_of(r)].add(int(r.get("nodes", 1)))
+        by_batch[batch_of(r)].add(int(r.get(Spec.nodes, 1)))
     batch = max(by_batch, key=lambda b: (len(by_batch[b]), b or 0)) if by_batch else None
-    rs = [r for r in select(fixed, precision=ref.get("precision"), knobs=ref.get("knobs")) if batch_of(r) == batch]
+    rs = [r for r in select(fixed, precision=ref.get(Spec.precision), knobs=ref.get(Spec.knobs)) if batch_of(r) == batch]
     models = model_order(rs)
     fig, axes = plt.subplots(max(1, len(models)), 2, figsize=(12, 3.4 * max(1, len(models)) + 1), squeeze=False)
     if not rs:
         note(axes[0][0], "no fixed-batch rungs in this ladder")
         note(axes[0][1], "")
         return fig
-    node_counts = sorted({int(r["nodes"]) for r in rs})
+    node_counts = sorted({int(r[Spec.nodes]) for r in rs})
     for row, m in enumerate(models):
         ax_t, ax_m = axes[row]
-        rm = [r for r in rs if r["model"] == m]
-        for s in [s for s in palette.order if any(r["strategy"] == s for r in rm)]:
-            pts = sorted((int(r["nodes"]), r) for r in rm if r["strategy"] == s)
+        rm = [r for r in rs if r[Spec.model] == m]
+        for s in [s for s in palette.order if any(r[Spec.strategy] == s for r in rm)]:
+            pts = sorted((int(r[Spec.nodes]), r) for r in rm if r[Spec.strategy] == s)
             ok = [(n, r) for n, r in pts if is_ok(r)]
             if ok:
                 xs = [n for n, _ in ok]
-                ax_t.plot(xs, [r["items_per_s"] for _, r in ok], marker="o", color=palette(s), label=strategy_label(s))
+                ax_t.plot(xs, [r[Throughput.items_per_s] for _, r in ok], marker="o", color=palette(s), label=strategy_label(s))
                 # the 95% band; a node count without an interval leaves a gap, not a guess
                 band = [interval(r) or (float("nan"), float("nan")) for _, r in ok]
                 if any(b[0] == b[0] for b in band):
-                    hi = [min(b[1], 2 * r["items_per_s"]) for b, (_, r) in zip(band, ok)]
+                    hi = [min(b[1], 2 * r[Throughput.items_per_s]) for b, (_, r) in zip(band, ok)]
                     ax_t.fill_between(xs, [b[0] for b in band], hi, color=palette(s), alpha=0.2, linewidth=0)
-                    ax_t.errorbar(xs, [r["items_per_s"] for _, r in ok],
-                                  yerr=[[r["items_per_s"] - b[0] for b, (_, r) in zip(band, ok)],
-                                        [h - r["items_per_s"] for h, (_, r) in zip(hi, ok)]],
+                    ax_t.errorbar(xs, [r[Throughput.items_per_s] for _, r in ok],
+                                  yerr=[[r[Throughput.items_per_s] - b[0] for b, (_, r) in zip(band, ok)],
+                                        [h - r[Throughput.items_per_s] for h, (_, r) in zip(hi, ok)]],
                                   fmt="none", ecolor=palette(s), elinewidth=0.8, capsize=2)
                 n0, r0 = ok[0]
-                ideal = [r0["items_per_s"] * n / n0 for n in node_counts if n >= n0]
+                ideal = [r0[Throughput.items_per_s] * n / n0 for n in node_counts if n >= n0]
                 ax_t.plot([n for n in node_counts if n >= n0], ideal, linestyle="--", color=palette(s), alpha=0.6,
                           linewidth=1)
-                mem = [(n, num(r.get("peak_reserved_gib"))) for n, r in ok if num(r.get("peak_reserved_gib")) is not None]
+                mem = [(n, num(r.get(Memory.peak_reserved_gib))) for n, r in ok if num(r.get(Memory.peak_reserved_gib)) is not None]
                 if mem:
                     ax_m.plot([n for n, _ in mem], [v for _, v in mem], marker="s", color=palette(s), label=strategy_label(s))
             for n, r in pts:
@@ -84,7 +85,7 @@ def fig_weak_scaling(rungs: list[Rung], palette: Palette) -> Figure:
 
         handles.append(Patch(facecolor="black", alpha=0.2, label="95% interval (docs/metrics.md)"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
-    held = held_fixed(rs, ("precision", "knobs"))
+    held = held_fixed(rs, (Spec.precision, Spec.knobs))
     fig.suptitle("Weak scaling: throughput and memory per GPU against nodes" + (f" ({held})" if held else ""), fontsize=12)
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     return fig

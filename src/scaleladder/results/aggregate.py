@@ -43,7 +43,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 from datetime import datetime, timezone
@@ -53,6 +52,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from scaleladder.gitinfo import git_commit
+from scaleladder.results.record import Corrupt, Interval, Ladder, Oom, Read, Record, Repeats, Settings, Source, Spec, Throughput
 from scaleladder.results.stats import between_runs, within_run
 from scaleladder.results.store import UnreadableFile, h5_cause, h5_in_memory, open_h5, remove_dead_leftovers
 from scaleladder.spec import RunSpec, SpecError
@@ -76,15 +77,6 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -103,11 +95,6 @@ def split_repeat(path: str) -> tuple[str, int]:
     return (f"{m['stem']}.h5", int(m["k"])) if m else (path, 0)
 
 
-def repeat_path(path: str, k: int) -> str:
-    """Repeat ``k`` of the rung file ``path`` (repeat 0 is ``path`` itself)."""
-    return path if k == 0 else f"{path.removesuffix('.h5')}.r{k}.h5"
-
-
 def spec_of_file(path: str) -> str:
     """The canonical spec path a rung file's location names (SpecError if it names none)."""
     return RunSpec.from_path(os.path.abspath(split_repeat(path)[0])).path
@@ -115,33 +102,33 @@ def spec_of_file(path: str) -> str:
 
 def _fill_within(g: h5py.Group) -> None:
     """Give an ok record that lacks it the within-run interval, from its own step times."""
-    if _str(g.attrs.get("status")) != "ok" or "items_per_s_ci_low" in g.attrs or "step_time_s" not in g:
+    if _str(g.attrs.get(Record.status)) != "ok" or Interval.items_per_s_ci_low in g.attrs or "step_time_s" not in g:
         return
-    ips = float(g.attrs.get("items_per_s", math.nan))
-    for k, v in within_run(g["step_time_s"][()], int(g.attrs.get("warmup", 0)), ips).items():
+    ips = float(g.attrs.get(Throughput.items_per_s, math.nan))
+    for k, v in within_run(g["step_time_s"][()], int(g.attrs.get(Settings.warmup, 0)), ips).items():
         g.attrs[k] = v
 
 
 def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> None:
     """The between-run summary of a rung's repeats, onto its own group ``g``."""
-    statuses = [_str(repeats[k].attrs.get("status", "unknown")) for k in sorted(repeats)]
-    g.attrs["repeats"] = len(repeats)
-    g.attrs["repeat_statuses"] = json.dumps(statuses)
+    statuses = [_str(repeats[k].attrs.get(Record.status, "unknown")) for k in sorted(repeats)]
+    g.attrs[Repeats.repeats] = len(repeats)
+    g.attrs[Repeats.repeat_statuses] = json.dumps(statuses)
     ok = [repeats[k] for k in sorted(repeats) if statuses[k] == "ok"]
-    if _str(g.attrs.get("status")) != "ok" or len(ok) < 2:
+    if _str(g.attrs.get(Record.status)) != "ok" or len(ok) < 2:
         return
-    values = [float(r.attrs.get("items_per_s", math.nan)) for r in ok]
-    within = [(float(r.attrs.get("items_per_s", math.nan)), float(r.attrs.get("items_per_s_ci_low", math.nan)),
-               float(r.attrs.get("items_per_s_ci_high", math.nan))) for r in ok]
+    ips, lo, hi = Throughput.items_per_s, Interval.items_per_s_ci_low, Interval.items_per_s_ci_high
+    values = [float(r.attrs.get(ips, math.nan)) for r in ok]
+    within = [(float(r.attrs.get(ips, math.nan)), float(r.attrs.get(lo, math.nan)), float(r.attrs.get(hi, math.nan))) for r in ok]
     summary = between_runs(values, within)
     # Every rate proportional to items/s follows the headline (same samples, FLOPs and peak in
     # every repeat), so MFU and items/s never disagree; timings and memory stay repeat 0's.
-    scale = summary["items_per_s"] / float(g.attrs.get("items_per_s", math.nan) or math.nan)
-    for k in ("samples_per_s", "tflops_per_device", "mfu", "hfu"):
+    scale = summary[ips] / float(g.attrs.get(ips, math.nan) or math.nan)
+    for k in (Throughput.samples_per_s, Throughput.tflops_per_device, Throughput.mfu, Throughput.hfu):
         if k in g.attrs:
             summary[k] = float(g.attrs[k]) * scale
-    for k, v in summary.items():
-        g.attrs[k] = v
+    for name, v in summary.items():
+        g.attrs[name] = v
 
 
 def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None = None) -> dict[str, int]:
@@ -184,8 +171,8 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
                 src.copy(src["/"], parent, name=os.path.basename(spec))
             g = rungs[spec]
             digest = _sha256(path)
-            g.attrs["source_file"] = os.path.relpath(path)
-            g.attrs["source_sha256"] = digest
+            g.attrs[Source.source_file] = os.path.relpath(path)
+            g.attrs[Source.source_sha256] = digest
             _fill_within(g)
             if len(reps) > 1:
                 copies = {}
@@ -193,23 +180,23 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
                     with h5py.File(reps[k], "r") as src:
                         src.copy(src["/"], g.require_group("repeats"), name=f"r{k}")
                     copies[k] = g[f"repeats/r{k}"]
-                    copies[k].attrs["source_file"] = os.path.relpath(reps[k])
-                    copies[k].attrs["source_sha256"] = _sha256(reps[k])
+                    copies[k].attrs[Source.source_file] = os.path.relpath(reps[k])
+                    copies[k].attrs[Source.source_sha256] = _sha256(reps[k])
                     _fill_within(copies[k])
                 _summarize_repeats(g, copies)
-            status = _str(g.attrs.get("status", "unknown"))
+            status = _str(g.attrs.get(Record.status, "unknown"))
             counts[status] += 1
             for k in sorted(reps):
                 sources.append({"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]),
                                 "sha256": _sha256(reps[k]) if k != lead else digest, "status": status})
-        dst.attrs["format"] = FORMAT
-        dst.attrs["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        dst.attrs["scaleladder_version"] = _version()
-        dst.attrs["git_commit"] = _git_commit()
-        dst.attrs["n_rungs"] = len(by_spec)
-        dst.attrs["status_counts"] = json.dumps(dict(sorted(counts.items())))
-        dst.attrs["sources"] = json.dumps(sources)
-        dst.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
+        dst.attrs[Ladder.format] = FORMAT
+        dst.attrs[Ladder.created_utc] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        dst.attrs[Ladder.scaleladder_version] = _version()
+        dst.attrs[Ladder.git_commit] = git_commit()
+        dst.attrs[Ladder.n_rungs] = len(by_spec)
+        dst.attrs[Ladder.status_counts] = json.dumps(dict(sorted(counts.items())))
+        dst.attrs[Ladder.sources] = json.dumps(sources)
+        dst.attrs[Ladder.provenance] = json.dumps(provenance or {}, sort_keys=True)
     return dict(counts)
 
 
@@ -226,7 +213,7 @@ def _unreadable(spec: str, reps: dict[int, str]) -> tuple[str, str] | None:
     for k in sorted(reps):
         try:
             with open_h5(reps[k]) as f:
-                own = _str(f.attrs.get("spec", ""))
+                own = _str(f.attrs.get(Spec.spec, ""))
                 f.visititems(_read_dataset)  # a file cut short can open and still lose its data
         except UnreadableFile as e:
             return reps[k], str(e)
@@ -253,11 +240,11 @@ def _corrupt_group(rungs: h5py.Group, spec: str, path: str, error: str, site: st
     """The group of a rung whose file cannot be used: says so, why, and how to redo it."""
     g = rungs.require_group(spec)
     redo = redo_command(path, site)
-    g.attrs["status"] = CORRUPT
-    g.attrs["spec"] = spec
-    g.attrs["error"] = error
-    g.attrs["redo"] = redo
-    g.attrs["source_file"] = os.path.relpath(path)
+    g.attrs[Record.status] = CORRUPT
+    g.attrs[Spec.spec] = spec
+    g.attrs[Oom.error] = error
+    g.attrs[Corrupt.redo] = redo
+    g.attrs[Source.source_file] = os.path.relpath(path)
     print(f"scaleladder aggregate: {error}; rung {spec} recorded as '{CORRUPT}'; redo it with: {redo}", file=sys.stderr)
 
 
@@ -266,7 +253,7 @@ def _lead(reps: dict[int, str]) -> int:
     memory (then the first that did: a batch that fits only sometimes does not fit)."""
     for k in sorted(reps):
         with open_h5(reps[k]) as f:
-            if _str(f.attrs.get("status", "")) != "ok":
+            if _str(f.attrs.get(Record.status, "")) != "ok":
                 return k
     return 0
 
@@ -316,10 +303,10 @@ def read_ladder(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
         def visit(name: str, obj: Any) -> None:
             # a rung's repeats (<spec>/repeats/r<k>) are read through the rung, not as rungs
-            if isinstance(obj, h5py.Group) and "status" in obj.attrs and "/repeats/r" not in f"/{name}":
+            if isinstance(obj, h5py.Group) and Record.status in obj.attrs and "/repeats/r" not in f"/{name}":
                 r = {k: _plain(v) for k, v in obj.attrs.items()}
-                r["spec"] = name
-                for ds in ("step_time_s", "loss"):
+                r[Spec.spec] = name
+                for ds in (Read.step_time_s, Read.loss):
                     if ds in obj and isinstance(obj[ds], h5py.Dataset):
                         r[ds] = obj[ds][()]
                 rungs.append(r)
@@ -328,13 +315,13 @@ def read_ladder(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             f["rungs"].visititems(visit)
     for r in rungs:  # fill the spec fields from the path when a record lacks them
         try:
-            spec = RunSpec.from_path(r["spec"])
+            spec = RunSpec.from_path(r[Spec.spec])
         except SpecError:
             continue
         for k, v in spec.as_attrs().items():
-            if k != "spec":
+            if k != Spec.spec:
                 r.setdefault(k, v)
         # The batch the rung was *declared* with ('max' for a max-batch search), which a
         # max-batch record's own `batch` attribute (the batch it settled on) may not say.
-        r["spec_batch"] = str(spec.batch)
+        r[Read.spec_batch] = str(spec.batch)
     return rungs, root

@@ -50,15 +50,18 @@ import yaml  # type: ignore[import-untyped]
 
 from scaleladder.errors import SpecError
 from scaleladder.results.aggregate import CORRUPT, FORMAT, aggregate, read_ladder
+from scaleladder.results.record import (OOM_STATUSES, Build, Corrupt, Interval, Ladder, Loader, MaxBatch, Memory, Oom, Placement,
+                                        Provenance, Record, Settings, Spec, Throughput)
 from scaleladder.results.stats import CONFIDENCE, t_quantile
 from scaleladder.results.store import atomic_path
 
-Rung = dict[str, Any]
+RungAttrs = dict[str, Any]  # one rung of read_ladder: its record's attributes (results/record.py)
 #: What must match for two rungs to measure the same thing: device, world, data.
-PROVENANCE = ("device_name", "world_size", "ranks_per_node", "data", "tokenizer_vocab_size")
+PROVENANCE = (Placement.device_name, Build.world_size, Placement.ranks_per_node, Settings.data, Loader.tokenizer_vocab_size)
 #: What a user changes on purpose between two runs (an upgrade): reported, never refused.
-SOFTWARE = ("torch_version", "cuda_version", "hip_version", "python_version", "container_image", "git_commit")
-OOM = ("oom", "predicted-oom")
+SOFTWARE = (Provenance.torch_version, Provenance.cuda_version, Provenance.hip_version, Provenance.python_version,
+            Provenance.container_image, Provenance.git_commit)
+OOM = OOM_STATUSES
 Z = 1.959964  # two-sided 95% (stats.CONFIDENCE)
 
 
@@ -78,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- reading ------------------------------------------------------------------------------
 
 
-def load(path: str) -> dict[str, Rung]:
+def load(path: str) -> dict[str, RungAttrs]:
     """The rungs of a ladder file or of a folder of rung files, by spec path."""
     p = Path(path)
     if p.is_dir():
@@ -90,17 +93,17 @@ def load(path: str) -> dict[str, Rung]:
             rungs, _ = read_ladder(os.path.join(tmp, "ladder.h5"))
     elif p.is_file():
         rungs, root = read_ladder(path)
-        if root.get("format") != FORMAT:
-            raise SpecError(f"{path}: not a ladder file (format {root.get('format')!r}, expected {FORMAT!r}); "
+        if root.get(Ladder.format) != FORMAT:
+            raise SpecError(f"{path}: not a ladder file (format {root.get(Ladder.format)!r}, expected {FORMAT!r}); "
                             "give `scaleladder aggregate`'s output or a folder of rung files")
     else:
         raise SpecError(f"{path}: no such ladder file or folder")
-    corrupt = [r for r in rungs if r.get("status") == CORRUPT]
+    corrupt = [r for r in rungs if r.get(Record.status) == CORRUPT]
     if corrupt:  # a verdict on a rung whose file was unreadable would be a guess
         more = f" (and {len(corrupt) - 1} more)" if len(corrupt) > 1 else ""
-        raise SpecError(f"{corrupt[0].get('error', corrupt[0]['spec'] + ': corrupt')}{more}; redo it with: "
-                        f"{corrupt[0].get('redo', '')}")
-    return {r["spec"]: r for r in rungs}
+        raise SpecError(f"{corrupt[0].get(Oom.error, corrupt[0][Spec.spec] + ': corrupt')}{more}; redo it with: "
+                        f"{corrupt[0].get(Corrupt.redo, '')}")
+    return {r[Spec.spec]: r for r in rungs}
 
 
 def _num(v: Any) -> float:
@@ -128,7 +131,7 @@ class Row:
     regressed: bool = False
 
 
-def provenance_mismatch(spec: str, base: Rung, new: Rung) -> str:
+def provenance_mismatch(spec: str, base: RungAttrs, new: RungAttrs) -> str:
     """'' when the two rungs measured the same thing, else the first field that differs."""
     for k in PROVENANCE:
         if k in base and k in new and str(base[k]) != str(new[k]):
@@ -136,22 +139,22 @@ def provenance_mismatch(spec: str, base: Rung, new: Rung) -> str:
     return ""
 
 
-def _dof(r: Rung) -> float:
+def _dof(r: RungAttrs) -> float:
     """The interval's degrees of freedom: ``ci_dof``, else the t its ``ci_method`` names
     ("… t(3) …", records from before issue 22), else NaN (unknown: read as the normal)."""
-    dof = _num(r.get("ci_dof"))
+    dof = _num(r.get(Interval.ci_dof))
     if dof >= 1:
         return dof
-    m = re.search(r"\bt\((\d+)\)", str(r.get("ci_method", "")))
+    m = re.search(r"\bt\((\d+)\)", str(r.get(Interval.ci_method, "")))
     return float(m.group(1)) if m and int(m.group(1)) >= 1 else math.nan
 
 
-def _log_se(r: Rung) -> tuple[float, float]:
+def _log_se(r: RungAttrs) -> tuple[float, float]:
     """(standard error of ln items_per_s, its degrees of freedom); NaN where there is no interval."""
-    v, se, dof = _num(r.get("items_per_s")), _num(r.get("items_per_s_se")), _dof(r)
+    v, se, dof = _num(r.get(Throughput.items_per_s)), _num(r.get(Interval.items_per_s_se)), _dof(r)
     if v > 0 and math.isfinite(se) and se >= 0 and dof >= 1:
         return se / v, dof
-    lo, hi = _num(r.get("items_per_s_ci_low")), _num(r.get("items_per_s_ci_high"))
+    lo, hi = _num(r.get(Interval.items_per_s_ci_low)), _num(r.get(Interval.items_per_s_ci_high))
     if math.isnan(lo) or math.isnan(hi) or v <= 0:
         return math.nan, math.nan
     if lo <= 0:  # an interval reaching 0 bounds nothing on the log scale: the noise swamps the value
@@ -160,10 +163,10 @@ def _log_se(r: Rung) -> tuple[float, float]:
     return (math.log(hi) - math.log(lo)) / (2 * (t_quantile(int(dof)) if dof >= 1 else Z)), dof
 
 
-def throughput_change(base: Rung, new: Rung) -> tuple[float, float, float]:
+def throughput_change(base: RungAttrs, new: RungAttrs) -> tuple[float, float, float]:
     """NEW/BASE − 1 and its 95% interval (NaN where either rung has none): the standard
     errors of the two logs combined, with t at the Welch–Satterthwaite degrees of freedom."""
-    b, n = _num(base.get("items_per_s")), _num(new.get("items_per_s"))
+    b, n = _num(base.get(Throughput.items_per_s)), _num(new.get(Throughput.items_per_s))
     if not (b > 0 and n > 0):
         return math.nan, math.nan, math.nan
     d = math.log(n / b)
@@ -182,25 +185,25 @@ def throughput_change(base: Rung, new: Rung) -> tuple[float, float, float]:
     return math.expm1(d), math.expm1(d - t * se), math.expm1(d + t * se)
 
 
-def judge(spec: str, base: Rung | None, new: Rung | None, tolerance: float, memory_tolerance: float) -> Row:
+def judge(spec: str, base: RungAttrs | None, new: RungAttrs | None, tolerance: float, memory_tolerance: float) -> Row:
     if base is None:
-        return Row(spec, "new", new=_num(new.get("items_per_s")) if new else math.nan)
+        return Row(spec, "new", new=_num(new.get(Throughput.items_per_s)) if new else math.nan)
     if new is None:
-        return Row(spec, "missing", base=_num(base.get("items_per_s")))
-    sb, sn = str(base.get("status")), str(new.get("status"))
+        return Row(spec, "missing", base=_num(base.get(Throughput.items_per_s)))
+    sb, sn = str(base.get(Record.status)), str(new.get(Record.status))
     if (sb in OOM) != (sn in OOM):
-        row = Row(spec, "oom-changed", base=_num(base.get("items_per_s")), new=_num(new.get("items_per_s")))
+        row = Row(spec, "oom-changed", base=_num(base.get(Throughput.items_per_s)), new=_num(new.get(Throughput.items_per_s)))
         row.notes.append(f"{sb} -> {sn}")
         row.regressed = sn in OOM
         return row
     if sb in OOM:
         return Row(spec, "same", notes=[f"{sb} in both"])
-    row = Row(spec, "same", base=_num(base.get("items_per_s")), new=_num(new.get("items_per_s")))
+    row = Row(spec, "same", base=_num(base.get(Throughput.items_per_s)), new=_num(new.get(Throughput.items_per_s)))
     row.change, row.low, row.high = throughput_change(base, new)
     if math.isnan(row.change):
         row.notes.append("no throughput in one of them")
     elif math.isnan(row.low):
-        why = "; ".join(dict.fromkeys(n for r in (base, new) if (n := str(r.get("ci_note", "") or ""))))
+        why = "; ".join(dict.fromkeys(n for r in (base, new) if (n := str(r.get(Interval.ci_note, "") or ""))))
         row.notes.append("judged on tolerance alone, noise unknown (no interval" + (f": {why})" if why else ")"))
         if abs(row.change) > tolerance:
             row.verdict = "faster" if row.change > 0 else "slower"
@@ -213,13 +216,13 @@ def judge(spec: str, base: Rung | None, new: Rung | None, tolerance: float, memo
     else:
         row.notes.append("within noise" if row.low <= 0 <= row.high else "within tolerance")
     row.regressed = row.verdict == "slower"
-    mb, mn = _num(base.get("peak_reserved_gib")), _num(new.get("peak_reserved_gib"))
+    mb, mn = _num(base.get(Memory.peak_reserved_gib)), _num(new.get(Memory.peak_reserved_gib))
     if mb > 0 and mn >= 0:
         row.memory = mn / mb - 1
         if row.memory > memory_tolerance:
             row.regressed = True
             row.notes.append(f"peak memory {row.memory:+.1%}")
-    xb, xn = base.get("max_batch"), new.get("max_batch")
+    xb, xn = base.get(MaxBatch.max_batch), new.get(MaxBatch.max_batch)
     if xb is not None or xn is not None:
         row.max_batch = f"{xb if xb is not None else '-'} -> {xn if xn is not None else '-'}"
         if _num(xn) < _num(xb):
@@ -228,7 +231,7 @@ def judge(spec: str, base: Rung | None, new: Rung | None, tolerance: float, memo
     return row
 
 
-def compare(base: Mapping[str, Rung], new: Mapping[str, Rung], tolerance: float = 0.05,
+def compare(base: Mapping[str, RungAttrs], new: Mapping[str, RungAttrs], tolerance: float = 0.05,
             memory_tolerance: float = 0.05, allow_provenance_change: bool = False) -> list[Row]:
     """One row per rung in either run, sorted by spec. Raises SpecError naming the first
     provenance difference unless ``allow_provenance_change``."""
@@ -244,7 +247,7 @@ def compare(base: Mapping[str, Rung], new: Mapping[str, Rung], tolerance: float 
     return rows
 
 
-def what_changed(base: Mapping[str, Rung], new: Mapping[str, Rung]) -> list[str]:
+def what_changed(base: Mapping[str, RungAttrs], new: Mapping[str, RungAttrs]) -> list[str]:
     """The software the two runs differ in, over the rungs they share: ``torch_version:
     '2.5.1' -> '2.14.1'`` (several values on a side are listed, sorted)."""
     common = sorted(set(base) & set(new))
@@ -261,14 +264,14 @@ def what_changed(base: Mapping[str, Rung], new: Mapping[str, Rung]) -> list[str]
 
 
 #: What a reference must state it holds for (``conditions:`` in the file); more keys may be given.
-REQUIRED_CONDITIONS = ("device_name", "data")
+REQUIRED_CONDITIONS = (Placement.device_name, Settings.data)
 
 
-def condition_of(r: Rung, key: str) -> str:
+def condition_of(r: RungAttrs, key: str) -> str:
     """A rung's value of a reference condition: ``data`` is the source (``synthetic`` batches
     made on the device, or ``shards`` read through the loader), anything else its attribute."""
-    if key == "data":
-        return "synthetic" if str(r.get("data", "synthetic")) == "synthetic" else "shards"
+    if key == Settings.data:
+        return "synthetic" if str(r.get(Settings.data, "synthetic")) == "synthetic" else "shards"
     return str(r.get(key))
 
 
@@ -284,7 +287,7 @@ def reference_conditions(path: str, doc: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in cond.items()}
 
 
-def check_references(path: str, new: Mapping[str, Rung]) -> list[Row]:
+def check_references(path: str, new: Mapping[str, RungAttrs]) -> list[Row]:
     """NEW against a profile's reference values: a row per (rung, metric), regressed when
     the value lies outside ``value × (1 + lower) .. value × (1 + upper)`` or the rung is absent.
     A rung measured under other conditions than the file states (device, data source, ...)

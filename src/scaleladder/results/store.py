@@ -41,6 +41,7 @@ import numpy as np
 
 from scaleladder.errors import SpecError, WriteError
 from scaleladder.files import CAUSES, host_tag, remove_dead_leftovers, write_error  # noqa: F401 - re-exported
+from scaleladder.results.record import checked
 
 Attr = str | int | float | bool | np.integer | np.floating
 
@@ -116,7 +117,8 @@ def check_writable(out: str | Path, need: int) -> None:
             probe.unlink()
 
 
-def _clean(v: Any) -> Attr:
+def attr_value(v: Any) -> Attr:
+    """An HDF5-storable attribute value: lists and dicts as JSON, None as "", str as a plain str."""
     if isinstance(v, (list, tuple, dict)):
         return json.dumps(v)
     if v is None:
@@ -127,10 +129,13 @@ def _clean(v: Any) -> Attr:
 
 
 def write_record(out: str | Path, attrs: Mapping[str, Any], datasets: Mapping[str, np.ndarray] | None = None) -> None:
-    """One rung: root attributes + named datasets ('memory/peak_active_bytes' makes a group)."""
+    """One rung: root attributes + named datasets ('memory/peak_active_bytes' makes a group).
+    Every attribute name must be defined in results/record.py for the record's kind
+    (:class:`~scaleladder.results.record.UnknownAttr` otherwise, before anything is written)."""
+    attrs = checked(attrs)
     with h5_in_memory(out) as f:
         for k, v in attrs.items():
-            f.attrs[k] = _clean(v)
+            f.attrs[k] = attr_value(v)
         for name, arr in (datasets or {}).items():
             f.create_dataset(name, data=np.asarray(arr))
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.gitinfo import git_commit  # git (-dirty), else the image's SCALELADDER_GIT_COMMIT, else ""
+from scaleladder.results.record import Placement, Provenance
 
 
 def hosts() -> list[str]:
@@ -65,22 +66,25 @@ def rank_placement(env: Any) -> dict[str, Any]:
     for r in ranks:
         if r["node"] is None:
             r["node"] = order.index(r["host"])
-    return {"rank_placement": ranks, "master_host": env.master_addr, "master_addr": master_addr, "master_port": env.master_port}
+    return {Placement.rank_placement: ranks, Placement.master_host: env.master_addr, Placement.master_addr: master_addr,
+            Placement.master_port: env.master_port}
 
 
 def collect(device_name: str) -> dict[str, str]:
+    """The software and job a record was made with (results/record.py, Provenance)."""
     container = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("SCALELADDER_IMAGE", "")
+    p = Provenance
     return {
-        "device_name": device_name,
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda or "",
-        "hip_version": getattr(torch.version, "hip", None) or "",
-        "python_version": sys.version.split()[0],
-        "git_commit": git_commit(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
-        "container_image": container,
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        Placement.device_name: device_name,
+        p.torch_version: torch.__version__,
+        p.cuda_version: torch.version.cuda or "",
+        p.hip_version: getattr(torch.version, "hip", None) or "",
+        p.python_version: sys.version.split()[0],
+        p.git_commit: git_commit(),
+        p.slurm_job_id: os.environ.get("SLURM_JOB_ID", ""),
+        p.container_image: container,
+        p.created_utc: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        p.command: shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 
 

@@ -93,8 +93,11 @@ class RunConfig:
         return args
 
     def attrs(self) -> dict[str, Any]:
-        return {**self.spec.as_attrs(), "steps": self.steps, "warmup": self.warmup, "data": self.data, "seed": self.seed, "lr": self.lr,
-                "compile_backend": self.compile_backend}
+        """The spec and these settings as record attributes (results/record.py: Spec, Settings)."""
+        from scaleladder.results.record import Settings as S
+
+        return {**self.spec.as_attrs(), S.steps: self.steps, S.warmup: self.warmup, S.data: self.data, S.seed: self.seed,
+                S.lr: self.lr, S.compile_backend: self.compile_backend}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -284,7 +287,7 @@ def _main(args: argparse.Namespace, env: Any) -> int:
     launch.init(env, device)
     CLOCK.mark("group")
     try:
-        return _run_rank(cfg, env, device)
+        return _run_rank(RankContext(cfg, env, device))
     finally:
         import torch.distributed as dist
 
@@ -294,26 +297,37 @@ def _main(args: argparse.Namespace, env: Any) -> int:
 
 def placement(env: Any, device: torch.device, hosts: list[str]) -> dict[str, Any]:
     """Where the rung ran, as record attributes: the same keys in ok and oom records."""
+    from scaleladder.results.record import Placement as P
     from scaleladder.rung.devices import device_name
 
     return {
-        "device_name": device_name(device),
-        "hosts": hosts,
-        "ranks_per_node": env.local_world,
-        "gpus_per_node": env.local_world if device.type == "cuda" else 0,  # one rank per GPU (GCD)
-        "launcher": env.source,
+        P.device_name: device_name(device),
+        P.hosts: hosts,
+        P.ranks_per_node: env.local_world,
+        P.gpus_per_node: env.local_world if device.type == "cuda" else 0,  # one rank per GPU (GCD)
+        P.launcher: env.source,
     }
 
 
-def _run_rank(cfg: RunConfig, env: Any, device: torch.device) -> int:
+@dataclass(frozen=True)
+class RankContext:
+    """One rank's run: the rung, this rank's place in the world (rung.launch.Env), its device."""
+
+    cfg: RunConfig
+    env: Any
+    device: torch.device
+
+
+def _run_rank(ctx: RankContext) -> int:
     from scaleladder.rung import provenance
     from scaleladder.rung.loop import OOMDuringStep, is_oom, oom_line
 
+    cfg, env = ctx.cfg, ctx.env
     # Gathered before anything can run out of memory, so an OOM record names the hosts too.
     # ... and every rank's host, address, node index and local rank, with the rendezvous used
-    where = {**placement(env, device, provenance.hosts()), **provenance.rank_placement(env)}
+    where = {**placement(env, ctx.device, provenance.hosts()), **provenance.rank_placement(env)}
     try:
-        return _train_and_record(cfg, env, device, where)
+        return _train_and_record(ctx, where)
     except Exception as e:
         if not (isinstance(e, OOMDuringStep) or is_oom(e)):
             raise
@@ -372,95 +386,143 @@ def _codebook_state(model: Any, weights: str | None) -> dict[str, torch.Tensor] 
     return {CODEBOOK_ENCODER + k: v for k, v in state.items()}
 
 
-def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dict[str, Any]) -> int:
-    from scaleladder.rung import provenance
-    from scaleladder.rung.ladder import sharding_ran
-    from scaleladder.rung.loop import train_loop
-    from scaleladder.rung.devices import peak_flops
+@dataclass
+class Built:
+    """What the build step made for the loop: the wrapped model, its optimizer and batches."""
+
+    flavor: Any
+    prec: Any  # rung.precision.Policy
+    init: str  # "device" or "meta"
+    source: Any  # SyntheticBatches or DeviceFeed: the loader's wait and rate live on it
+    data_attrs: dict[str, Any]  # what the record says about the data beyond --data
+    wrapped: torch.nn.Module
+    report: Any  # rung.ladder's report of what wrapping did
+    params: int
+    optimizer: Any
+    scaler: Any
+    flops: Any  # models.flops: FLOPs per sample, model and hardware
+    batches: Any  # the source again, its first batch peeked at and put back
+
+
+def _train_and_record(ctx: RankContext, where: dict[str, Any]) -> int:
+    built = _build(ctx)
+    m, profiled, steps_done = _measure(ctx, built)
+    if ctx.env.rank != 0:
+        return 0
+    return _record(ctx, built, m, profiled, where, steps_done)
+
+
+def _build(ctx: RankContext) -> Built:
+    """Data source, model (through the ladder), optimizer and scaler; the first batch's FLOPs."""
     from scaleladder.models.flavors import get_flavor
     from scaleladder.rung.optim import make_optimizer, make_scaler
     from scaleladder.rung.precision import policy
-    from scaleladder.results.stats import within_run
-    from scaleladder.results.store import write_record
 
-    spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
+    cfg, spec, flavor = ctx.cfg, ctx.cfg.spec, get_flavor(ctx.cfg.spec.model)
     prec = policy(spec.precision)
     prec.apply_backend_flags()
     batch = int(spec.batch)
-    source, data_attrs = _batches(cfg, flavor, batch, env, device, prec.storage_dtype)
+    source, data_attrs = _batches(ctx, flavor, batch, prec.storage_dtype)
 
-    init = _init_mode(cfg, flavor, device)
-    if env.rank == 0:  # a big model builds, shards and warms up for minutes before its first step
-        print(f"scaleladder run: {spec.path}: building {spec.model} ({init} init) on {world_text(env, device)} ...",
+    init = _init_mode(ctx, flavor)
+    if ctx.env.rank == 0:  # a big model builds, shards and warms up for minutes before its first step
+        print(f"scaleladder run: {spec.path}: building {spec.model} ({init} init) on {world_text(ctx.env, ctx.device)} ...",
               file=sys.stderr, flush=True)
-    wrapped, report, params = build_wrapped(cfg, init, device, prec)
+    wrapped, report, params = build_wrapped(cfg, init, ctx.device, prec)
     optimizer = make_optimizer(wrapped.parameters(), cfg.lr, spec.precision)
-    scaler = make_scaler(spec.precision, spec.strategy, device)
+    scaler = make_scaler(spec.precision, spec.strategy, ctx.device)
     CLOCK.mark("build")
 
     first, batches = _peek(source)
     CLOCK.mark("first_batch")
-    flops = _flops(flavor, spec, batch * env.world, first)
+    flops = _flops(flavor, spec, batch * ctx.env.world, first)
+    return Built(flavor, prec, init, source, data_attrs, wrapped, report, params, optimizer, scaler, flops, batches)
+
+
+def _measure(ctx: RankContext, built: Built) -> tuple[Any, dict[str, Any], float]:
+    """The loop: (its measurements, the profiler's record attributes, when the last step ended)."""
+    from scaleladder.rung.loop import train_loop
     from scaleladder.rung.profiling import StepProfiler
 
+    cfg, spec, device = ctx.cfg, ctx.cfg.spec, ctx.device
+    wrapped, optimizer, batches, prec, scaler = built.wrapped, built.optimizer, built.batches, built.prec, built.scaler
     # off by default: a trace of steps after warm-up, an allocator snapshot (rung/profiling.py)
-    with StepProfiler(cfg.trace_steps, cfg.memory_snapshot, cfg.warmup, cfg.out, device, env.rank) as profiler:
+    with StepProfiler(cfg.trace_steps, cfg.memory_snapshot, cfg.warmup, cfg.out, device, ctx.env.rank) as profiler:
         m = train_loop(wrapped, optimizer, profiler.wrap(batches), steps=cfg.steps, warmup=cfg.warmup, prec=prec,
                        device=device, scaler=scaler, compiled=spec.strategy.compile, label=spec.path)
-    steps_done = time.monotonic()
-    if env.rank != 0:
-        return 0
+    return m, profiler.attrs(), time.monotonic()
 
-    samples_per_s = batch * env.world * m.measured_steps / m.window_s
-    items_per_sample = 2 if flavor.family == "flava" else 1
-    peak = peak_flops(device, spec.precision, cfg.peak_tflops)
-    per_device = flops.model * samples_per_s / env.world
+
+def ok_attrs(ctx: RankContext, built: Built, m: Any, where: dict[str, Any]) -> dict[str, Any]:
+    """The ok record's attributes from the loop's measurements (names: results/record.py)."""
+    from scaleladder.results.record import Build, Compile, Memory, Peak, Placement, Record, Throughput
+    from scaleladder.results.stats import within_run
+    from scaleladder.rung import provenance
+    from scaleladder.rung.devices import peak_flops
+    from scaleladder.rung.ladder import sharding_ran
+
+    cfg, spec, world, report = ctx.cfg, ctx.cfg.spec, ctx.env.world, built.report
+    samples_per_s = int(spec.batch) * world * m.measured_steps / m.window_s
+    items_per_sample = 2 if built.flavor.family == "flava" else 1
+    peak = peak_flops(ctx.device, spec.precision, cfg.peak_tflops)
+    per_device = built.flops.model * samples_per_s / world
     measured = m.step_time_s[cfg.warmup:]
     attrs: dict[str, Any] = {
-        "status": "ok",
+        Record.status: "ok",
         **cfg.attrs(),
-        "world_size": env.world,
-        "params": params,
-        "frozen_unused_params": report.frozen_unused_params,
-        "fsdp_units": report.fsdp_units,
-        "fsdp_layer_units": report.fsdp_layer_units,
-        "ac_layers": report.ac_layers,
-        "compiled_layers": report.compiled_layers,
+        Build.world_size: world,
+        Build.params: built.params,
+        Build.frozen_unused_params: report.frozen_unused_params,
+        Build.fsdp_units: report.fsdp_units,
+        Build.fsdp_layer_units: report.fsdp_layer_units,
+        Build.ac_layers: report.ac_layers,
+        Build.compiled_layers: report.compiled_layers,
         # what the wrapper actually did, read from the wrapped model (FSDP1 at world size 1
         # is NO_SHARD whatever the spec says: rung.ladder.sharding_ran)
-        **sharding_ran(wrapped),
-        "init": init,
-        **data_attrs,
-        **provenance.collect(where["device_name"]),
-        **provenance.peak_attrs(device, spec.precision, cfg.peak_tflops),
+        **sharding_ran(built.wrapped),
+        Build.init: built.init,
+        **built.data_attrs,
+        **provenance.collect(where[Placement.device_name]),
+        **provenance.peak_attrs(ctx.device, spec.precision, cfg.peak_tflops),
         **where,
-        "flops_per_sample": flops.model,
-        "hardware_flops_per_sample": flops.hardware,
-        "samples_per_s": samples_per_s,
-        "items_per_s": samples_per_s * items_per_sample,
-        "items_per_sample": items_per_sample,
-        "window_s": m.window_s,
-        **profiler.attrs(),  # the trace / snapshot files written next to the record, when asked for
-        "step_time_mean_s": float(measured.mean()),
-        "step_time_median_s": float(np.median(measured)),
-        "step_time_p90_s": float(np.percentile(measured, 90)),
+        Throughput.flops_per_sample: built.flops.model,
+        Throughput.hardware_flops_per_sample: built.flops.hardware,
+        Throughput.samples_per_s: samples_per_s,
+        Throughput.items_per_s: samples_per_s * items_per_sample,
+        Throughput.items_per_sample: items_per_sample,
+        Throughput.window_s: m.window_s,
+        Throughput.step_time_mean_s: float(measured.mean()),
+        Throughput.step_time_median_s: float(np.median(measured)),
+        Throughput.step_time_p90_s: float(np.percentile(measured, 90)),
         # the interval of items_per_s over the window's steps (results/stats.py, docs/metrics.md)
         **within_run(m.step_time_s, cfg.warmup, samples_per_s * items_per_sample),
-        "tflops_per_device": per_device / 1e12,
-        "peak_tflops_per_device": peak / 1e12,
-        "mfu": per_device / peak,
-        "hfu": flops.hardware * samples_per_s / env.world / peak,
-        "final_loss": float(m.loss[-1]),
-        "peak_active_gib": float(m.peak_active_bytes.max()) / 2**30,
-        "peak_reserved_gib": float(m.peak_reserved_bytes.max()) / 2**30,
-        "peak_device_used_gib": float(m.peak_device_used_bytes.max()) / 2**30,
-        "device_total_gib": float(m.device_total_bytes.max()) / 2**30,
-        "alloc_retries": int(m.alloc_retries.sum()),
-        "ooms": int(m.ooms.sum()),
+        Throughput.tflops_per_device: per_device / 1e12,
+        Peak.peak_tflops_per_device: peak / 1e12,
+        Throughput.mfu: per_device / peak,
+        Throughput.hfu: built.flops.hardware * samples_per_s / world / peak,
+        Throughput.final_loss: float(m.loss[-1]),
+        Memory.peak_active_gib: float(m.peak_active_bytes.max()) / 2**30,
+        Memory.peak_reserved_gib: float(m.peak_reserved_bytes.max()) / 2**30,
+        Memory.peak_device_used_gib: float(m.peak_device_used_bytes.max()) / 2**30,
+        Memory.device_total_gib: float(m.device_total_bytes.max()) / 2**30,
+        Memory.alloc_retries: int(m.alloc_retries.sum()),
+        Memory.ooms: int(m.ooms.sum()),
     }
     if spec.strategy.compile:  # absent, not NaN, on eager rungs: they compiled nothing
-        attrs["compile_s"] = m.compile_s
-        attrs["compile_graphs"] = m.compile_graphs
+        attrs[Compile.compile_s] = m.compile_s
+        attrs[Compile.compile_graphs] = m.compile_graphs
+    return attrs
+
+
+def _record(ctx: RankContext, built: Built, m: Any, profiled: dict[str, Any], where: dict[str, Any], steps_done: float) -> int:
+    """Rank 0: the ok record (attributes and per-step datasets), written atomically, and its line."""
+    from scaleladder.results.record import Memory, Throughput
+    from scaleladder.results.store import write_record
+    from scaleladder.rung.feed import DeviceFeed
+
+    cfg = ctx.cfg
+    # the trace / snapshot files written next to the record, when asked for
+    attrs = {**ok_attrs(ctx, built, m, where), **profiled}
     datasets = {
         "step_time_s": m.step_time_s,
         "loss": m.loss,
@@ -471,16 +533,15 @@ def _train_and_record(cfg: RunConfig, env: Any, device: torch.device, where: dic
         "memory/warmup_peak_active_bytes": m.warmup_peak_active_bytes,
         "memory/peak_device_used_bytes": m.peak_device_used_bytes,
     }
-    from scaleladder.rung.feed import DeviceFeed
-
-    if isinstance(source, DeviceFeed):
-        datasets["loader_wait_s"] = source.wait_s
-        attrs.update(source.record_attrs(m.step_time_s[cfg.warmup:], cfg.warmup))  # loader rate, input_bound
+    if isinstance(built.source, DeviceFeed):
+        datasets["loader_wait_s"] = built.source.wait_s
+        attrs.update(built.source.record_attrs(m.step_time_s[cfg.warmup:], cfg.warmup))  # loader rate, input_bound
     attrs.update(CLOCK.attrs(teardown_s=time.monotonic() - steps_done))  # docs/metrics.md, "Start-up"
     write_record(cfg.out, attrs, datasets)
     print(
-        f"{spec.path}: {attrs['items_per_s']:.1f} items/s, step {attrs['step_time_mean_s'] * 1e3:.1f} ms, "
-        f"MFU {attrs['mfu']:.3f}, peak active {attrs['peak_active_gib']:.2f} GiB, loss {attrs['final_loss']:.4f} -> {cfg.out}",
+        f"{cfg.spec.path}: {attrs[Throughput.items_per_s]:.1f} items/s, step {attrs[Throughput.step_time_mean_s] * 1e3:.1f} ms, "
+        f"MFU {attrs[Throughput.mfu]:.3f}, peak active {attrs[Memory.peak_active_gib]:.2f} GiB, "
+        f"loss {attrs[Throughput.final_loss]:.4f} -> {cfg.out}",
         file=sys.stderr,
     )
     return 0
@@ -490,7 +551,8 @@ def world_text(env: Any, device: torch.device) -> str:
     return f"{env.world} rank(s), {device.type}"
 
 
-def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
+def _init_mode(ctx: RankContext, flavor: Any) -> str:
+    cfg, device = ctx.cfg, ctx.device
     if cfg.init != "auto":
         return cfg.init
     # FSDP1 and FSDP2 both materialise a meta model one unit at a time (rung.ladder).
@@ -505,9 +567,9 @@ def _init_mode(cfg: RunConfig, flavor: Any, device: torch.device) -> str:
     return "meta" if fp32_bytes > 0.25 * torch.cuda.get_device_properties(device).total_memory else "device"
 
 
-def _batches(cfg: RunConfig, flavor: Any, batch: int, env: Any, device: torch.device,
-             dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
+def _batches(ctx: RankContext, flavor: Any, batch: int, dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
     """The rank's batches, and what the record should say about them beyond --data."""
+    cfg, env, device = ctx.cfg, ctx.env, ctx.device
     if cfg.data == "synthetic":
         from scaleladder.rung.batches import SyntheticBatches
 
