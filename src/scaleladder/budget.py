@@ -19,6 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from scaleladder import markdown
 from scaleladder import workflow as swf
 from scaleladder.campaign import cost
 from scaleladder.errors import SpecError
@@ -89,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     head = (f"Budget for profile {args.profile}: {timing.steps} steps per rung on {timing.plan_device}, stated MFU {mfu}; "
             "calibrated from finished rungs where there are any. Start-up per job (priced apart from the steps): "
             + ("; ".join(sources) if sources else f"stated {timing.startup_s:.0f} s") + ".\n\n")
-    text = head + cost.markdown(rows)
+    text = head + "\n".join(markdown.dict_table(rows)) + "\n"
     if args.rungs:
         text += "\n" + "\n".join(
             f"{e.spec.path}: " + (f"{e.job_s / 60:.1f} min x {e.nodes} node(s) = {e.node_hours:.2f} node-h, step {e.step_s:.3f} s "

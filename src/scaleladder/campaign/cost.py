@@ -219,13 +219,6 @@ def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Ma
     return rows
 
 
-def markdown(rows: Sequence[Mapping[str, str]]) -> str:
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(r[k] for k in keys) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
     """Every finished rung record among ``paths`` (spec path -> what it measured)."""
     from scaleladder.results.store import read_attrs
