@@ -15,7 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, for gpucheck (also when loaded by path)
 
-from gpucheck.runner import Check, parse_args  # noqa: E402
+try:
+    from gpucheck.runner import Check, parse_args
+except ImportError as e:  # e.g. a .whl/ built before the tree's helpers (scaleladder.markdown, gitinfo) existed
+    sys.exit(f"gpu-check: {e}: run it with scaleladder importable, and `make gpu-wheels` again if .whl/ is older "
+             "than this tree")
 
 
 def main(argv: list[str] | None = None) -> int:
