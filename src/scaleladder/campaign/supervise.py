@@ -82,11 +82,9 @@ def note_failure(cfg: RunConfig, rc: int) -> None:
     notes.append(checked({Spec.spec: cfg.spec.path, F.when: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           F.rc: rc, F.reason: f"the run failed ({why}); no result written (its log names the cause)"}, FAILED))
     try:
-        from scaleladder.results.store import atomic_path
+        from scaleladder.files import atomic_write_text
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(notes, indent=1))
+        atomic_write_text(path, json.dumps(notes, indent=1))
     except Exception as e:  # the disk that failed the rung may refuse the note too
         print(f"scaleladder: {cfg.spec.path}: could not note the failure in {path}: {e}", file=sys.stderr)
 

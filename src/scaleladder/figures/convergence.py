@@ -27,6 +27,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from scaleladder.figures.style import OOM_COLOR, strategy_label
+from scaleladder import markdown as md
 from scaleladder.results.record import Build, Convergence, Placement, Read, Record, Settings, Spec, Throughput
 
 MISSED = "did-not-converge"
@@ -191,9 +192,7 @@ def section_markdown(records: Sequence[dict[str, Any]], plot_rel: str) -> str:
     out += [f"- **FAILING** {line}" for line in failing(records)] + ([""] if failing(records) else [])
     out += [f"![{SECTION_TITLE}]({plot_rel}/convergence.png)", f"([PDF]({plot_rel}/convergence.pdf))", ""]
     if rows:
-        keys = list(rows[0])
-        out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        out += ["| " + " | ".join(row[k] for k in keys) + " |" for row in rows]
+        out += md.dict_table(rows)
     return "\n".join(out) + "\n"
 
 

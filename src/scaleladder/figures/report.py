@@ -19,6 +19,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from scaleladder import markdown as md
+from scaleladder.files import atomic_write_text
 from scaleladder.results.aggregate import read_ladder
 from scaleladder.figures.plots import FIGURES
 from scaleladder.figures.rungs import RungAttrs, interval, is_ok, is_oom, model_order, num
@@ -244,15 +246,13 @@ def _sorted_rungs(rungs: list[RungAttrs]) -> list[RungAttrs]:
 
 def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
     out = ["# scaleladder report", ""]
-    out += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _summary(rungs, root)] + [""]
+    out += md.table(None, _summary(rungs, root)) + [""]
     if bad := corrupt(rungs):
         out += ["## Corrupt rung files", "", CORRUPT_NOTE, ""] + [f"- {line}" for line in bad] + [""]
     out += ["## Which strategy for which model", ""]
     w = winners(rungs)
     if w:
-        keys = list(w[0])
-        out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        out += ["| " + " | ".join(row[k] for k in keys) + " |" for row in w]
+        out += md.dict_table(w)
     out += [""]
     noise = within_noise(rungs)
     if noise:
@@ -262,9 +262,7 @@ def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str,
     for name in figures:
         out += [f"## {TITLES[name]}", "", f"![{TITLES[name]}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
     out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
-    out += ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in _sorted_rungs(rungs):
-        out.append("| " + " | ".join(_cell(r, k) for k, _ in COLUMNS) + " |")
+    out += md.table([h for _, h in COLUMNS], [[_cell(r, k) for k, _ in COLUMNS] for r in _sorted_rungs(rungs)])
     return "\n".join(out) + "\n"
 
 
@@ -316,12 +314,6 @@ def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, fig
         parts.append(f"<p><small>FSDP knobs in run specs: {e(knob_note)}.</small></p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
-
-
-def _write(path: str, text: str) -> None:
-    from scaleladder.results.store import write_bytes  # a full disk: one line naming the file, no tmp left
-
-    write_bytes(path, text.encode())
 
 
 def with_budget(text: str, ladder: str, html_page: bool) -> str:
@@ -387,6 +379,6 @@ def main(args: argparse.Namespace) -> int:
                 text = with_section(text, read_records(args.converge), rel, html_page=render is render_html)
             text = with_budget(text, args.ladder, html_page=render is render_html)
             text = with_failures(text, args.ladder, html_page=render is render_html)
-            _write(out, text)
+            atomic_write_text(out, text, fsync=True)  # a full disk: one line naming the file, no tmp left
             print(f"scaleladder report: {out}")
     return 0

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from scaleladder import markdown as md
 
 
 class Attr(str):
@@ -332,7 +334,7 @@ class Read(Section):
 
 
 class FailedAttempt(Section):
-    title = "A failed attempt's note (results/failed/<spec>.h5.json, a JSON list: campaign/supervise.note_failure)"
+    title = "A failed attempt's note (`results/failed/<spec>.h5.json`, a JSON list: campaign/supervise.note_failure)"
     when = attr("ISO 8601", "when the attempt ended")
     rc = attr("", "the launcher's exit code")
     reason = attr("", "one line: what failed; no result was written")
@@ -355,19 +357,20 @@ class Kind:
 
 
 RUNG = (Record, Spec, Settings, Build, Placement, Provenance)
-OK = Kind("ok", "rung file", (*RUNG, Peak, Throughput, Interval, Memory, Compile, Startup, Loader, Profiling, MaxBatch))
-OOM = Kind("oom", "rung file", (*RUNG, Oom, MaxBatch))
-PREDICTED_OOM = Kind("predicted-oom", "rung file", (*RUNG, Oom, Plan, MaxBatch))
-CONVERGENCE = Kind("convergence", "results/converge/ file", (*RUNG, Convergence),
+RUNG_FILE = "`results/rungs/<spec>.h5`"
+OK = Kind("ok", RUNG_FILE, (*RUNG, Peak, Throughput, Interval, Memory, Compile, Startup, Loader, Profiling, MaxBatch))
+OOM = Kind("oom", RUNG_FILE, (*RUNG, Oom, MaxBatch))
+PREDICTED_OOM = Kind("predicted-oom", RUNG_FILE, (*RUNG, Oom, Plan, MaxBatch))
+CONVERGENCE = Kind("convergence", "`results/converge/rungs/<strategy>/<precision>/s<seed>.h5`", (*RUNG, Convergence),
                    (Throughput.samples_per_s, Throughput.items_per_s, Throughput.final_loss))
-LADDER_RUNG = Kind("ladder group", "ladder file, /rungs/<spec>: a rung file's record plus these",
+LADDER_RUNG = Kind("ladder group", "ladder file, `/rungs/<spec>`: a rung file's record plus these",
                    (Source, Repeats))
-CORRUPT = Kind("corrupt", "ladder file, /rungs/<spec>", (Record, Corrupt, Source), (Spec.spec, Oom.error))
+CORRUPT = Kind("corrupt", "ladder file, `/rungs/<spec>`", (Record, Corrupt, Source), (Spec.spec, Oom.error))
 LADDER = Kind("ladder", "ladder file, root", (Ladder,))
-FAILED = Kind("failed attempt", "results/failed/<spec>.h5.json, one object per attempt", (FailedAttempt,), (Spec.spec,))
+FAILED = Kind("failed attempt", "`results/failed/<spec>.h5.json`, one object per attempt", (FailedAttempt,), (Spec.spec,))
 KINDS = (OK, OOM, PREDICTED_OOM, CONVERGENCE, LADDER_RUNG, CORRUPT, LADDER, FAILED)
 #: A rung file of a status none of the above has (a probe that failed some other way, in tests)
-ANY_RUNG = Kind("rung file", "rung file", tuple(dict.fromkeys(s for k in (OK, OOM, PREDICTED_OOM, CONVERGENCE) for s in k.sections)),
+ANY_RUNG = Kind("rung file", RUNG_FILE, tuple(dict.fromkeys(s for k in (OK, OOM, PREDICTED_OOM, CONVERGENCE) for s in k.sections)),
                 CONVERGENCE.fields)
 SECTIONS: tuple[type[Section], ...] = tuple(Section.__subclasses__())
 
@@ -400,25 +403,13 @@ def checked(attrs: Mapping[str, Any], kind: Kind | None = None) -> dict[str, Any
 # -- the table in docs/design.md --------------------------------------------------------------
 
 
-def _rows(section: type[Section]) -> Iterator[str]:
-    yield f"**{section.__name__}**: {section.title}"
-    yield ""
-    yield "| attribute | unit | meaning |"
-    yield "|---|---|---|"
-    for a in section.fields:
-        yield f"| `{a}` | {a.unit or '-'} | {a.doc.replace('|', chr(92) + '|')} |"
-    yield ""
-
-
 def markdown() -> str:
     """The kinds and every section's attributes, as Markdown (docs/design.md, "Result file")."""
-    out = ["| record kind | where | sections |", "|---|---|---|"]
-    for k in KINDS:
-        parts = [s.__name__ for s in k.sections] + [f"`{a}`" for a in k.fields]
-        out.append(f"| {k.name} | {k.where} | {', '.join(parts)} |")
-    out.append("")
+    kinds = [(k.name, k.where, ", ".join([s.__name__ for s in k.sections] + [f"`{a}`" for a in k.fields])) for k in KINDS]
+    out = [*md.table(("record kind", "where", "sections"), kinds), ""]
     for s in SECTIONS:
-        out += list(_rows(s))
+        out += [f"**{s.__name__}**: {s.title}", ""]
+        out += [*md.table(("attribute", "unit", "meaning"), [(f"`{a}`", a.unit or "-", a.doc) for a in s.fields], escape=True), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -41,32 +41,11 @@ import numpy as np
 
 from scaleladder.errors import SpecError, WriteError
 from scaleladder.files import CAUSES, host_tag, remove_dead_leftovers, write_error  # noqa: F401 - re-exported
+# a temporary path beside ``out``, renamed onto it on success only (a full disk: one line naming it)
+from scaleladder.files import atomic_file as atomic_path
 from scaleladder.results.record import checked
 
 Attr = str | int | float | bool | np.integer | np.floating
-
-
-@contextmanager
-def atomic_path(out: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``out``; rename it onto ``out`` on success only.
-    A write that fails for want of room or rights raises :class:`WriteError` naming ``out``;
-    the temporary file never survives."""
-    out = Path(out)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    try:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            # a `.tmp-<pid>` of this name whose process died (SIGKILL) is ours to remove
-            remove_dead_leftovers(out.parent, re.escape(out.name) + r"\.tmp-(?P<pid>[0-9]+)")
-            yield tmp
-            os.replace(tmp, out)
-        except OSError as e:
-            if e.errno in CAUSES:
-                raise write_error(out, e) from None
-            raise
-    finally:
-        with suppress(OSError):
-            tmp.unlink()
 
 
 def write_bytes(out: str | Path, data: bytes) -> None:
