@@ -24,6 +24,8 @@ from pathlib import Path
 
 import h5py
 
+from scaleladder.markdown import row, rule
+
 LAUNCHERS = {
     "spawn": "scaleladder spawn --nproc-per-node {ranks} scaleladder",
     "torchrun": "torchrun --standalone --nnodes 1 --nproc-per-node {ranks} -m scaleladder",
@@ -57,8 +59,8 @@ def main() -> int:
     a = p.parse_args()
     cols = ["imports", "group", "build", "first batch", "steps", "teardown", "outside", "wall"]
     print(f"median of {a.repeats} run(s), seconds; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"| rung | launcher | " + " | ".join(cols) + " |")
-    print("|" + "---|" * (len(cols) + 2))
+    print(row(["rung", "launcher", *cols]))
+    print(rule(len(cols) + 2))
     with tempfile.TemporaryDirectory() as tmp:
         for spec in a.rungs:
             for name in a.launchers:
@@ -67,7 +69,7 @@ def main() -> int:
                         for _ in range(a.repeats)]
                 med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
                 vals = [med[k] for k in (*PHASES[:4], "window_s", "teardown_s", "outside_s", "wall_s")]
-                print(f"| {spec} | {name} | " + " | ".join(f"{v:.2f}" for v in vals) + " |", flush=True)
+                print(row([spec, name, *(f"{v:.2f}" for v in vals)]), flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 
