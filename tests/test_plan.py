@@ -19,7 +19,9 @@ from scaleladder.cli import main as cli
 from scaleladder.plan import DEVICES, fits_table, predict, static_bytes_per_rank
 from scaleladder.planner import seeds
 from scaleladder.planner.inventory import ParamInfo, UnitLayout, inventory
-from scaleladder.planner.memory import CALIBRATED, GIB, Variant, _setup, _simulate, required_bytes
+from scaleladder.planner.memory import CALIBRATED, GIB, Variant, required_bytes
+from scaleladder.planner.step_setup import step_setup
+from scaleladder.planner.timeline import optimizer_transient, simulate
 from scaleladder.planner.static import ALLOC_BLOCK_BYTES, STEP_COUNTER_BYTES, Sharding, flat_layout, local_counts
 from scaleladder.spec import Knobs, RunSpec, SpecError, parse_strategy
 
@@ -250,9 +252,9 @@ def test_seed_flava_encoder_units_could_only_raise_the_fsdp_ac_batch() -> None:
         inv = inventory(model)
         enc = sum(p.numel for p in inv.root.params
                   if p.name.startswith(("flava.model.image_encoder", "flava.model.text_encoder", "flava.model.mm_encoder")))
-        st = _setup(model, parse_strategy("fsdp-full-ac"), "bf16-mixed", Knobs(), 8, seeds.SEED_FLAVA)
+        st = step_setup(model, parse_strategy("fsdp-full-ac"), "bf16-mixed", Knobs(), 8, seeds.SEED_FLAVA)
         b = seeds.max_batch(model, "fsdp-full-ac", 8, A100, seeds.SEED_FLAVA)
-        per_sample = _simulate(st, b + 1).peak - _simulate(st, b).peak
+        per_sample = simulate(st, b + 1).peak - simulate(st, b).peak
         assert 8 * enc / per_sample < bound
 
 
@@ -330,9 +332,9 @@ def test_seed_vit_15b_needs_four_gcds() -> None:
 
 
 def test_foreach_adamw_adds_one_state_in_the_step_and_keeps_its_counters_on_the_host() -> None:
-    st = _setup("vit-3b", parse_strategy("fsdp-no-shard-ac"), "bf16-mixed", Knobs(), 1, seeds.FOREACH)
-    fused = _setup("vit-3b", parse_strategy("fsdp-no-shard-ac"), "bf16-mixed", Knobs(), 1)
-    a, b = _simulate(st, 32), _simulate(fused, 32)
+    st = step_setup("vit-3b", parse_strategy("fsdp-no-shard-ac"), "bf16-mixed", Knobs(), 1, seeds.FOREACH)
+    fused = step_setup("vit-3b", parse_strategy("fsdp-no-shard-ac"), "bf16-mixed", Knobs(), 1)
+    a, b = simulate(st, 32), simulate(fused, 32)
     # foreach: the step holds params + grads + 2 fp32 states + sqrt(exp_avg_sq) for every state at once
     assert a.phase == "optimizer" and a.peak == pytest.approx(sum(st.static.values()) + 4 * st.local.trainable
                                                               + a.peak_parts["inputs"] + a.peak_parts["buffers"], rel=1e-9)
@@ -340,7 +342,7 @@ def test_foreach_adamw_adds_one_state_in_the_step_and_keeps_its_counters_on_the_
     # fused keeps one `step` counter per trainable tensor on the device, a 512-byte allocator block
     # each; foreach keeps them on the host
     assert fused.static["optimizer"] - st.static["optimizer"] == ALLOC_BLOCK_BYTES * fused.local.tensors > 0
-    assert _simulate(fused, 1).peak < _simulate(st, 1).peak
+    assert simulate(fused, 1).peak < simulate(st, 1).peak
 
 
 # -- the optimizer step of the runner, per precision ----------------------------------------------------
@@ -353,7 +355,7 @@ def test_runner_optimizer_state_and_step_transient_per_precision(precision: str,
                                                                  strategy: str, world: int) -> None:
     # Fused AdamW: fp32 exp_avg + exp_avg_sq (8 B per trainable element); bf16-true adds the fp32
     # master (12 B) and, in the step, an fp32 copy of every gradient (4 B). Per rank over the local chunk.
-    st = _setup("vit-1b", parse_strategy(strategy), precision, Knobs(), world)
+    st = step_setup("vit-1b", parse_strategy(strategy), precision, Knobs(), world)
     inv = inventory("vit-1b")
     c = local_counts(inv, parse_strategy(strategy), precision, world)
     assert c == st.local
@@ -364,14 +366,13 @@ def test_runner_optimizer_state_and_step_transient_per_precision(precision: str,
         assert c.trainable == inv.trainable_numel and c.tensors == sum(1 for u in inv.units() for p in u.params if p.trainable)
     # At the optimizer moment (batch 1, where nothing else is alive): everything static, the
     # gradients, the step's transient — nothing else but buffers (DDP's buckets) and the inputs.
-    tl = _simulate(st, 1)
+    tl = simulate(st, 1)
     tl.peak = 0.0
     tl.point("probe")  # the state after the step, before zero_grad
     after = tl.peak
     assert after == pytest.approx(sum(st.static.values()) + tl.parts["buffers"] + tl.parts["inputs"] + tl.parts["activations"], rel=1e-12)
-    from scaleladder.planner.memory import _optimizer_transient
 
-    assert _optimizer_transient(st) == transient * c.trainable
+    assert optimizer_transient(st) == transient * c.trainable
 
 
 def test_bf16_true_now_costs_more_than_bf16_mixed_in_the_step() -> None:
@@ -388,13 +389,12 @@ def test_bf16_true_now_costs_more_than_bf16_mixed_in_the_step() -> None:
 
 
 def test_for_loop_adamw_holds_two_temporaries_of_its_largest_tensor() -> None:
-    from scaleladder.planner.memory import _optimizer_transient
 
-    ddp = _setup("flava-900m", parse_strategy("ddp"), "bf16-mixed", Knobs(), 8, Variant(adamw="for-loop"))
+    ddp = step_setup("flava-900m", parse_strategy("ddp"), "bf16-mixed", Knobs(), 8, Variant(adamw="for-loop"))
     largest = max(p.numel for u in ddp.inv.units() for p in u.params if p.trainable)
-    assert _optimizer_transient(ddp) == 2 * 4 * largest
-    fsdp = _setup("flava-900m", parse_strategy("fsdp-full"), "bf16-mixed", Knobs(), 8, Variant(adamw="for-loop"))
-    assert _optimizer_transient(fsdp) == 2 * 4 * max(fsdp.unit_chunk["root"], fsdp.unit_chunk["layer"])
+    assert optimizer_transient(ddp) == 2 * 4 * largest
+    fsdp = step_setup("flava-900m", parse_strategy("fsdp-full"), "bf16-mixed", Knobs(), 8, Variant(adamw="for-loop"))
+    assert optimizer_transient(fsdp) == 2 * 4 * max(fsdp.unit_chunk["root"], fsdp.unit_chunk["layer"])
     # host step counters: nothing per tensor on the device
     assert fsdp.static["optimizer"] == 8 * fsdp.local.trainable
     with pytest.raises(ValueError, match="adamw"):

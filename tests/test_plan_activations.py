@@ -195,14 +195,16 @@ FLAVA = ("flava-debug", dict(hidden=64, mlp=256, heads=4, layers=2, mm_layers=1,
 # (FLAVA with AC at this size adds nothing the two cases above do not cover.)
 @pytest.mark.parametrize("name,dims,batch,ac", [(*VIT, False), (*VIT, True), (*FLAVA, False)], ids=["vit", "vit-ac", "flava"])
 def test_step_peak_matches_a_real_cpu_step(name: str, dims: dict[str, int], batch: int, ac: bool) -> None:
-    from scaleladder.planner.memory import InputBatches, _setup, _simulate
+    from scaleladder.planner.memory import InputBatches
+    from scaleladder.planner.step_setup import step_setup
+    from scaleladder.planner.timeline import simulate
     from scaleladder.spec import Knobs, parse_strategy
 
     flavor = dataclasses.replace(get_flavor(name), **dims)
     measured, forward_end = _measured(flavor, batch, ac)
     # the test holds its one batch, not the runner's synthetic pool
-    st = _setup(flavor, parse_strategy("single-ac" if ac else "single"), "fp32", Knobs(), 1, inputs=InputBatches(1))
-    predicted = _simulate(st, batch).peak
+    st = step_setup(flavor, parse_strategy("single-ac" if ac else "single"), "fp32", Knobs(), 1, inputs=InputBatches(1))
+    predicted = simulate(st, batch).peak
     print(f"{name} ac={ac}: measured {measured} predicted {predicted:.0f} ratio {predicted / measured:.3f}")
     # 10 %: the planner's backward transients are conservative. Until issue 10 this was 8 %: with foreach
     # AdamW the measured peak of the AC case was the optimizer step (its sqrt temporaries: 9.12 MB, above
@@ -225,7 +227,8 @@ def test_optimizer_step_allocates_and_keeps_what_the_planner_says(precision: str
     from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.planner.inventory import inventory
-    from scaleladder.planner.memory import _optimizer_transient, _setup
+    from scaleladder.planner.step_setup import step_setup
+    from scaleladder.planner.timeline import optimizer_transient
     from scaleladder.planner.static import STEP_COUNTER_BYTES, bytes_of, local_counts
     from scaleladder.spec import Knobs, parse_strategy
 
@@ -251,8 +254,8 @@ def test_optimizer_step_allocates_and_keeps_what_the_planner_says(precision: str
         opt.step()
     inv = inventory(flavor)
     counts = local_counts(inv, parse_strategy("single"), precision, 1)
-    st = _setup(flavor, parse_strategy("single"), precision, Knobs(), 1)
-    assert live.peak == _optimizer_transient(st) == (4 * inv.trainable_numel if precision == "bf16-true" else 0)
+    st = step_setup(flavor, parse_strategy("single"), precision, Knobs(), 1)
+    assert live.peak == optimizer_transient(st) == (4 * inv.trainable_numel if precision == "bf16-true" else 0)
     kept = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in state()}.values())
     assert kept == bytes_of(counts, precision, STEP_COUNTER_BYTES)["optimizer"]
     assert all(t.dtype == torch.float32 for t in state())  # fp32 moments (and masters) in every precision

@@ -23,11 +23,11 @@ from scaleladder.planner.memory import (
     GIB,
     Overheads,
     Variant,
-    _setup,
-    _simulate,
     max_batch_for,
     required_bytes,
 )
+from scaleladder.planner.step_setup import step_setup
+from scaleladder.planner.timeline import simulate
 from scaleladder.spec import Knobs, parse_strategy
 
 A100 = "a100-40gb"
@@ -94,8 +94,8 @@ class Fit:
 
 def fit(model: str, strategy: str, world: int, device: str, batch: int, variant: Variant = RUNNER,
         precision: str = "bf16-mixed") -> Fit:
-    st = _setup(model, parse_strategy(strategy), precision, Knobs(), world, variant)
-    tl = _simulate(st, batch)
+    st = step_setup(model, parse_strategy(strategy), precision, Knobs(), world, variant)
+    tl = simulate(st, batch)
     cap = DEVICES[device]
     assert cap is not None
     return Fit(model, strategy, world, device, batch, tl.peak, required_bytes(tl.peak, world), cap, tl.phase)
@@ -103,7 +103,7 @@ def fit(model: str, strategy: str, world: int, device: str, batch: int, variant:
 
 def max_batch(model: str, strategy: str, world: int, device: str, variant: Variant = RUNNER,
               overheads: Overheads = CALIBRATED, precision: str = "bf16-mixed") -> int | None:
-    st = _setup(model, parse_strategy(strategy), precision, Knobs(), world, variant)
+    st = step_setup(model, parse_strategy(strategy), precision, Knobs(), world, variant)
     return max_batch_for(st, DEVICES[device], overheads)
 
 

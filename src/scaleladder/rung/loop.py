@@ -326,20 +326,94 @@ def train_loop(
         raise CompileError("a -compile rung needs warmup >= 1: its first step compiles, and compile time must stay out of the measured window")
     progress = Progress(label, steps, warmup, device, every=None if label else 0.0)  # no label: silent (converge's chunks)
     if not compiled:
-        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, False, progress)
+        return _train_loop(model, optimizer, batches, steps=steps, warmup=warmup, prec=prec, device=device,
+                           scaler=scaler, compiled=False, progress=progress)
     from torch._dynamo import config as dynamo_config  # not `import torch._dynamo`: it would make `torch` local
 
     recompile_was = dynamo_config.error_on_recompile
     try:
-        return _train_loop(model, optimizer, batches, steps, warmup, prec, device, scaler, True, progress)
+        return _train_loop(model, optimizer, batches, steps=steps, warmup=warmup, prec=prec, device=device,
+                           scaler=scaler, compiled=True, progress=progress)
     finally:
         dynamo_config.error_on_recompile = recompile_was  # the window's rule only
+
+
+class _StepClock:
+    """Where each step starts (and the last one ends): CUDA events recorded on the compute
+    stream on a GPU, read once after the loop; the host clock always (the window's ends)."""
+
+    def __init__(self, device: torch.device, steps: int) -> None:
+        cuda = device.type == "cuda"
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
+        self.host_times = np.zeros(steps + 1)
+
+    def mark(self, step: int) -> None:
+        if self.events:
+            self.events[step].record()
+        self.host_times[step] = time.perf_counter()
+
+    def stop(self, device: torch.device) -> None:
+        """After the last step: its end, with the device drained."""
+        if self.events:
+            self.events[-1].record()
+            torch.cuda.synchronize(device)
+        self.host_times[-1] = time.perf_counter()
+
+    def step_times(self) -> np.ndarray:
+        if self.events:
+            return np.array([a.elapsed_time(b) / 1e3 for a, b in zip(self.events[:-1], self.events[1:])])
+        return np.diff(self.host_times)
+
+
+@dataclass
+class _WindowStart:
+    """What the loop reads where the measured window starts, after the warm-up."""
+
+    time: float = 0.0
+    warmup_peak_active: int = 0
+    alloc_retries: int = 0
+    ooms: int = 0
+    graphs: int = 0  # graphs Dynamo captured in the warm-up (compiled rungs)
+
+
+def _open_window(device: torch.device, warmup: int, compiled: bool, graphs_before: int) -> _WindowStart:
+    """The measured window starts here: every rank, device idle, peaks reset."""
+    start = _WindowStart()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start.warmup_peak_active = _mem_peaks(device)[0]
+        torch.cuda.reset_peak_memory_stats(device)
+    # reset_peak_memory_stats leaves these two counting from process start:
+    # the window's counts are differences from here.
+    start.alloc_retries, start.ooms = _mem_counters(device)
+    if compiled:
+        start.graphs = _graphs_captured() - graphs_before
+        if start.graphs == 0:  # fullgraph and no suppression leave only this: nothing was compiled
+            raise CompileError(f"the -compile rung's {warmup} warm-up step(s) compiled no graph: torch.compile did not run")
+        from torch._dynamo import config as dynamo_config
+
+        # From here a recompile would put compile time into the throughput: an error.
+        dynamo_config.error_on_recompile = True
+    dist.barrier()
+    start.time = time.perf_counter()
+    return start
+
+
+def _step_error(e: Exception, step: int, warmup: int, compiled: bool) -> Exception | None:
+    """The error a failed step becomes (OOM, compile failure), or None: raise it as it is."""
+    if is_oom(e):
+        return OOMDuringStep(step, oom_line(e))
+    if compiled and _compile_failure(e):
+        where = "recompiled inside the measured window" if step >= warmup else "failed to compile"
+        return CompileError(f"-compile rung {where} at step {step}: {type(e).__name__}: {first_line(e)}")
+    return None
 
 
 def _train_loop(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batches: Iterable[dict[str, Tensor]],
+    *,
     steps: int,
     warmup: int,
     prec: PrecisionPolicy,
@@ -348,83 +422,57 @@ def _train_loop(
     compiled: bool,
     progress: Progress,
 ) -> Measurement:
-    graphs0 = _graphs_captured() if compiled else 0
-    graphs = 0
-    cuda = device.type == "cuda"
+    graphs_before = _graphs_captured() if compiled else 0
     losses = torch.zeros(steps, device=device)
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
-    host_times = np.zeros(steps + 1)
-    warm_peak = 0
-    retries0 = ooms0 = 0
-    t_window = 0.0
+    clock = _StepClock(device, steps)
+    window = _WindowStart()
     model.train()
     it = iter(batches)
     inject, inject_kind = _injected_oom()
     progress.start()
     for step in range(steps):
         if step == warmup:
-            # The measured window starts here: every rank, device idle, peaks reset.
-            if cuda:
-                torch.cuda.synchronize(device)
-                warm_peak = _mem_peaks(device)[0]
-                torch.cuda.reset_peak_memory_stats(device)
-            # reset_peak_memory_stats leaves these two counting from process start:
-            # the window's counts are differences from here.
-            retries0, ooms0 = _mem_counters(device)
-            if compiled:
-                graphs = _graphs_captured() - graphs0
-                if graphs == 0:  # fullgraph and no suppression leave only this: nothing was compiled
-                    raise CompileError(f"the -compile rung's {warmup} warm-up step(s) compiled no graph: torch.compile did not run")
-                from torch._dynamo import config as dynamo_config
-
-                # From here a recompile would put compile time into the throughput: an error.
-                dynamo_config.error_on_recompile = True
-            dist.barrier()
-            t_window = time.perf_counter()
+            window = _open_window(device, warmup, compiled, graphs_before)
         try:
             # Already on the device: synthetic batches, or a DeviceFeed (rung/feed.py), whose
             # staging of the next batch allocates device memory and so may run out too.
             batch = next(it)
-            if cuda:
-                events[step].record()
-            host_times[step] = time.perf_counter()
+            clock.mark(step)
             if step == inject:
                 _raise_injected(step, inject_kind)
             with prec.autocast(device):
                 loss = model(batch)
             backward_and_step(loss, optimizer, scaler)
         except Exception as e:
-            if is_oom(e):
-                raise OOMDuringStep(step, oom_line(e)) from None
-            if compiled and _compile_failure(e):
-                where = "recompiled inside the measured window" if step >= warmup else "failed to compile"
-                raise CompileError(f"-compile rung {where} at step {step}: {type(e).__name__}: {first_line(e)}") from None
-            raise
+            translated = _step_error(e, step, warmup, compiled)
+            if translated is None:
+                raise
+            raise translated from None
         losses[step] = loss.detach().float()
         progress.done(step)
-    if cuda:
-        events[steps].record()
-        torch.cuda.synchronize(device)
-    host_times[steps] = time.perf_counter()
-    window = host_times[steps] - t_window
+    clock.stop(device)
+    return _measure(clock, losses, window, steps=steps, warmup=warmup, compiled=compiled, device=device)
 
-    if cuda:
-        step_times = np.array([events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(steps)])
-    else:
-        step_times = np.diff(host_times)
+
+def _measure(clock: _StepClock, losses: Tensor, window: _WindowStart, *, steps: int, warmup: int, compiled: bool,
+             device: torch.device) -> Measurement:
+    """The loop's numbers, reduced over ranks (the module docstring defines each)."""
+    window_s = clock.host_times[steps] - window.time
+    step_times = clock.step_times()
     dist.all_reduce(losses)  # sum over ranks, then / world: the mean the wrappers optimise
     losses /= dist.get_world_size()
     # The warm-up's excess over steady state (the module docstring's compile_s), NaN unless compiled.
     excess = float(step_times[:warmup].sum() - warmup * np.median(step_times[warmup:])) if compiled else float("nan")
-    window_t = torch.tensor([window, excess], dtype=torch.float64, device=device)
+    window_t = torch.tensor([window_s, excess], dtype=torch.float64, device=device)
     dist.all_reduce(window_t, op=dist.ReduceOp.MAX)  # NaN stays NaN on every rank alike
 
     window_max, excess_max = window_t.tolist()
-    m = Measurement(step_times, losses.cpu().numpy(), window_max, steps - warmup, compile_s=excess_max, compile_graphs=graphs)
+    m = Measurement(step_times, losses.cpu().numpy(), window_max, steps - warmup, compile_s=excess_max,
+                    compile_graphs=window.graphs)
     retries, ooms = _mem_counters(device)
     active_peak, reserved_peak = _mem_peaks(device)
     used_now, reserved_now, total = _device_memory(device)
-    per_rank = [active_peak, reserved_peak, retries - retries0, ooms - ooms0, warm_peak,
+    per_rank = [active_peak, reserved_peak, retries - window.alloc_retries, ooms - window.ooms, window.warmup_peak_active,
                 device_peak_used(used_now, reserved_now, reserved_peak) if total else 0, total]
     g = _gather_ints(per_rank, device)
     (m.peak_active_bytes, m.peak_reserved_bytes, m.alloc_retries, m.ooms, m.warmup_peak_active_bytes,

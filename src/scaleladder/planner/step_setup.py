@@ -1,0 +1,169 @@
+"""What the planner knows about a rung's step before it picks a batch: its units' sizes,
+its forward passes and backward order, its resident bytes, and the seeds' counterfactual
+switches (:class:`Variant`). :mod:`scaleladder.planner.timeline` replays the step from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from scaleladder.models.batch_layout import SYNTHETIC_POOL
+from scaleladder.models.flavors import Flavor, get_flavor
+from scaleladder.planner.activations import Call, backward_order, forward_passes
+from scaleladder.planner.inventory import Inventory, inventory
+from scaleladder.planner.static import (
+    ALLOC_BLOCK_BYTES,
+    LocalCounts,
+    Sharding,
+    aligned_numel,
+    bytes_of,
+    flat_layout,
+    fsdp2_padded,
+    fsdp_param_bytes,
+    local_counts,
+    sharding,
+    storage_bytes,
+)
+from scaleladder.spec import AnyKnobs, Strategy
+
+
+@dataclass(frozen=True)
+class InputBatches:
+    """Input batches on the device: all step long, and one more for a moment between steps."""
+
+    resident: int
+    at_step_start: int = 0
+
+
+def input_batches(data: str) -> InputBatches:
+    """How the runner holds its inputs for ``--data`` (``synthetic``, else a shard loader).
+
+    Synthetic: the pool, made on the device up front and cycled. A loader: rung.loop.train_loop
+    copies each host batch to the device (``non_blocking``) at the top of a step, while the
+    variable still holds the previous step's batch — two for a moment, then one for the
+    whole forward, backward and optimizer step (nothing prefetches onto the device).
+    """
+    return InputBatches(SYNTHETIC_POOL) if data == "synthetic" else InputBatches(1, 1)
+
+
+ADAMW_IMPLS = ("fused", "foreach", "for-loop")  # Variant.adamw
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Counterfactuals for explaining a disagreement with a seed — NOT the runner's setup.
+
+    The default is exactly what scaleladder's runner does. Each field switches one
+    mechanism to what a seed's code did instead, so a test can show which difference
+    moves a prediction across the line (docs/planner.md, "Seed claims").
+    """
+
+    # FLAVA runs each encoder layer twice. With NON-reentrant AC (ours) or no AC, FSDP1's
+    # post-backward hook fires once per unit per backward, after BOTH passes: the unit stays
+    # gathered with an unsharded gradient in between. The FLAVA seed used REENTRANT AC under
+    # FSDP, whose nested backward runs the hook once per pass (torch's FSDP permits this):
+    # False models that. (A rung's own -ac-reentrant strategy does the same, without a Variant.)
+    gather_across_passes: bool = True
+    # Bytes of an all-gathered parameter. The FLAVA seed left MixedPrecision's param_dtype
+    # unset ("not working" in its train.py), so it gathered fp32: 4. None = the precision's.
+    gathered_param_bytes: int | None = None
+    # Text length of the FLAVA batches (the seed's text-only MLM batches were 512 tokens).
+    text_len: int | None = None
+    # DDP's gradient_as_bucket_view. Ours is DDP's default, False: the buckets are a second
+    # copy of the gradients, resident all run. The FLAVA seed's train.py set it True: the
+    # gradients ARE views into the buckets, one copy.
+    bucket_view: bool = False
+    # Which AdamW implementation steps the parameters. Ours (scaleladder.rung.optim.make_optimizer):
+    # "fused", in every precision — in place, no temporaries, its `step` counters are device
+    # tensors (512 B blocks each). "foreach" (torch 2.x's default on GPUs when neither
+    # foreach nor fused is given) allocates sqrt(exp_avg_sq) for every state at once: 4 more
+    # bytes per trainable element in the step; counters on the host. "for-loop" (torch <= 1.13's
+    # default — the FLAVA seed's code, written Aug–Oct 2022 for "PyTorch 1.13 or nightly") steps
+    # one tensor at a time: `exp_avg_sq.sqrt() / c` holds two temporaries of that tensor, so
+    # 2 × 4 bytes × its largest tensor; counters on the host.
+    adamw: str = "fused"
+
+    def __post_init__(self) -> None:
+        if self.adamw not in ADAMW_IMPLS:
+            raise ValueError(f"Variant.adamw must be one of {ADAMW_IMPLS}, got {self.adamw!r}")
+
+    @property
+    def foreach_temp(self) -> bool:
+        """Does the optimizer step allocate foreach AdamW's sqrt(exp_avg_sq) temporaries?"""
+        return self.adamw == "foreach"
+
+
+RUNNER = Variant()
+
+
+@dataclass(frozen=True)
+class StepSetup:
+    """Everything about a rung that does not depend on the batch."""
+
+    inv: Inventory
+    strategy: Strategy
+    precision: str
+    knobs: AnyKnobs  # FSDP1's Knobs, or Fsdp2Knobs for fsdp2-*
+    world: int
+    passes: list[list[Call]]
+    backward: list[Call]
+    static: dict[str, int]  # bytes at the allocator level: step counters as 512-byte blocks
+    local: LocalCounts  # what the busiest rank holds, in elements: the optimizer step's transients scale with it
+    unit_full: dict[str, int]  # unsharded flat numel per unit kind ("root", "layer", "codebook")
+    unit_chunk: dict[str, int]  # local chunk numel per unit kind
+    grad_full: dict[str, int]  # unsharded gradient numel per unit kind (FSDP1: the flat F; FSDP2: trainable params, padded)
+    grad_chunk: dict[str, int]  # its local chunk
+    variant: Variant = RUNNER
+    inputs: InputBatches = InputBatches(SYNTHETIC_POOL)
+
+
+def lowp_params(fsdp: bool, precision: str, variant: Variant) -> bool:
+    """Does FSDP gather the parameters in the autocast dtype (bf16 residual stream)?"""
+    return fsdp and (variant.gathered_param_bytes or fsdp_param_bytes(precision)) < storage_bytes(precision)
+
+
+def step_setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: AnyKnobs, world: int,
+               variant: Variant = RUNNER, inputs: InputBatches = InputBatches(SYNTHETIC_POOL)) -> StepSetup:
+    flavor = get_flavor(model) if isinstance(model, str) else model
+    inv = inventory(flavor)
+    if variant.text_len is not None:
+        flavor = dataclasses.replace(flavor, text_len=variant.text_len)  # activations only: parameters are unchanged
+    shard = sharding(strategy, world)
+    passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant))
+    full, chunk, grad_full, grad_chunk = _unit_sizes(inv, shard, precision)
+    # Fused AdamW's step counters are device tensors, each a whole allocator block; the
+    # other implementations keep them on the host (not device memory at all).
+    counter = ALLOC_BLOCK_BYTES if variant.adamw == "fused" else 0
+    local = local_counts(inv, strategy, precision, world, counter_bytes=counter)
+    return StepSetup(inv, strategy, precision, knobs, world, passes, backward_order(flavor, passes),
+                     bytes_of(local, precision, counter), local, full, chunk, grad_full, grad_chunk, variant, inputs)
+
+
+SizesByKind = dict[str, int]
+
+
+def _unit_sizes(inv: Inventory, shard: Sharding,
+                precision: str) -> tuple[SizesByKind, SizesByKind, SizesByKind, SizesByKind]:
+    """Per unit kind, in elements: (unsharded parameters, local chunk, unsharded gradient, its chunk)."""
+    full: SizesByKind = {}
+    chunk: SizesByKind = {}
+    grad_full: SizesByKind = {}
+    grad_chunk: SizesByKind = {}
+    for u in (inv.root, inv.layer, inv.codebook):
+        if u is None:
+            continue
+        if shard.fsdp2:
+            # No flat parameter: each parameter is padded to ceil(rows/g) rows per rank; the
+            # all-gather output and the unsharded parameters keep that padding (g × shard).
+            chunk[u.kind] = sum(fsdp2_padded(p, shard.group) for p in u.params)
+            grad_chunk[u.kind] = sum(fsdp2_padded(p, shard.group) for p in u.params if p.trainable)
+            full[u.kind], grad_full[u.kind] = chunk[u.kind] * shard.group, grad_chunk[u.kind] * shard.group
+            continue
+        if shard.fsdp:
+            lay = flat_layout(u, aligned_numel(precision), shard.pad_to)
+            full[u.kind], chunk[u.kind] = lay.total, lay.chunk(shard)
+        else:
+            full[u.kind] = chunk[u.kind] = u.numel
+        grad_full[u.kind], grad_chunk[u.kind] = full[u.kind], chunk[u.kind]
+    return full, chunk, grad_full, grad_chunk
