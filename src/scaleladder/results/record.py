@@ -242,7 +242,7 @@ class Profiling(Section):
 
 
 class Oom(Section):
-    title = "An out-of-memory result (results/records.py)"
+    title = "An out-of-memory result (results/oom.py)"
     error = attr("", "the one-line error (a corrupt group: why its file is unusable)")
     oom_step = attr("step", "the first step that ran out of memory (-1: before the loop)")
     oom_ranks = attr("JSON list", "the ranks that ran out of memory")

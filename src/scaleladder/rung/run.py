@@ -196,14 +196,14 @@ def oom_marker(out: Path, rank: int) -> Path:
 
 def write_oom_record(cfg: RunConfig, events: list[dict[str, Any]], world: int, status: str = "oom",
                      extra: dict[str, Any] | None = None) -> None:
-    """A result for a rung that did not fit (schema: results.records), written atomically.
+    """A result for a rung that did not fit (attributes: results.oom), written atomically.
 
     Called by the rank itself in a one-rank run, and by the supervisor (campaign) from
     the markers of a multi-rank one, or for a rung the planner says cannot fit.
     """
     from scaleladder.models.build import meta_parameter_count
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.results.records import oom_attrs
+    from scaleladder.results.oom import oom_attrs
     from scaleladder.results.store import write_record
     from scaleladder.rung import provenance
 

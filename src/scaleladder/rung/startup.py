@@ -67,7 +67,7 @@ class StartupClock:
         return out
 
     def attrs(self, teardown_s: float) -> dict[str, float | str]:
-        """The record's start-up attributes (results.records reads them by these names)."""
+        """The record's start-up attributes (results/record.py, section Startup, names them)."""
         phases = self.phases()
         out: dict[str, float | str] = {f"startup_{k}_s": v for k, v in phases.items()}
         out["startup_s"] = sum(phases.values())

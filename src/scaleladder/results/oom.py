@@ -1,4 +1,4 @@
-"""The OOM record's schema: what a rung that did not fit (or was predicted not to) says.
+"""The OOM record's attributes: what a rung that did not fit (or was predicted not to) says.
 
 An ``oom`` record is a result, not a crash: it carries the spec, what failed where, and
 the same provenance as an ok record wherever it is known — the parameter count (from the
