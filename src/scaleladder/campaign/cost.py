@@ -221,6 +221,7 @@ def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Ma
 
 def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
     """Every finished rung record among ``paths`` (spec path -> what it measured)."""
+    from scaleladder.results.record import MaxBatch, Record, Spec, Startup, Throughput
     from scaleladder.results.store import read_attrs
 
     out: dict[str, Measured] = {}
@@ -230,11 +231,11 @@ def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
             spec = RunSpec.from_path(_spec_path(p))
         except (OSError, KeyError, ValueError, SpecError):  # not a rung record
             continue
-        found = str(a.get("max_batch", a.get("batch", "")))
-        startup = _float(a.get("startup_s"))
-        out[spec.path] = Measured(spec, str(a.get("status", "")), _float(a.get("step_time_mean_s")), _float(a.get("mfu")),
-                                  int(found) if found.isdigit() else None,
-                                  None if startup is None else startup + (_float(a.get("teardown_s")) or 0.0))
+        found = str(a.get(MaxBatch.max_batch, a.get(Spec.batch, "")))
+        startup = _float(a.get(Startup.startup_s))
+        out[spec.path] = Measured(spec, str(a.get(Record.status, "")), _float(a.get(Throughput.step_time_mean_s)),
+                                  _float(a.get(Throughput.mfu)), int(found) if found.isdigit() else None,
+                                  None if startup is None else startup + (_float(a.get(Startup.teardown_s)) or 0.0))
     return out
 
 
