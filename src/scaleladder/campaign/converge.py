@@ -47,7 +47,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -219,12 +219,55 @@ def evaluate(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
 # -- the rung ---------------------------------------------------------------------------
 
 
+@dataclass
+class _Built:
+    """A convergence rung ready to train: its model, optimizer, data and held-out set."""
+
+    batch: int
+    prec: Any
+    where: dict[str, Any]  # rung.run.placement: the host and device the record names
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+    loader: Any
+    feed: Any  # one endless stream of device batches, sliced into chunks
+    wrapped: torch.nn.Module
+    report: Any  # rung.ladder's wrap report (fsdp_units)
+    params: int
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    injected: bool  # the non-learner test hook (INJECT_ENV) is on for this precision
+
+
+@dataclass
+class _Curve:
+    """What the chunks and evaluations recorded, one entry per evaluation."""
+
+    eval_steps: list[int] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
+    test_loss: list[float] = field(default_factory=list)
+    train_s_at: list[float] = field(default_factory=list)
+    eval_s: list[float] = field(default_factory=list)
+    losses: list[np.ndarray] = field(default_factory=list)
+    step_times: list[np.ndarray] = field(default_factory=list)
+    train_s: float = 0.0
+    done: int = 0  # steps trained
+    reached: bool = False
+
+
 def _converge(cfg: ConvergeConfig, env: Any, device: torch.device) -> int:
+    built = _build(cfg, env, device)
+    curve = _train_to_target(cfg, env, device, built)
+    if env.rank != 0:
+        return 0
+    _record(cfg, env, built, curve)
+    return 0
+
+
+def _build(cfg: ConvergeConfig, env: Any, device: torch.device) -> _Built:
     from scaleladder.data.loader import make_loader
     from scaleladder.models.flavors import get_flavor
     from scaleladder.rung import provenance
     from scaleladder.rung.feed import DeviceFeed
-    from scaleladder.rung.loop import train_loop
     from scaleladder.rung.optim import make_optimizer, make_scaler
     from scaleladder.rung.precision import policy
     from scaleladder.rung.run import build_wrapped, placement
@@ -246,75 +289,82 @@ def _converge(cfg: ConvergeConfig, env: Any, device: torch.device) -> int:
         for group in optimizer.param_groups:
             group["lr"] = 0.0
     scaler = make_scaler(spec.precision, spec.strategy, device)
+    return _Built(batch, prec, where, test_images, test_labels, loader, feed, wrapped, report, params, optimizer,
+                  scaler, injected)
 
-    eval_steps: list[int] = []
-    accuracy: list[float] = []
-    test_loss: list[float] = []
-    train_s_at: list[float] = []
-    eval_s: list[float] = []
-    losses: list[np.ndarray] = []
-    step_times: list[np.ndarray] = []
-    train_s, done = 0.0, 0
-    reached = False
-    while done < run.steps and not reached:
-        n = min(cfg.eval_every, run.steps - done)
-        m = train_loop(wrapped, optimizer, itertools.islice(feed, n), steps=n, warmup=0, prec=prec, device=device, scaler=scaler)
-        train_s += m.window_s
-        done += n
-        losses.append(m.loss)
-        step_times.append(m.step_time_s)
+
+def _train_to_target(cfg: ConvergeConfig, env: Any, device: torch.device, built: _Built) -> _Curve:
+    """Chunks of ``eval_every`` timed steps, each followed by an evaluation, until the target
+    or the step budget; rank 0 says where it stands after each."""
+    from scaleladder.rung.loop import train_loop
+
+    run, spec = cfg.run, cfg.run.spec
+    curve = _Curve()
+    while curve.done < run.steps and not curve.reached:
+        n = min(cfg.eval_every, run.steps - curve.done)
+        m = train_loop(built.wrapped, built.optimizer, itertools.islice(built.feed, n), steps=n, warmup=0,
+                       prec=built.prec, device=device, scaler=built.scaler)
+        curve.train_s += m.window_s
+        curve.done += n
+        curve.losses.append(m.loss)
+        curve.step_times.append(m.step_time_s)
         t0 = time.perf_counter()
-        acc, tl = evaluate(wrapped, test_images, test_labels, prec, device)
-        eval_s.append(time.perf_counter() - t0)
-        eval_steps.append(done)
-        accuracy.append(acc)
-        test_loss.append(tl)
-        train_s_at.append(train_s)
-        reached = acc >= cfg.target
+        acc, tl = evaluate(built.wrapped, built.test_images, built.test_labels, built.prec, device)
+        curve.eval_s.append(time.perf_counter() - t0)
+        curve.eval_steps.append(curve.done)
+        curve.accuracy.append(acc)
+        curve.test_loss.append(tl)
+        curve.train_s_at.append(curve.train_s)
+        curve.reached = acc >= cfg.target
         if env.rank == 0:
-            print(f"{spec.path}: step {done}: held-out accuracy {acc:.4f} (target {cfg.target}), train {train_s:.1f} s", file=sys.stderr)
-    if env.rank != 0:
-        return 0
+            print(f"{spec.path}: step {curve.done}: held-out accuracy {acc:.4f} (target {cfg.target}), "
+                  f"train {curve.train_s:.1f} s", file=sys.stderr)
+    return curve
 
+
+def _record(cfg: ConvergeConfig, env: Any, built: _Built, curve: _Curve) -> None:
+    """Rank 0 writes the convergence record and prints its one-line verdict."""
     from scaleladder.results.store import write_record
+    from scaleladder.rung import provenance
 
+    run, spec = cfg.run, cfg.run.spec
+    batch, done, train_s, reached, accuracy = built.batch, curve.done, curve.train_s, curve.reached, curve.accuracy
     status = STATUS_OK if reached else STATUS_MISSED
     samples_per_s = batch * env.world * done / train_s
     attrs: dict[str, Any] = {
         "status": status,
         **cfg.attrs(),
         "world_size": env.world,
-        "params": params,
-        "fsdp_units": report.fsdp_units,
+        "params": built.params,
+        "fsdp_units": built.report.fsdp_units,
         "init": "device",
-        **provenance.collect(where["device_name"]),
-        **where,
-        "train_samples": int(loader.manifest.samples),
-        "test_samples": int(len(test_labels)),
+        **provenance.collect(built.where["device_name"]),
+        **built.where,
+        "train_samples": int(built.loader.manifest.samples),
+        "test_samples": int(len(built.test_labels)),
         "steps_trained": done,
         "train_s": train_s,
-        "eval_s": float(sum(eval_s)),
+        "eval_s": float(sum(curve.eval_s)),
         "samples_per_s": samples_per_s,
         "items_per_s": samples_per_s,  # ViT: one item per sample
-        "epochs": batch * env.world * done / loader.manifest.samples,
+        "epochs": batch * env.world * done / built.loader.manifest.samples,
         "final_test_accuracy": accuracy[-1],
         "best_test_accuracy": max(accuracy),
-        "final_loss": float(losses[-1][-1]),
+        "final_loss": float(curve.losses[-1][-1]),
         "time_to_target_s": train_s if reached else math.nan,
         "steps_to_target": done if reached else -1,
-        "injected_nonlearner": injected,
+        "injected_nonlearner": built.injected,
     }
     datasets = {
-        "eval/step": np.asarray(eval_steps, dtype=np.int64),
+        "eval/step": np.asarray(curve.eval_steps, dtype=np.int64),
         "eval/test_accuracy": np.asarray(accuracy),
-        "eval/test_loss": np.asarray(test_loss),
-        "eval/train_s": np.asarray(train_s_at),
-        "eval/eval_s": np.asarray(eval_s),
-        "loss": np.concatenate(losses),
-        "step_time_s": np.concatenate(step_times),
+        "eval/test_loss": np.asarray(curve.test_loss),
+        "eval/train_s": np.asarray(curve.train_s_at),
+        "eval/eval_s": np.asarray(curve.eval_s),
+        "loss": np.concatenate(curve.losses),
+        "step_time_s": np.concatenate(curve.step_times),
     }
     write_record(run.out, attrs, datasets)
     verdict = (f"reached {cfg.target} at step {done} after {train_s:.1f} s of training" if reached
                else f"DID NOT CONVERGE: best held-out accuracy {max(accuracy):.4f} < target {cfg.target} in {done} steps")
     print(f"{spec.path}: {verdict} ({samples_per_s:.1f} samples/s) -> {run.out}", file=sys.stderr)
-    return 0

@@ -18,13 +18,17 @@ import re
 import shlex
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaleladder.data import sources
 from scaleladder.data.errors import DataError
 from scaleladder.data.tokenizer import DEFAULT_VOCAB_SIZE
+
+if TYPE_CHECKING:
+    from scaleladder.data.shard import ShardOptions
 
 SYNTHETIC_SAMPLES = 512
 SYNTHETIC_IMAGE_SIZE = 64
@@ -111,8 +115,10 @@ LOG_PROGRESS_EVERY_S = 30.0
 
 
 def shard_main(args: argparse.Namespace) -> int:
-    from scaleladder.data import slices  # webdataset/PIL only when needed
-    from scaleladder.data.shard import INTERRUPTED, PROGRESS_EVERY_S, ShardOptions, write_shard_set
+    # Imported before the SIGTERM handler goes in, as always (webdataset/PIL only when needed);
+    # the helpers' own imports of these modules are then lookups.
+    from scaleladder.data import slices  # noqa: F401
+    from scaleladder.data.shard import INTERRUPTED
 
     INTERRUPTED.clear()  # a flag left by an earlier run in this process is not this run's
 
@@ -122,68 +128,11 @@ def shard_main(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out is not None else Path(".")  # named by a write error before the real one is known
     try:
         _validate(args)
-        synthetic = not (args.wds or args.images is not None or args.captions is not None)
-        name = args.name or ("synthetic" if synthetic else "data")
-        samples = args.samples if args.samples is not None else (SYNTHETIC_SAMPLES if synthetic else None)
-        image_size = args.image_size if args.image_size is not None else (SYNTHETIC_IMAGE_SIZE if synthetic else None)
-        out = args.out if args.out is not None else Path("data") / name
-        options = {
-            "images": str(args.images) if args.images else None,
-            "captions": str(args.captions) if args.captions else None,
-            "wds": list(args.wds) if args.wds else None,
-            "out": str(out),
-            "name": name,
-            "per_shard": args.per_shard,
-            "samples": samples,
-            "image_size": image_size,
-            "seed": args.seed,
-            "vocab_size": None if args.vocab else args.vocab_size,
-            "vocab": str(args.vocab) if args.vocab else None,
-            "skip_bad": args.skip_bad,
-        }
-        if args.parts is not None:
-            # Sliced sharding lays samples out by input index (see slices.py), which
-            # differs from the one-process layout once a bad sample is skipped: so it is
-            # part of the command that reproduces the set (but N is not: it changes nothing).
-            options["parts"] = str(args.parts)
-        if args.slice is not None:
-            k, n = slices.parse_slice(args.slice)  # before the source is read: a bad K/N fails at once
-        # The gather step reads no source: what it needs (the source's description,
-        # the class names) is in the slice records.
-        source = _source(args, samples, image_size) if args.gather is None else None
-        opts = ShardOptions(
-            name=name,
-            per_shard=args.per_shard,
-            image_size=image_size,
-            skip_bad=args.skip_bad,
-            vocab_size=args.vocab_size,
-            vocab_file=args.vocab,
-            progress=not args.quiet,
-            # a log file (a workflow job, a Slurm log) keeps every line: a few per minute there
-            progress_every=PROGRESS_EVERY_S if sys.stderr.isatty() else LOG_PROGRESS_EVERY_S,
-            overwrite=args.overwrite,
-            samples=samples,
-            expected=source.candidates if source else None,
-            classes=source.classes if source else None,
-        )
-        provenance = {"command": _canonical_command(args, options), "options": options,
-                      "source": source.describe if source else None}
-        if args.slice is not None:
-            assert source is not None
-            record = slices.write_slice(source, args.parts, opts, k, n)
-            if not args.quiet:
-                print(f"wrote slice {k}/{n} to {args.parts} ({record.name})")
+        request = _request(args)
+        out = request.out
+        manifest = _write(args, request)
+        if manifest is None:  # one slice written, no shard set yet
             return 0
-        if args.parts is not None:
-            n = args.gather
-            if n is None:  # no --slice, no --gather: every slice here (one), then the gather
-                n = 1
-                assert source is not None
-                slices.write_slice(source, args.parts, opts, 0, 1)
-            manifest = slices.gather(args.parts, n, out, opts, provenance)
-        else:
-            assert source is not None
-            manifest = write_shard_set(source.items, out, opts, provenance)
     except DataError as e:
         print(f"scaleladder shard: error: {e}", file=sys.stderr)
         return 2
@@ -203,6 +152,101 @@ def shard_main(args: argparse.Namespace) -> int:
     if not args.quiet:
         _summary(manifest)
     return 0
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a shard command asks for, with the synthetic set's defaults filled in."""
+
+    name: str
+    samples: int | None
+    image_size: int | None
+    out: Path
+
+
+def _request(args: argparse.Namespace) -> _Request:
+    synthetic = not (args.wds or args.images is not None or args.captions is not None)
+    name = args.name or ("synthetic" if synthetic else "data")
+    samples = args.samples if args.samples is not None else (SYNTHETIC_SAMPLES if synthetic else None)
+    image_size = args.image_size if args.image_size is not None else (SYNTHETIC_IMAGE_SIZE if synthetic else None)
+    out = args.out if args.out is not None else Path("data") / name
+    return _Request(name, samples, image_size, out)
+
+
+def _options(args: argparse.Namespace, request: _Request) -> dict[str, Any]:
+    """The options the manifest records (and its canonical command is made from)."""
+    options = {
+        "images": str(args.images) if args.images else None,
+        "captions": str(args.captions) if args.captions else None,
+        "wds": list(args.wds) if args.wds else None,
+        "out": str(request.out),
+        "name": request.name,
+        "per_shard": args.per_shard,
+        "samples": request.samples,
+        "image_size": request.image_size,
+        "seed": args.seed,
+        "vocab_size": None if args.vocab else args.vocab_size,
+        "vocab": str(args.vocab) if args.vocab else None,
+        "skip_bad": args.skip_bad,
+    }
+    if args.parts is not None:
+        # Sliced sharding lays samples out by input index (see slices.py), which
+        # differs from the one-process layout once a bad sample is skipped: so it is
+        # part of the command that reproduces the set (but N is not: it changes nothing).
+        options["parts"] = str(args.parts)
+    return options
+
+
+def _shard_options(args: argparse.Namespace, request: _Request, source: sources.Source | None) -> ShardOptions:
+    from scaleladder.data.shard import PROGRESS_EVERY_S, ShardOptions
+
+    return ShardOptions(
+        name=request.name,
+        per_shard=args.per_shard,
+        image_size=request.image_size,
+        skip_bad=args.skip_bad,
+        vocab_size=args.vocab_size,
+        vocab_file=args.vocab,
+        progress=not args.quiet,
+        # a log file (a workflow job, a Slurm log) keeps every line: a few per minute there
+        progress_every=PROGRESS_EVERY_S if sys.stderr.isatty() else LOG_PROGRESS_EVERY_S,
+        overwrite=args.overwrite,
+        samples=request.samples,
+        expected=source.candidates if source else None,
+        classes=source.classes if source else None,
+    )
+
+
+def _write(args: argparse.Namespace, request: _Request) -> Path | None:
+    """Write what the command asks for: one slice (None), or a shard set (its manifest),
+    gathered from slices under ``--parts`` or written in this process."""
+    from scaleladder.data import slices
+    from scaleladder.data.shard import write_shard_set
+
+    options = _options(args, request)
+    if args.slice is not None:
+        k, n = slices.parse_slice(args.slice)  # before the source is read: a bad K/N fails at once
+    # The gather step reads no source: what it needs (the source's description,
+    # the class names) is in the slice records.
+    source = _source(args, request.samples, request.image_size) if args.gather is None else None
+    opts = _shard_options(args, request, source)
+    provenance = {"command": _canonical_command(args, options), "options": options,
+                  "source": source.describe if source else None}
+    if args.slice is not None:
+        assert source is not None
+        record = slices.write_slice(source, args.parts, opts, k, n)
+        if not args.quiet:
+            print(f"wrote slice {k}/{n} to {args.parts} ({record.name})")
+        return None
+    if args.parts is not None:
+        n = args.gather
+        if n is None:  # no --slice, no --gather: every slice here (one), then the gather
+            n = 1
+            assert source is not None
+            slices.write_slice(source, args.parts, opts, 0, 1)
+        return slices.gather(args.parts, n, request.out, opts, provenance)
+    assert source is not None
+    return write_shard_set(source.items, request.out, opts, provenance)
 
 
 def _shard_error(e: Exception, args: argparse.Namespace, out: Path) -> int:
