@@ -1,32 +1,8 @@
-"""How sure a rung's throughput is: the interval of one run, and the spread between runs.
+"""How sure a rung's throughput is: the interval of one run (batch means over its window,
+:func:`within_run`) and the spread between repeated runs (:func:`between_runs`).
 
 Torch-free (numpy and the standard library), so the rung, the aggregate and ``compare``
-share one definition; docs/metrics.md states it for readers.
-
-**Within a run** (:func:`within_run`): the measured window is ``step_time_s[warmup:]``.
-Consecutive steps are not independent (a slow step is often followed by a slow step:
-clock boosts, a neighbour's job, the allocator growing), so the i.i.d. interval
-``mean ± t·sd/√n`` is too narrow; on an AR(1) series with φ = 0.7 it covers the true
-mean about 60% of the time instead of 95% (tests/test_stats.py). We use **batch means**
-(Flegal & Jones 2010): cut the window into ``b = ⌊√n⌋`` contiguous batches of
-``m = ⌊n/b⌋`` steps (the first ``n − b·m`` steps, the ones nearest the warm-up, are
-dropped), treat the batch means as the sample, and take Student's t with ``b − 1``
-degrees of freedom (exact quantiles: :func:`t_quantile`). Batches long enough to swallow
-the correlation make the batch means nearly independent; √n batches of √n steps is the
-usual consistent choice. Each interval is stored with what it was built from,
-``items_per_s_se`` and ``ci_dof``, so ``compare`` combines standard errors, not widths.
-
-The step-time interval becomes a throughput interval by the same window throughput:
-``items_per_s × mean / [hi, lo]`` (throughput is items over mean step time, so the
-bounds swap). Below :data:`MIN_STEPS` measured steps there are fewer than 3 batches of
-3 steps; then the interval is NaN and ``ci_note`` says why, never a narrow interval
-made of too little data.
-
-**Between runs** (:func:`between_runs`): ``repeats: R`` runs each rung R times in fresh
-processes. The rung's headline becomes the mean of the R throughputs, and its interval
-``mean ± t(R−1)·sd/√R`` (its lower end no lower than 0): the spread of whole runs, which
-includes what one run cannot see (placement, clocks, the node's neighbours). Within-run
-spread is kept beside it.
+share one definition. docs/metrics.md, "Uncertainty", states it and says why.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def snapshot_path(out: Path) -> Path:
 
 
 class StepProfiler:
-    """Around the timed loop: ``with StepProfiler(...) as p: train_loop(..., p.wrap(batches), ...)``."""
+    """Around the timed loop: ``with StepProfiler(...) as p: train_loop(m, opt, p.wrap(batches), steps=..., ...)``."""
 
     def __init__(self, trace_steps: int, memory_snapshot: bool, warmup: int, out: Path, device: Any, rank: int) -> None:
         self.trace_steps, self.memory_snapshot, self.warmup = trace_steps, memory_snapshot, warmup
