@@ -126,3 +126,37 @@ def test_the_rule_can_fail() -> None:
     assert "scaleladder.rung.ladder" in GRAPH["scaleladder.rung.run"]  # imported inside a function there
     assert stage_of("scaleladder.results.store") < stage_of("scaleladder.rung.run") < stage_of("scaleladder.campaign.supervise")
     assert stage_of("scaleladder.models.flavors") < stage_of("scaleladder.spec") < stage_of("scaleladder.models.build")
+
+
+# Issue 24: what a reader can hold. A function may run longer only with the reason in its
+# docstring ("Long because ..."); no class may.
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 300
+
+
+def too_long(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+            if isinstance(node, ast.ClassDef) and lines > MAX_CLASS_LINES:
+                found.append(f"{path.name}: class {node.name} is {lines} lines (at most {MAX_CLASS_LINES})")
+            elif (not isinstance(node, ast.ClassDef) and lines > MAX_FUNCTION_LINES
+                  and "Long because" not in (ast.get_docstring(node) or "")):
+                found.append(f"{path.name}: {node.name}() is {lines} lines (at most {MAX_FUNCTION_LINES}, "
+                             "or say 'Long because ...' in its docstring)")
+    return found
+
+
+def test_no_function_or_class_a_reader_cannot_hold() -> None:
+    roots = [SRC / "scaleladder", SRC.parent / "benchmarks", SRC.parent / "containers"]
+    found = [f for root in roots for p in sorted(root.rglob("*.py")) for f in too_long(p)]
+    assert not found, "\n".join(found)
+
+
+def test_the_length_rule_can_fail(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def f():\n{body}\n")
+    assert too_long(tmp_path / "long.py") == [f"long.py: f() is {MAX_FUNCTION_LINES + 1} lines (at most 80, "
+                                              "or say 'Long because ...' in its docstring)"]
+    (tmp_path / "long.py").write_text(f'def f():\n    """Long because one table."""\n{body}\n')
+    assert too_long(tmp_path / "long.py") == []
