@@ -1,52 +1,10 @@
-"""Parameters, gradients and AdamW states per rank — exactly, padding included.
+"""Parameters, gradients and AdamW states per rank, exactly, padding included.
 
-What each strategy keeps on a rank *between* steps (after ``optimizer.step()``,
-before ``zero_grad``), for the runner's exact setup (``rung/ladder.py``, ``rung/run.py``):
-
-* ``single`` / ``ddp``: every parameter; a gradient for each trainable one; AdamW's
-  ``exp_avg`` and ``exp_avg_sq`` for each trainable one. (DDP's gradient buckets are
-  communication buffers, counted by the timeline in :mod:`.memory`, not here.)
-* FSDP1 (``use_orig_params=True``): each unit is ONE flat parameter. Building it,
-  FSDP inserts padding before any parameter whose offset is not a multiple of
-  16 bytes of the *compute* dtype (``_get_aligned_numel``: 4 elements for fp32, 8
-  for bf16/fp16 — so bf16-mixed pads differently from fp32), then pads the total to
-  a multiple of the process group's size — the shard group for HYBRID, the whole
-  world for FULL/SHARD_GRAD_OP *and NO_SHARD*. A sharded strategy keeps chunk
-  ``r`` of ``F/g`` elements; NO_SHARD keeps all ``F``.
-* FSDP2 (``fully_shard``): no flat parameter. Every parameter is a DTensor sharded on
-  dim 0 over the shard group (the world; g ranks for ``fsdp2-hybrid<g>``); each rank
-  allocates a PADDED shard of ceil(rows/g) rows of every parameter (see
-  :func:`fsdp2_padded`), gradients alike for the trainable ones, AdamW state over the
-  real (unpadded) local rows (:func:`_fsdp2_local_counts`).
-
-  - params: the local chunk, padding and frozen parameters included;
-  - grads: the local chunk of the flat gradient — also padding and frozen parts,
-    since FSDP reduces the whole flat gradient (the codebook unit has none: nothing
-    in it requires grad);
-  - AdamW: the optimizer holds the *original* parameters, which are views into the
-    chunk, so its states cover only the trainable elements that fall in this rank's
-    chunk. Padding sits at the end of the last rank's chunk, hence ``rank``.
-
-The optimizer is the runner's (``scaleladder.rung.optim.make_optimizer``): a **fused**
-``torch.optim.AdamW`` in every precision, on every device. Its state per trainable
-element (:func:`state_bytes`): ``exp_avg`` + ``exp_avg_sq`` in fp32, 8 bytes; under
-``bf16-true`` (bf16 parameters and gradients) the optimizer is ``MasterWeightAdamW``,
-which steps an fp32 MASTER copy of every trainable parameter with fp32 moments:
-4 + 4 + 4 = 12 bytes (a bf16 AdamW state did not train: an lr-1e-4 update is below
-half a bf16 ulp for |w| > ~0.026). Under FSDP the masters, like the moments, cover
-only the rank's local chunk.
-
-TRAP, the ``step`` counters: fused AdamW keeps each parameter's ``step`` as a 0-dim
-fp32 tensor ON THE PARAMETER'S DEVICE (``torch/optim/adam.py`` ``_init_group``:
-``device=p.device if capturable or fused``); foreach and for-loop AdamW keep it on the
-host. So there is now one small device tensor per trainable parameter tensor that has
-elements on the rank (FSDP gives a parameter outside the local chunk no gradient, so
-no state). Each is 4 bytes of storage, but the CUDA caching allocator rounds every
-allocation up to :data:`ALLOC_BLOCK_BYTES` (512): :func:`static_bytes_for` counts
-``counter_bytes`` per counter — 4 by default, what the tensors' storages hold (what
-the exact CPU test sums), :data:`ALLOC_BLOCK_BYTES` in the timeline, whose peak is
-the allocator's ``active_bytes``. (No other allocation is rounded: the states are
-KB to GB each, where rounding is below 512 bytes a tensor and left to FRAGMENTATION.)
+What each strategy keeps on a rank *between* steps (after ``optimizer.step()``, before
+``zero_grad``) for the runner's exact setup: ``single``/``ddp`` whole, FSDP1 as chunks of
+each unit's padded flat parameter, FSDP2 as padded per-parameter shards
+(:func:`fsdp2_padded`). DDP's buckets and every transient belong to the timeline
+(:mod:`.memory`). Why: docs/planner.md, "1. Parameters, exactly" and "FSDP2".
 """
 
 from __future__ import annotations
@@ -57,6 +15,15 @@ from scaleladder.planner.inventory import Inventory, ParamInfo, UnitLayout, inve
 from scaleladder.spec import RunSpec, SpecError, Strategy
 
 ALIGN_BYTES = 16  # torch.distributed.fsdp._flat_param._get_aligned_numel
+# TRAP, the ``step`` counters: fused AdamW keeps each parameter's ``step`` as a 0-dim fp32
+# tensor ON THE PARAMETER'S DEVICE (torch/optim/adam.py ``_init_group``: ``device=p.device if
+# capturable or fused``); foreach and for-loop AdamW keep it on the host. So there is one
+# small device tensor per trainable parameter tensor with elements on the rank (FSDP gives a
+# parameter outside the local chunk no gradient, so no state). Each holds 4 bytes, but the
+# caching allocator rounds every allocation up to ALLOC_BLOCK_BYTES: static_bytes_for counts
+# ``counter_bytes`` per counter, 4 by default (what the storages hold, what the exact CPU
+# test sums), ALLOC_BLOCK_BYTES in the timeline, whose peak is the allocator's active_bytes.
+# (No other allocation is rounded: states are KB to GB, rounding is left to FRAGMENTATION.)
 STEP_COUNTER_BYTES = 4  # fused AdamW's per-parameter `step`: a 0-dim fp32 tensor on the parameter's device
 ALLOC_BLOCK_BYTES = 512  # CUDA/HIP caching allocator: kMinBlockSize, every allocation is a multiple of it
 
