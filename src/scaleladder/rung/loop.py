@@ -1,47 +1,10 @@
-"""The timed training loop, and what every number it returns means.
+"""The timed training loop: a step is forward + backward + optimizer step + zero_grad on one
+local batch; the first ``warmup`` steps run but count in no figure, and the measured window's
+length is the MAX over ranks.
 
-Definitions (also in docs/metrics.md; the tests check them):
-
-* **Step** = forward + backward + optimizer step + zero_grad on one local batch.
-* **Warm-up**: the first ``warmup`` steps are run but excluded from every figure
-  (allocator growth, NCCL/RCCL communicator setup, cuDNN/MIOpen autotuning).
-* **Step time** (``step_time_s``): on a GPU, the time between CUDA events recorded
-  on the compute stream at consecutive step boundaries, read once after the loop —
-  so no step is stalled by a host sync. FSDP's communication streams are joined
-  into the compute stream before the optimizer step, so the events bound the
-  whole step. On the CPU, ``time.perf_counter`` around each step.
-* **Measured window**: all ranks pass a barrier and synchronise the device after
-  warm-up; the window ends when the last step is synchronised. Its length is the
-  MAX over ranks (the slowest rank sets the global pace).
-* **Throughput**: ``samples_per_s = global_batch × measured_steps / window``.
-  ``items_per_s`` counts items as the seeds do: images for ViT, images + texts for
-  FLAVA (2 items per sample, the FLAVA blog's "items (text or image)").
-* **Loss**: the mean over ranks of each rank's local loss, per step (this is the
-  quantity DDP/FSDP minimise). Kept on the device during the loop.
-* **Memory** (per rank, GPU only): ``active_bytes.all.peak`` and
-  ``reserved_bytes.all.peak`` over the measured window (peaks are reset after
-  warm-up), and ``num_alloc_retries`` / ``num_ooms`` counted within the window as
-  differences — ``reset_peak_memory_stats`` does NOT reset those two counters.
-  These see only the caching allocator. ``peak_device_used_bytes`` is what the device
-  itself reports in use (``mem_get_info``) at the window's peak: see
-  :func:`device_peak_used`.
-* **Compile** (``-compile`` rungs): Dynamo and the backend compile each block lazily,
-  in the first forward and backward, so compile time lands in the warm-up, which a
-  compiled rung must have (``warmup >= 1``). ``compile_s`` = the warm-up steps' time
-  beyond steady state: ``sum(step_time_s[:warmup]) - warmup × median(step_time_s[warmup:])``,
-  the MAX over ranks — computable from the record's own datasets. It also holds the
-  warm-up's other one-off costs (allocator growth, communicator setup), which an eager
-  rung of the same spec shows by the same formula. Inside the measured window a
-  recompile is an error (``torch._dynamo.config.error_on_recompile``), so compile time
-  never enters the throughput; and a compiled rung whose warm-up compiled no graph is an
-  error (``compile_graphs`` = graphs Dynamo captured, recorded as proof).
-* **Host syncs**: none inside the loop from the harness or the optimizer (fused AdamW,
-  rung/optim.py); loader batches reach the device one step ahead on a side stream
-  (rung/feed.py). The window's two ends sync on purpose. FLAVA's loss itself syncs a few
-  times a step (torchmultimodal's boolean-mask indexing); docs/metrics.md counts them.
-* **MFU** = analytic model FLOPs per sample × samples/s ÷ world ÷ peak FLOP/s of
-  one rank's device for the precision; **HFU** uses the FLOPs including AC
-  recomputation. NaN where the peak is unknown (the CPU).
+Every number it returns (step time, throughput, loss, memory, compile_s, MFU/HFU) is defined
+in docs/metrics.md, one row each; the tests check them. The harness makes no host sync
+inside the window (docs/metrics.md, "Host syncs").
 """
 
 from __future__ import annotations
