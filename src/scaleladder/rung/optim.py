@@ -1,46 +1,11 @@
-"""The rung's optimizer and its step: fused AdamW, with no host sync, in every precision.
-
-Why fused, on every device:
-
-* **No host sync under fp16-mixed.** ``GradScaler.step`` reads the inf flag back to
-  the host (``.item()``) before it calls a plain optimizer, once per step. An optimizer
-  with ``_step_supports_amp_scaling`` (fused Adam/AdamW) receives the flag as a device
-  tensor and skips the update on the device instead. The old per-step sync penalised
-  fp16 against bf16 and broke the timing definition (docs/metrics.md).
-* **No foreach temporaries.** foreach AdamW allocates ``sqrt(exp_avg_sq)`` for every
-  state at once in ``step()``: 4 more bytes per trainable parameter at the optimizer
-  moment. The fused kernel updates in place (the planner models exactly this).
-* **The same optimizer on the CPU** (torch has a fused CPU kernel), so the CPU tests
-  exercise the code path the GPUs run, and the sync detector in the tests can demand
-  zero scalar reads per step.
+"""The rung's optimizer and its step: fused AdamW, with no host sync, in every precision
+and on every device (the CPU included, so the tests run the GPUs' code path).
 
 Fused AdamW keeps each parameter's ``step`` counter on the parameter's device (a 0-dim
-fp32 tensor), unlike foreach AdamW, which keeps it on the host.
-
-TRAP (torch's FSDP1 ``ShardedGradScaler`` + a fused optimizer): ``scaler.step`` on an
-optimizer that supports AMP scaling checks for infs with the base class's
-``_check_inf_per_device``, which does NOT all-reduce the flag over the ranks. Each
-rank then sees infs only in its own gradient shard, and the ranks disagree on whether
-to skip the step: the shards silently diverge. ``ShardedGradScaler.unscale_`` does the
-all-reduce (asynchronously, no host sync), so :func:`backward_and_step` always calls
-``unscale_`` before ``step``; ``step`` then passes the reduced flag to the fused kernel.
-
-TRAP 2 (the same pair): that all-reduce SUMS the flags, so when k ranks find an inf
-the flag is k. The fused AdamW kernel skips the update only when the flag is exactly
-1.0 (torch 2.14, CPU and CUDA): with two or more ranks seeing infs (an overflow in the
-loss reaches every rank) it applies the inf/NaN update and subtracts k from every step
-counter. Measured on 2 gloo ranks before the fix: weights NaN, step counter -1. The
-reduced flags are clamped to 1 (in place, on the device, no sync).
-
-FSDP2 (``fully_shard``) gradients are DTensors, and DTensor runs the inf check
-(``_amp_foreach_non_finite_check_and_unscale_``) on each rank's shard and then reduces
-the flag with a MAX over the gradient's mesh (torch.distributed.tensor._dispatch's
-``found_inf_reduce_handler``): the plain ``GradScaler`` already gives every rank the same
-0/1 flag, as a 0-dim tensor the fused kernel accepts. So FSDP2 takes the plain scaler
-(:func:`make_scaler`); tests/test_gpu_faults.py checks both generations on 2 ranks.
-
-bf16-true trains through fp32 master weights (:class:`MasterWeightAdamW`), see its
-docstring and docs/strategies.md.
+fp32 tensor), unlike foreach AdamW, which keeps it on the host. fp16-mixed takes
+FSDP1's sharded scaler (its flag clamped, TRAPs below), FSDP2 and the rest the plain one;
+bf16-true trains through fp32 masters (:class:`MasterWeightAdamW`).
+Why: docs/strategies.md, "Precision" and "Traps we hit and how each is handled".
 """
 
 from __future__ import annotations
@@ -145,8 +110,13 @@ def _sharded_scaler(device: torch.device) -> Any:
         def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
             super().unscale_(optimizer)
             state = self._per_optimizer_states[id(optimizer)]
-            # 0-dim (see above), and at most 1: the all-reduce summed the ranks' flags, and
-            # the fused kernel skips only on exactly 1.0 (module docstring, TRAP 2).
+            # 0-dim (see above), and at most 1. TRAP 2 (FSDP1 ShardedGradScaler + a fused
+            # optimizer): the all-reduce in unscale_ SUMS the flags, so when k ranks find an
+            # inf the flag is k. The fused AdamW kernel skips the update only when the flag is
+            # exactly 1.0 (torch 2.14, CPU and CUDA): with two or more ranks seeing infs (an
+            # overflow in the loss reaches every rank) it applies the inf/NaN update and
+            # subtracts k from every step counter. Measured on 2 gloo ranks before the fix:
+            # weights NaN, step counter -1. Clamped to 1 in place, on the device, no sync.
             state["found_inf_per_device"] = {d: f.reshape(()).clamp_(max=1.0) for d, f in state["found_inf_per_device"].items()}
 
         def _amp_update_scale_cpu_(self, found_inf: torch.Tensor) -> None:
@@ -167,7 +137,8 @@ def make_scaler(precision: str, strategy: Strategy, device: torch.device) -> Any
     FSDP1: the sharded scaler (its unscale_ all-reduces the inf flag; each rank holds
     plain tensors over its shard, which the base scaler would check alone). FSDP2, DDP,
     single: the plain scaler. Under FSDP2 the gradients are DTensors whose inf check is
-    itself a MAX over the mesh (module docstring), so every rank gets the same flag.
+    itself a MAX over the mesh (torch.distributed.tensor._dispatch's
+    ``found_inf_reduce_handler``; docs/strategies.md), so every rank gets the same flag.
     """
     if precision != "fp16-mixed":
         return None
@@ -179,14 +150,20 @@ def make_scaler(precision: str, strategy: Strategy, device: torch.device) -> Any
 def backward_and_step(loss: Tensor, optimizer: Any, scaler: Any) -> None:
     """Backward, optimizer step, zero_grad: the part of a training step after the forward.
 
-    No host sync on any path: with a scaler, ``unscale_`` (all-reduced under FSDP, see
-    the module docstring) and then a fused step that reads the inf flag on the device.
+    No host sync on any path: with a scaler, ``unscale_`` (all-reduced under FSDP1, see
+    the TRAP below) and then a fused step that reads the inf flag on the device.
     """
     if scaler is None:
         loss.backward()
         optimizer.step()
     else:
         scaler.scale(loss).backward()
+        # TRAP (FSDP1 ShardedGradScaler + a fused optimizer): ``scaler.step`` on an optimizer
+        # that supports AMP scaling checks infs with the base class's ``_check_inf_per_device``,
+        # which does NOT all-reduce the flag over the ranks: each rank sees infs only in its own
+        # gradient shard, the ranks disagree on skipping the step, and the shards silently
+        # diverge. ``ShardedGradScaler.unscale_`` does the all-reduce (asynchronously, no host
+        # sync), so unscale_ always comes first; step then passes the reduced flag to the kernel.
         scaler.unscale_(optimizer)
         scaler.step(optimizer)
         scaler.update()
