@@ -1,40 +1,11 @@
 """``scaleladder converge``: train one rung to a held-out accuracy; record time-to-train.
 
-A faster rung is only worth having if it still learns. This is the convergence rung
-(MLPerf's "time to train"): the rung's model, strategy and precision train on real,
-labelled shards through the real shard -> WebDataset loader path until the accuracy on a
-held-out shard set reaches ``--target`` or the step budget (``--steps``) runs out.
-
-Definitions (docs/metrics.md, "Convergence rungs"):
-
-* **Training** is :func:`scaleladder.rung.loop.train_loop` itself, the ladder's own timed
-  step, run in chunks of ``--eval-every`` steps on one endless loader stream. Each chunk
-  is a measured window (every rank passes a barrier first; the window's length is the
-  MAX over ranks), so **train_s** = the sum of the windows, and evaluation, which runs
-  between windows, is outside it by construction.
-* **Evaluation**: every rank runs the whole held-out set through the wrapped model
-  (under FSDP the forward needs every rank's shard; the set is small), in eval mode,
-  no gradients, in the rung's precision; the logits are read by a forward hook on the
-  classifier head (the model's forward returns only the loss). ``test_accuracy`` =
-  correct / held-out images, the same on every rank; rank 0 records it.
-* **time_to_target_s** = train_s at the first evaluation whose accuracy >= target;
-  **steps_to_target** = the steps trained by then. The run stops there.
-* **status**: ``ok`` when the target was reached within the budget, ``did-not-converge``
-  otherwise (time_to_target_s NaN, steps_to_target -1). Not reaching it is a RESULT,
-  recorded (exit 0) and shown in the report, never a crash: that is the point.
-
-Training reads the shards with ``augment=False`` unless ``--augment``: the ViT
-augmentation flips images left-right, which turns a handwritten 2 or 7 into a shape
-that is no digit (the digits set is the CPU's convergence data).
-
-Under a launcher (``--launcher 'torchrun ... -m scaleladder'``) the command re-runs
-itself as ``PREFIX converge ARGS`` and checks that a record appeared.
-
-Test hook: ``SCALELADDER_INJECT_NONLEARNER=PRECISION`` makes rungs of that precision
-step with learning rate 0, so their updates vanish as a precision's would if they
-rounded away (bf16 weights without master copies did exactly that here once,
-rung/optim.py). Used by tests/test_converge.py to show such a rung is caught; never set
-in profiles.
+A faster rung is only worth having if it still learns (MLPerf's "time to train"): the rung
+trains through the real shard -> WebDataset loader path, in chunks of ``train_loop`` windows,
+until the held-out accuracy reaches ``--target`` or ``--steps`` runs out. Not reaching it is
+a RESULT (``did-not-converge``, exit 0), never a crash. Under a launcher the command re-runs
+itself as ``PREFIX converge ARGS``. Test hook: ``SCALELADDER_INJECT_NONLEARNER=PRECISION``.
+Definitions and why: docs/metrics.md, "Convergence rungs".
 """
 
 from __future__ import annotations
