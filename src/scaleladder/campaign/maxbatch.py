@@ -1,39 +1,11 @@
 """`scaleladder maxbatch`: find the largest local batch that trains, then run the rung at it.
 
-The FLAVA seed's Figure 2 is found by hand; Lightning's batch-size finder refuses
-distributed strategies. Here, for one (model, strategy, precision, knobs, nodes):
-
-1. **Start** at the planner's predicted max batch when ``--plan-device`` is given
-   (with ``--ranks-per-node``: the planner's world is nodes × ranks per node; else at 1),
-   capped by ``--max-batch-cap``. When the planner predicts that not even batch 1 fits,
-   record ``predicted-oom`` and probe nothing (``--run-predicted-oom`` searches anyway),
-   as ``launch --plan-device`` does for a fixed batch.
-2. **Double** while probes pass, then **bisect** between the last pass and the first
-   failure. Batch 1 failing ends the search: the rung is recorded as ``oom``.
-3. A **probe** is a real short run (``--probe-steps``, ``--probe-warmup``) through
-   ``supervise.launch`` — fresh processes every time, so an OOM cannot leave a
-   fragmented or poisoned allocator behind for the next probe (in-process recovery
-   after a CUDA OOM is not provably clean: cached blocks, NCCL state, half-built
-   autograd graphs). It passes when it finishes with status ``ok`` AND its allocator
-   retries after warm-up stay within ``--max-retries`` (default 0): the FLAVA seed
-   shows cudaMalloc retries slow training near the limit, so "fits but thrashes" is
-   not a fit. Out of memory is what the runner calls out of memory (``rung.loop.is_oom``:
-   torch's OutOfMemoryError, and the RuntimeErrors cuBLAS/hipBLAS and raw CUDA/HIP
-   allocations raise). A probe that crashes for another reason aborts the search
-   (exit 1) — never mistaken for an OOM.
-4. The **rung** then runs in full at the found batch via ``supervise.launch`` (unless the
-   probes already ran the rung's own steps, in which case the passing probe IS the rung: always
-   so at ``--max-batch-cap``, where a pass ends the search, so that probe runs the rung's own
-   steps and is judged on them, retries included), and its
-   HDF5 file gains ``max_batch`` and ``maxbatch_*`` attributes and a
-   ``maxbatch/probes`` group (batch, status, retries, peaks, why each failed),
-   written atomically (temp file, then ``os.replace``). The full rung's own allocator
-   retries are recorded too (``maxbatch_final_retries``): a rung longer than its probes
-   can cross the threshold they stayed under, and that is said in ``maxbatch_note``,
-   not hidden behind its ``ok``.
-
-On a CPU nothing runs out of memory, so there the search only ends at
-``--max-batch-cap``: true OOM probing needs a GPU (see docs/planner.md).
+Start at the planner's max batch (or 1), double while probes pass, bisect between the last
+pass and the first failure. A probe is a real short run in fresh processes
+(``supervise.launch``); it passes on status ``ok`` with allocator retries within
+``--max-retries``; out of memory is ``rung.loop.is_oom``'s, and any other crash aborts the
+search. The rung then runs in full at the found batch and its record keeps the probes.
+Why: docs/planner.md, "`scaleladder maxbatch`".
 """
 
 from __future__ import annotations
