@@ -1,37 +1,11 @@
 """`scaleladder aggregate`: merge the per-rung HDF5 files into one ladder file.
 
-Each rung file (one per job, written atomically by its rank 0) is copied whole, with
-``h5py.Group.copy``, to ``/rungs/<run spec path>`` of the ladder file: its attributes
-(status, spec, metrics, provenance) and its datasets (step times, losses, memory).
-The group name is the spec path the file's *location* says (``.../b<batch>.h5`` or
-``.../bmax.h5``), because that is the rung's identity in the workflow; a max-batch rung
-says which batch it settled on in its own attributes.
-
-Idempotent by construction: the ladder file is rebuilt from its inputs in memory and
-written to a temporary file renamed over the old one (results.store: HDF5 never writes to
-the disk itself), so running it twice gives the same groups, and a crash or a full disk
-half way leaves the previous file intact and no temporary file. Never SWMR or in-place
-appends: those are unreliable on NFS and Lustre (docs/design.md).
-
-A rung file that is not readable HDF5 (truncated by a full disk, half copied, garbage)
-costs only that rung: it is named in one line on stderr, and its group says status
-``corrupt``, the ``error`` and the ``redo`` command, so the ladder, figures and report
-still come out. Likewise a record whose own ``spec`` attribute names another rung than its
-path (a b4 record copied to ``b1500.h5``) is filed as ``corrupt``, never as the path's rung.
-
-Repeats (``repeats: R`` in the config): repeat 0 of a rung is ``<spec>.h5`` as ever, repeat
-k ≥ 1 is ``<spec>.r<k>.h5`` beside it. With R > 1 every repeat's file is copied whole to
-``/rungs/<spec>/repeats/r<k>``, and the rung's own group is repeat 0's record (or, when
-some repeat ran out of memory, the first such record: a batch that fits only sometimes
-does not fit) with the headline replaced by the between-run summary of
-``results.stats.between_runs``. A rung file without the within-run interval (written
-before it existed) gets it here, from its own ``step_time_s``.
-
-Provenance: the root records when and from what it was built (each source file with
-its SHA-256), the scaleladder version and git commit, and the workflow's own JSON
-description of the ladder (``--provenance``).
-
-:func:`read_ladder` is the one reader of the ladder file: plots and report use it.
+Each rung file is copied whole to ``/rungs/<run spec path>``, the path its *location* says.
+The ladder is rebuilt in memory and renamed over the old one (idempotent; never SWMR or
+in-place appends). A file that is not readable HDF5, or whose ``spec`` names another rung,
+costs only that rung (status ``corrupt``); repeats are kept whole and the rung's headline is
+``results.stats.between_runs``'s. :func:`read_ladder` is the one reader of the ladder file.
+Why: docs/workflow.md, "Reruns and interruptions"; repeats: docs/metrics.md, "Uncertainty".
 """
 
 from __future__ import annotations
