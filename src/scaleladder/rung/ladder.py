@@ -1,37 +1,12 @@
 """The ladder: one function applies a strategy to a model.
 
 Order is fixed (torchtitan's ``parallelize``): activation checkpointing first, then
-``torch.compile`` of each transformer block, then the data-parallel wrapper.
-
-* AC wraps each layer: ``CheckpointWrapper(layer)``.
-* Compile replaces each block (the layer, or its checkpoint wrapper) by
-  ``torch.compile(block, fullgraph=True)`` — an ``OptimizedModule`` — as torchtitan's
-  ``apply_compile`` does; the wrapper's hooks then run eagerly around the compiled block.
-* FSDP1 (``fsdp-*``): the auto-wrap policy wraps each *checkpointed* layer, giving
-  ``FSDP(CheckpointWrapper(layer))`` — the structure PyTorch's own FSDP+AC tests use: the
-  recompute in backward runs inside an FSDP unit whose parameters the pre-backward hook
-  has already gathered.
-* FSDP2 (``fsdp2-*``): ``fully_shard`` on each block, on FLAVA's codebook, and on the
-  root, bottom-up (torchtitan's ``apply_fsdp``). TRAP: without the root call the root's
-  own parameters (embeddings, heads, norms) are never reduced: the rung trains, but its
-  loss leaves the single-process reference from the third step (anchors.md).
-
-Proof that wrapping happened is part of the result: the number of FSDP units (FSDP1
-instances, or modules ``fully_shard`` turned into an ``FSDPModule``), of units that hold
-a transformer layer, of checkpointed and of compiled layers is recorded, and a policy
-that misses any layer raises. Counting all units is not enough: FLAVA's codebook is
-always a unit of its own, so a wrong layer class (the trap of the FLAVA blog's class
-name) still gives root + codebook = 2 units — an "FSDP" that shards nothing per layer.
-So every layer_cls instance must sit in its own unit (``FSDP(layer)``,
-``FSDP(CheckpointWrapper(layer))``, or the FSDP2 class-swapped block, compiled or not),
-and under AC / compile every one must be checkpointed / compiled.
-
-FLAVA and DDP: FLAVA pretraining never uses some parameters (the unimodal
-MLM/MIM heads, the encoders' poolers when the multimodal path is taken).
-Instead of ``find_unused_parameters=True`` — a graph walk every step — we find
-them once, structurally, on the flavor's layout and freeze them, so DDP's
-reducer never waits for them. They would get no gradient anyway, so the math
-is unchanged; their count is recorded as ``frozen_unused_params``.
+``torch.compile`` of each transformer block, then the data-parallel wrapper (FSDP1 on each
+checkpointed layer, FSDP2's ``fully_shard`` per block, codebook and root, bottom-up). Proof
+that wrapping happened is part of the result: units, layer units, checkpointed and compiled
+layers are counted, and a policy that misses any layer raises. FLAVA's unused parameters are
+frozen once, structurally, instead of DDP's ``find_unused_parameters``.
+Why: docs/strategies.md (the table, "FSDP2 against FSDP1", "Traps we hit").
 """
 
 from __future__ import annotations
@@ -291,6 +266,9 @@ def wrap_fsdp2(
         materialize(unit)
         shard(unit, reshard_after_forward=reshard)
     materialize(model)
+    # TRAP: without this root call the root's own parameters (embeddings, heads, norms) are
+    # never reduced: the rung trains, but its loss leaves the single-process reference from
+    # the third step (anchors.md).
     # TRAP: the root keeps reshard_after_forward=None. Only then does FSDP2 keep the root
     # gathered from forward into backward (it would be all-gathered again at once); an
     # explicit True, as for the blocks, reshards it after forward and gathers it twice.
