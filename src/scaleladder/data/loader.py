@@ -1,36 +1,11 @@
 """The loader: WebDataset shards -> exactly ``steps`` batches of one rank's local batch.
 
-The pipeline, per reader (one rank x one DataLoader worker)::
-
-    ShardStream           which shards this reader reads, forever (explicit node + worker split,
-                          resampled); every shard was checked before the first batch (``verify``)
-    tarfile_to_samples    webdataset: tar members grouped into samples by key
-    shuffle               a sample buffer, seeded per reader
-    map(transform)        decode + FLAVA/ViT transforms, in the worker
-    batched               collated in the worker (one shared-memory transfer per tensor)
-    WebLoader(...).with_epoch(steps)   pinned memory, prefetch, exactly ``steps`` batches
-
-Traps this design avoids (webdataset issues #188, #225):
-
-* webdataset's default nodesplitter (``single_node_only``) raises once world > 1, and
-  its ``split_by_node`` reads rank/world from the environment or torch.distributed.
-  We split explicitly with the ``rank``/``world`` we are given.
-* A rank with no shards yields nothing, and DDP/FSDP then hang in the first
-  collective waiting for it; ranks with unequal sample counts hang at the end of
-  the shorter one. Every reader's stream is infinite (shards are drawn again and
-  again) and ``.with_epoch(steps)`` cuts it, so every rank yields exactly ``steps``
-  batches, whatever the shard sizes.
-* Fewer shards than readers (world x workers): with ``resample=True`` (default)
-  every reader then draws from all shards (streams overlap but stay distinct by
-  seed); with ``resample=False`` it is an error, raised on every rank alike
-  (the decision depends only on the manifest, world and workers) so no rank is
-  left waiting for another.
-* ``with_epoch(0)`` means "no limit" in webdataset: ``steps`` must be >= 1.
-* ``with_epoch`` on the loader also RESTARTS an exhausted loader (webdataset sets
-  ``repetitions`` to maxsize), so even finite streams would give ``steps`` batches;
-  but each restart starts new worker processes mid-run (a stall inside the timed
-  window) and, every generator being seeded afresh, replays the same batches. The
-  endless streams mean a run never restarts its loader.
+Per reader (one rank x one DataLoader worker): an endless, explicitly split, resampled
+:class:`ShardStream` (every shard checked before the first batch), webdataset's samples,
+a seeded shuffle, the transforms and collation in the worker, and ``.with_epoch(steps)``
+on the loader to cut it, so every rank yields exactly ``steps`` batches and the loader
+never restarts mid-run. The pipeline and the webdataset traps it avoids (#188, #225):
+docs/data.md, "Loader".
 """
 
 from __future__ import annotations
