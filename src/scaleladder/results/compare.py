@@ -1,36 +1,12 @@
 """`scaleladder compare BASE NEW`: what changed between two runs of the ladder, with noise.
 
-BASE and NEW are each a ladder file (``results/ladder.h5``) or a folder of rung files
-(``results/rungs``; aggregated on the fly, repeats included). For every rung in either:
-
-* throughput: the change NEW/BASE − 1, its 95% interval, and a verdict. The interval
-  combines both rungs' standard errors on the log scale, ``exp(d ± t(ν)·√(s_b² + s_n²)) − 1``
-  with ``s = items_per_s_se / items_per_s`` and ``ν`` the Welch–Satterthwaite degrees of
-  freedom of the two rungs' ``ci_dof`` (results/stats.py stores both beside each interval).
-  TRAP: recovering ``s`` as ``ln(hi/lo) / 3.92`` overstates the noise by t/1.96 (2.2× at
-  3 repeats), since the intervals were built with t(b−1) or t(R−1); a record without
-  ``items_per_s_se`` (written before issue 22) is read through the t its ``ci_method``
-  names. A rung is
-  **slower** (a regression) only when the whole interval is below 0 *and* the change is
-  beyond ``--tolerance``; **faster** likewise; otherwise **same**, "within noise" (the
-  interval holds 0) or "within tolerance". Where a rung has no interval (a window under
-  9 steps, say: the default config's 6 steps with 2 of warm-up) the verdict rests on the
-  tolerance alone: the row says "judged on tolerance alone" with the record's reason,
-  and a closing line counts such rows.
-* peak memory (``peak_reserved_gib``) and max batch: a peak more than
-  ``--memory-tolerance`` higher, or a smaller max batch, is a regression too.
-* **new** / **missing**: in one run only; **oom-changed**: fitted in one run and ran out
-  of memory (or was predicted to) in the other; ok → OOM is a regression.
-
-It refuses (exit 2, one line naming the rung and the field) to compare rungs whose
-provenance says they measured different things: the device, the world (ranks, ranks
-per node) or the data. ``--allow-provenance-change`` compares them anyway and says so.
-
-``--reference profiles/<site>/references.yaml`` checks NEW against per-site reference
-values, as ReFrame does per system and partition: ``[value, lower, upper]`` per metric,
-bounds as fractions of the value (``-0.3``: not below 70%; ``null``: unbounded).
-
-Prints a table, writes a figure (``--figure``, PNG) and exits 1 when anything regressed.
+BASE and NEW are ladder files or folders of rung files. Per rung: the throughput change
+NEW/BASE − 1 with a 95% interval from both rungs' standard errors, and a verdict (slower or
+faster only when the whole interval is past 0 *and* beyond ``--tolerance``; else same), peak
+memory and max batch; exit 1 on a regression, exit 2 when provenance says the rungs measured
+different things. ``--reference`` checks NEW against a site's reference values.
+Why: docs/metrics.md, "Uncertainty" ("Between two ladders"); docs/workflow.md, "Comparing
+two runs of the ladder".
 """
 
 from __future__ import annotations
@@ -160,6 +136,9 @@ def _log_se(r: RungAttrs) -> tuple[float, float]:
     if lo <= 0:  # an interval reaching 0 bounds nothing on the log scale: the noise swamps the value
         return math.inf, dof
     # An older record: only the interval. Undo ITS t (the normal's z only where it names none).
+    # TRAP: recovering ``s`` as ``ln(hi/lo) / 3.92`` overstates the noise by t/1.96 (2.2× at
+    # 3 repeats), since the intervals were built with t(b−1) or t(R−1); a record without
+    # ``items_per_s_se`` (written before issue 22) is read through the t its ``ci_method`` names.
     return (math.log(hi) - math.log(lo)) / (2 * (t_quantile(int(dof)) if dof >= 1 else Z)), dof
 
 
