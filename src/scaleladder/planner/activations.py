@@ -1,35 +1,12 @@
 """What one forward keeps alive: the model's calls in order, with bytes per sample.
 
-A *call* is one execution of a transformer layer (or of a non-layer block: patch
-embedding, final norm, loss heads). For each call we count, per sample:
-
-* ``saved``  — tensors autograd saves for backward (freed as backward passes the call);
-* ``held``   — tensors the forward's Python objects keep until ``forward`` returns,
-  freed before backward starts (FLAVA returns every layer's attention probabilities;
-  under AC those are not saved but still held; last hidden states; logits);
-* ``fwd_transient`` / ``bwd_transient`` — the extra memory alive at the peak inside
-  the call's forward / backward (under AC the backward recomputes the whole layer).
-
-Every coefficient below comes from reading the forward code op by op (torchmultimodal
-nightly 2024.4.1, torch 2.14) and asking "which tensors does each op save, in which
-dtype". ``docs/planner.md`` walks through them; ``tests/test_plan_activations.py``
-checks the saved bytes against autograd's own saved-tensor hooks, on real CPU tensors
-(fp32) and on fake CUDA tensors under real CUDA autocast rules (bf16-mixed).
-
-Dtype traps that decide these numbers:
-
-* CUDA autocast runs ``softmax``, ``layer_norm``, ``log_softmax`` in fp32 and
-  matmuls/convs in bf16. Each ``nn.Linear`` casts its input separately — FLAVA's
-  q/k/v projections save THREE bf16 copies of the same normalised input.
-* FLAVA's attention (``modules.layers.attention``) materialises scores: it saves the
-  fp32 softmax output AND its bf16 copy (``type_as``) — 6 bytes per score under
-  bf16-mixed, and ``q``/``k``/``v`` are re-laid-out (copied) by ``matmul``.
-* ``Fp32LayerNorm`` upcasts: under ``bf16-true`` it saves an fp32 copy of its input.
-* The residual stream stays fp32 under autocast (bf16 branch + fp32 input = fp32).
-* ViT uses ``F.scaled_dot_product_attention`` (flash / memory-efficient): it saves
-  q, k, v (views of the one QKV projection output), the output and a logsumexp —
-  no ``T×T`` term.
-* ``F.dropout(p=0)`` returns its input: no mask is stored.
+A *call* is one execution of a transformer layer or of a non-layer block. Per call and
+sample: ``saved`` (autograd keeps it for backward), ``held`` (the forward's Python objects
+keep it until ``forward`` returns), ``fwd_transient`` / ``bwd_transient`` (extra memory at
+the peak inside its forward / backward). Every coefficient comes from reading the forward
+code op by op (torchmultimodal nightly 2024.4.1, torch 2.14); tests/test_plan_activations.py
+checks the saved bytes against autograd's saved-tensor hooks.
+Why and the dtype traps behind the numbers: docs/planner.md, "2. Activations, call by call".
 """
 
 from __future__ import annotations
