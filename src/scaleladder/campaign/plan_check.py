@@ -1,35 +1,12 @@
 """An independent check of the planner: torch's own memory trackers on fake CPU tensors (issue 22).
 
-:func:`measure` builds a rung's model on FAKE tensors (``FakeTensorMode``: shapes, dtypes and
-devices, no storage, so vit-huge fits a laptop), wraps it with the runner's own ladder
-(``rung.ladder.apply_strategy``), makes the runner's optimizer and scaler, and runs two real
-training steps of the runner's step (forward under autocast, ``rung.optim.backward_and_step``)
-under ``torch.distributed._tools.mem_tracker.MemTracker`` (``FSDPMemTracker`` for FSDP2, with
-the fake process group playing rank 0 of ``world`` ranks). The second step is the steady state
-(the optimizer state exists); its peak, and the static categories (parameters, optimizer
-state), are compared with :func:`scaleladder.planner.memory.predict`. ``scaleladder plan
---check`` prints both for one spec; tests/test_plan_check.py runs a fast subset and
-benchmarks/bench_plan_check.py the full matrix (docs/planner.md, "Held against PyTorch's
+:func:`measure` builds a rung's full-size model on FAKE tensors (no storage), wraps it with
+the runner's own ladder, optimizer and scaler, and runs two real training steps of the
+runner's step under ``MemTracker`` (``FSDPMemTracker`` for FSDP2, on the fake process group as
+rank 0 of ``world``); the second step's peak and static categories are compared with
+:func:`scaleladder.planner.memory.predict`. The traps met are ``TRAP:`` comments where each is
+handled. Why, results and limits: docs/planner.md, "Validation" ("Held against PyTorch's
 MemTracker").
-
-Traps met on the way (each named where it is handled):
-
-* ``trunc_normal_`` and friends raise under FakeTensorMode, and ``Module.to_empty`` /
-  ``Module.to`` cannot swap fake parameters: the model is built on META outside fake mode,
-  then each parameter and buffer is replaced by an empty fake one; the ladder's ``.to(device)``
-  is skipped (the model is already there).
-* ``init_device_mesh`` must run before fake mode: FSDP2's mesh is made first and handed to the
-  ladder.
-* CPU autocast keeps ``softmax``, ``log_softmax`` and cross-entropy in bf16 where CUDA autocast
-  runs them in fp32 (``autocast_mode.cpp``'s fp32 lists); the GPU's choice is emulated.
-* Frozen parameters refuse MemTracker's gradient hooks: placeholders make it skip them
-  (:func:`_no_hooks_on_frozen`).
-* FLAVA's masked indexing is a ``nonzero`` whose output size fake tensors cannot know unless
-  its counts are given: FLAVA is not checked here yet (docs/planner.md says so).
-
-The memory is fake-CPU-tensor memory rounded as the CUDA caching allocator rounds (512-byte
-blocks): what ``torch.cuda`` reports as ``active_bytes.all.peak``, without the CUDA context,
-NCCL buffers or fragmentation (the planner's ``required`` adds those; not checked here).
 """
 
 from __future__ import annotations
