@@ -1,35 +1,21 @@
 """The run spec: the one value that flows through scaleladder.
 
-A rung of the ladder is fully described by a :class:`RunSpec`. It is written once
-as a path (``vit-base/fsdp-hybrid2-ac/bf16-mixed/pre-lag/n1/b32``), which is also
-the Snakemake wildcard path, parsed once here, and stored as HDF5 attributes.
-Nothing else in the code base re-derives it: everything else calls
-:func:`parse_strategy`, :func:`parse_knobs` or :meth:`RunSpec.from_path`.
+A rung is fully described by a :class:`RunSpec`, written once as a path
+(``vit-base/fsdp-hybrid2-ac/bf16-mixed/pre-lag/n1/b32``, also the Snakemake wildcard path),
+parsed once here (:meth:`RunSpec.from_path`, :func:`parse_strategy`, :func:`parse_knobs`)
+and stored as HDF5 attributes; nothing else re-derives it. Each part round-trips through
+``str()``; a part that parses but is not canonical (``fsdp-hybrid02``, ``n01``, ``b+8``) is
+an error naming the canonical form. Grammar::
 
-Grammar (each part round-trips through ``str()``/``parse_*``; a part that parses but
-is not written canonically, e.g. ``fsdp-hybrid02``, ``n01``, ``b+8``, ``pf01``,
-``ddp-compile-ac``, is an error that names the canonical form):
+    strategy  <base>[-ac|-ac-reentrant][-compile]
+              base: single | ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>
+                    | fsdp2-full | fsdp2-grad-op | fsdp2-hybrid<g>
+    precision fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true
+    knobs     FSDP1: <pre|post|none>-<lag|nolag>[-fwd]   FSDP2: pf0 | pf1 | pf2
+              others: pre-lag only (:func:`default_knobs`)
+    batch     a positive local (per-rank) batch, or max
 
-* strategy  ``<base>[-ac|-ac-reentrant][-compile]``, in that order, with base one of
-  ``single | ddp`` (no sharding), ``fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>``
-  (FSDP1, ``FullyShardedDataParallel``), ``fsdp2-full | fsdp2-grad-op | fsdp2-hybrid<g>``
-  (FSDP2, ``fully_shard`` per parameter on a DeviceMesh; no NO_SHARD — that is DDP).
-  ``-ac``: non-reentrant activation checkpointing of every transformer layer.
-  ``-ac-reentrant``: the FLAVA seed's form, REENTRANT checkpointing of every layer; offered
-  with FSDP1 and ``single`` only (refused, one line, under DDP, FSDP2 and compile).
-  ``-compile``: ``torch.compile`` of every transformer block (after AC, before the
-  wrapper, as torchtitan does); not with FSDP1 (refused, one line).
-  ``single`` is a plain, unwrapped model in one process: the reference every
-  other strategy's loss curve must reproduce.
-* precision ``fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true``
-* knobs     FSDP1: ``<prefetch>-<lag|nolag>[-fwd]`` with prefetch ``pre|post|none``:
-  backward prefetch, ``limit_all_gathers`` on/off, forward prefetch on.
-  FSDP2: ``pf0 | pf1 | pf2``, layers prefetched explicitly ahead in forward and backward
-  (``pf0``: none set, FSDP2's implicit behaviour). Each generation takes only its own
-  knobs (:func:`default_knobs` gives its default); non-FSDP strategies only accept the
-  default ``pre-lag`` (the knobs do not exist there, and a second name for the same run
-  would duplicate results).
-* batch     a positive local (per-rank) batch, or ``max`` for the max-batch search.
+What each name runs, and what is refused: docs/strategies.md.
 """
 
 from __future__ import annotations
