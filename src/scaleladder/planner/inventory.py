@@ -1,34 +1,11 @@
 """Which parameters a flavor has, which FSDP unit owns each, and in what order FSDP flattens them.
 
-The planner needs the *layout*, not just a count: FSDP1 pads every parameter to a
-16-byte boundary inside its unit's flat parameter (``use_orig_params=True`` turns
-address alignment on) and pads the whole flat parameter to a multiple of the shard
-group, and whether a parameter gets a gradient and an AdamW state depends on whether
-the ladder froze it. So we build the model, but cheaply:
-
-* a *reduced* copy of the flavor (one layer per encoder) on the meta device — the
-  root unit and the codebook are the same as the full model's (nothing in them depends
-  on depth), and every transformer layer of a flavor has one layout (FLAVA's image,
-  text and multimodal layers share hidden/MLP/heads), so
-  ``full = root + codebook + n_layers × layer``;
-* units follow ``rung.ladder._unit_classes``: one per transformer layer (the checkpoint
-  wrapper around it under ``-ac`` owns the same parameters), the frozen DALL-E
-  codebook (FLAVA), and the root with everything else;
-* order inside a unit is FSDP's: ``named_modules()`` pre-order, each module's direct
-  parameters, a shared parameter (FLAVA's MLM decoder bias) only the first time.
-
-Freezing follows ``rung.ladder.freeze_unused``: FLAVA pretraining never touches the
-unimodal MLM/MIM heads or the encoders' poolers, so the ladder freezes them (no
-gradient, no AdamW state) — but under FSDP they still sit in the root's flat
-parameter and its flat gradient.
-
-**Without torch.** The workflow asks the planner which rungs fit while it builds the
-DAG, on a login node that may have no torch. So the layouts of the registered flavors
-are stored in ``layouts.json`` beside this file (written by
-``python -m scaleladder.planner.inventory``, from exactly the meta build above) and
-used when the flavor still matches the one they were built from; anything else (a
-flavor changed since, or a custom one in a test) is built with torch.
-``tests/test_plan_torchfree.py`` checks that the stored layouts equal a fresh build.
+The planner needs the *layout*, not just a count (FSDP1 pads each parameter inside its
+unit's flat parameter; frozen parameters get no gradient or state). It builds a reduced
+copy of the flavor (one layer per encoder) on the meta device, ``full = root + codebook +
+n_layers × layer``, with units and freezing as ``rung.ladder`` makes them. Without torch it
+reads the stored ``layouts.json`` (``python -m scaleladder.planner.inventory`` writes it).
+Why: docs/planner.md, "1. Parameters, exactly".
 """
 
 from __future__ import annotations
