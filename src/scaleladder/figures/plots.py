@@ -1,33 +1,12 @@
 """`scaleladder plots`: the figures, drawn from an aggregated ladder file.
 
-Five figures, each as PNG and PDF, each readable without the docs (titles say what was
-held fixed, axes carry units, every strategy keeps one colour in every figure), each drawn
-by its own module:
-
-* ``throughput_by_model``  FLAVA seed, Figure 1: throughput per model size and strategy,
-  at a fixed local batch (8 when the ladder has it) and at the max batch.
-* ``max_batch``            FLAVA seed, Figure 2: the largest local batch per strategy and size.
-* ``fsdp_knobs``           ViT seed, Figure 1: throughput for sharding strategy x backward
-  prefetch x limit_all_gathers.
-* ``weak_scaling``         ViT seed, Figures 2-3: throughput against nodes with the ideal
-  linear line, and peak memory per GPU against nodes, one row per model.
-* ``pareto``               none of the seeds: throughput against peak memory per model, with
-  the Pareto front, i.e. the strategies worth considering for a given memory budget.
-
-One more figure is drawn from other records: ``convergence`` (throughput beside
-time-to-accuracy per convergence rung, :mod:`scaleladder.figures.convergence`), from the
-records of ``scaleladder converge`` rather than the ladder file, by ``scaleladder
-converge-plots``.
-
-A rung that ran out of memory (status ``oom``) is a result: it is drawn as a red "OOM"
-cross where its bar or point would be; a rung the planner predicted would not fit and
-that was therefore not run (``predicted-oom``) gets a hollow red circle marked
-"pred. OOM", so a prediction is never mistaken for a measurement. A rung the ladder does not
-have is simply absent, and a figure whose rungs are all absent says so in its panel
-instead of failing, so partial ladders plot.
-
-This module is the registry and the command; what the figures share is in ``rungs`` (what
-a rung says) and ``style`` (labels, colours, OOM marks, the atomic save).
+This module is the registry and the command: five figure families (``throughput_by_model``,
+``max_batch``, ``fsdp_knobs``, ``weak_scaling``, ``pareto``), each its own module, each as PNG
+and PDF; what they share is in ``rungs`` (what a rung says) and ``style`` (labels, colours,
+OOM marks, the atomic save). ``convergence`` is drawn from convergence records by
+``scaleladder converge-plots``. An OOM is drawn as a result, a predicted OOM never as a
+measurement, and an absent rung is simply absent. Which seed figure each one redraws, and
+why: docs/workflow.md, "Stages and files" ("Figures").
 """
 
 from __future__ import annotations
