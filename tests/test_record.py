@@ -3,6 +3,8 @@ table is generated from it, and an older record (without newer fields) still rea
 
 from __future__ import annotations
 
+import os
+
 import ast
 import json
 import math
@@ -60,6 +62,24 @@ def test_an_unknown_name_is_caught_before_anything_is_written(tmp_path: Path) ->
         checked({"status": "oom", "mfu": 0.5})
     assert checked({"status": "oom", "error": "x"}) == {"status": "oom", "error": "x"}
     assert record.kind_of({"kind": "convergence", "status": "did-not-converge"}) is record.CONVERGENCE
+
+
+def test_outside_the_tests_an_unknown_name_warns_and_the_record_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real run's record is never lost over a name (results/record.checked's TRAP)."""
+    import h5py
+
+    from scaleladder import log
+    from scaleladder.results.store import write_record
+
+    assert os.environ[record.STRICT_ENV] == "1"  # the suite's own setting (tests/conftest.py)
+    monkeypatch.delenv(record.STRICT_ENV)
+    log.setup()
+    write_record(tmp_path / "r.h5", {"status": "ok", "items_per_sec": 1.0})
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert dict(f.attrs) == {"status": "ok", "items_per_sec": 1.0}
+    err = capsys.readouterr().err
+    assert "scaleladder: warning: record attribute 'items_per_sec' is not defined for a 'ok' record" in err
 
 
 def test_every_producer_of_record_attributes_uses_defined_names() -> None:
