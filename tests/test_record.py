@@ -3,11 +3,10 @@ table is generated from it, and an older record (without newer fields) still rea
 
 from __future__ import annotations
 
-import os
-
 import ast
 import json
 import math
+import os
 import re
 import subprocess
 import sys
