@@ -12,7 +12,7 @@ import torch
 from scaleladder.rung import devices
 
 from scaleladder.rung import provenance
-from scaleladder.rung.devices import PEAKS, device_key, peak_flops, peak_for, peak_info
+from scaleladder.rung.devices import PEAKS, device_key, peak_for, peak_info, rank_device_peak_flops
 
 
 @pytest.mark.parametrize(
@@ -60,8 +60,8 @@ def test_device_names_map_to_their_own_peaks(name: str, key: str | None) -> None
 
 
 def test_no_peak_without_a_known_device_and_override_wins() -> None:
-    assert math.isnan(peak_flops(torch.device("cpu"), "bf16-mixed"))  # never a guessed number
-    assert peak_flops(torch.device("cpu"), "bf16-mixed", override_tflops=100.0) == 100e12
+    assert math.isnan(rank_device_peak_flops(torch.device("cpu"), "bf16-mixed"))  # never a guessed number
+    assert rank_device_peak_flops(torch.device("cpu"), "bf16-mixed", override_tflops=100.0) == 100e12
 
 
 # -- which part a rank owns: its name, its SM (CU) count, its power limit ------------------
@@ -181,15 +181,15 @@ def _fake_gpu(monkeypatch: pytest.MonkeyPatch, name: str, sms: int, power: float
 def test_peak_flops_of_a_mig_slice_is_nan_not_the_whole_h100(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the runner calls for MFU: name-only matching gave this slice 989 TF/s."""
     cuda0 = _fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, 700.0)
-    assert math.isnan(peak_flops(cuda0, "bf16-mixed"))
-    assert peak_flops(cuda0, "bf16-mixed", override_tflops=100.0) == 100e12
+    assert math.isnan(rank_device_peak_flops(cuda0, "bf16-mixed"))
+    assert rank_device_peak_flops(cuda0, "bf16-mixed", override_tflops=100.0) == 100e12
 
 
 def test_peak_flops_of_a_capped_h100_is_nan(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda0 = _fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 132, 400.0)
-    assert math.isnan(peak_flops(cuda0, "bf16-mixed"))
+    assert math.isnan(rank_device_peak_flops(cuda0, "bf16-mixed"))
     cuda0 = _fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 132, 700.0)
-    assert peak_flops(cuda0, "bf16-mixed") == pytest.approx(989e12)
+    assert rank_device_peak_flops(cuda0, "bf16-mixed") == pytest.approx(989e12)
 
 
 def test_the_record_gets_the_sm_count_power_and_note_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,9 +25,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from scaleladder.log import get_logger
 from scaleladder.rung.run import RunConfig, add_arguments as add_run_arguments, config_from_args
 from scaleladder.spec import SpecError, parse_positive
 
+_log = get_logger(__name__)
 KIND = "convergence"
 STATUS_OK = "ok"
 STATUS_MISSED = "did-not-converge"
@@ -123,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
 def supervise(cfg: ConvergeConfig, launcher: str) -> int:
     """Run the ranks under ``launcher``; a failed launch leaves no record behind."""
     cmd = f"{launcher} converge {shlex.join(cfg.argv())}"
-    print(f"scaleladder converge: {cmd}", file=sys.stderr)
+    _log.info(f"scaleladder converge: {cmd}")
     rc = subprocess.call(cmd, shell=True)
     if rc == 0 and cfg.run.out.is_file():
         return 0
@@ -288,8 +290,8 @@ def _train_to_target(cfg: ConvergeConfig, env: Any, device: torch.device, built:
         curve.train_s_at.append(curve.train_s)
         curve.reached = acc >= cfg.target
         if env.rank == 0:
-            print(f"{spec.path}: step {curve.done}: held-out accuracy {acc:.4f} (target {cfg.target}), "
-                  f"train {curve.train_s:.1f} s", file=sys.stderr)
+            _log.info(f"{spec.path}: step {curve.done}: held-out accuracy {acc:.4f} (target {cfg.target}), "
+                      f"train {curve.train_s:.1f} s")
     return curve
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from scaleladder.log import get_logger
 from scaleladder.results.record import OK, OOM, Build, MaxBatch, Memory, Oom, Placement, Record, Spec, checked
 from scaleladder.spec import RunSpec, SpecError, parse_positive, parse_steps_warmup
 
+_log = get_logger(__name__)
 PASS = "ok"
 
 
@@ -329,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
             return 0
 
     def log(msg: str) -> None:
-        print(f"scaleladder maxbatch: {cfg.spec.path}: {msg}", file=sys.stderr)
+        _log.info(f"scaleladder maxbatch: {cfg.spec.path}: {msg}")
 
     workdir = probe_dir(cfg.out)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -25,10 +25,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scaleladder.log import get_logger
 from scaleladder.results.record import FAILED, MaxBatch, Placement, Plan, Spec, checked
 from scaleladder.results.record import FailedAttempt as F
 from scaleladder.rung.run import EXIT_OOM, RunConfig, add_arguments, config_from_args, oom_marker, write_oom_record
 from scaleladder.spec import SpecError, parse_positive
+
+_log = get_logger(__name__)
 
 def oom_markers(out: Path) -> list[Path]:
     return sorted(out.parent.glob(f"{out.name}.oom-rank*.json"))
@@ -86,7 +89,7 @@ def note_failure(cfg: RunConfig, rc: int) -> None:
 
         atomic_write_text(path, json.dumps(notes, indent=1))
     except Exception as e:  # the disk that failed the rung may refuse the note too
-        print(f"scaleladder: {cfg.spec.path}: could not note the failure in {path}: {e}", file=sys.stderr)
+        _log.warning(f"scaleladder: {cfg.spec.path}: could not note the failure in {path}: {e}")
 
 
 def finalize(cfg: RunConfig, rc: int, world: int | None = None, previous: tuple[int, int] | None = None) -> int:
@@ -184,7 +187,7 @@ def launch(cfg: RunConfig, launcher: str) -> int:
     _clear(cfg.out)  # stale markers from an earlier, killed attempt must not turn this run into an OOM
     previous = stamp(cfg.out)
     cmd = run_command(cfg, launcher)
-    print(f"scaleladder launch: {cmd if isinstance(cmd, str) else shlex.join(cmd)}", file=sys.stderr)
+    _log.info(f"scaleladder launch: {cmd if isinstance(cmd, str) else shlex.join(cmd)}")
     rc = subprocess.call(cmd, shell=isinstance(cmd, str))
     return finalize(cfg, rc, previous=previous)
 

@@ -27,11 +27,13 @@ import h5py
 import numpy as np
 
 from scaleladder.gitinfo import git_commit
+from scaleladder.log import get_logger
 from scaleladder.results.record import Corrupt, Interval, Ladder, Oom, Read, Record, Repeats, Settings, Source, Spec, Throughput
 from scaleladder.results.stats import between_runs, within_run
 from scaleladder.results.store import UnreadableFile, h5_cause, h5_in_memory, open_h5, remove_dead_leftovers
 from scaleladder.spec import RunSpec, SpecError
 
+_log = get_logger(__name__)
 FORMAT = "scaleladder-ladder/1"
 CORRUPT = "corrupt"
 
@@ -219,7 +221,7 @@ def _corrupt_group(rungs: h5py.Group, spec: str, path: str, error: str, site: st
     g.attrs[Oom.error] = error
     g.attrs[Corrupt.redo] = redo
     g.attrs[Source.source_file] = os.path.relpath(path)
-    print(f"scaleladder aggregate: {error}; rung {spec} recorded as '{CORRUPT}'; redo it with: {redo}", file=sys.stderr)
+    _log.warning(f"scaleladder aggregate: {error}; rung {spec} recorded as '{CORRUPT}'; redo it with: {redo}")
 
 
 def _lead(reps: dict[int, str]) -> int:

@@ -247,7 +247,8 @@ def peak_info(device: torch.device, precision: str, override_tflops: float | Non
     return peak_for(device_name(device), sms, power, precision, override_tflops, why)
 
 
-def peak_flops(device: torch.device, precision: str, override_tflops: float | None = None) -> float:
-    """Peak FLOP/s for one rank's device, or NaN when unknown (CPU included), when the
+def rank_device_peak_flops(device: torch.device, precision: str, override_tflops: float | None = None) -> float:
+    """Peak FLOP/s for one rank's own device (cf. ``campaign/cost.plan_device_peak_flops``, the
+    plan device's table peak before anything runs), or NaN when unknown (CPU included), when the
     device is a slice or a different part than its name says, or when it is power-capped."""
     return peak_info(device, precision, override_tflops).flops

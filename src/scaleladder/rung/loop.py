@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,8 +21,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from scaleladder.errors import SpecError
+from scaleladder.log import get_logger
 from scaleladder.rung.optim import backward_and_step
 from scaleladder.rung.precision import PrecisionPolicy
+
+_log = get_logger(__name__)
 
 
 @dataclass
@@ -224,7 +226,7 @@ class Progress:
         self.step_last = 0
 
     def say(self, text: str) -> None:
-        print(f"scaleladder run: {self.label}: {text}", file=sys.stderr, flush=True)
+        _log.info(f"scaleladder run: {self.label}: {text}")
 
     def start(self) -> None:
         if self.on:

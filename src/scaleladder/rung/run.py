@@ -28,6 +28,7 @@ import numpy as np
 # RunConfig and its arguments, and only spawn the ranks: importing torch there cost every
 # rung seconds (docs/performance.md, "Start-up"). The rank-side functions import it
 # themselves; tests/test_startup.py checks that importing this module loads no torch.
+from scaleladder.log import get_logger
 from scaleladder.rung import startup
 from scaleladder.spec import (
     COMPILE_BACKENDS,
@@ -46,6 +47,7 @@ from scaleladder.spec import (
 if TYPE_CHECKING:
     import torch
 
+_log = get_logger(__name__)
 EXIT_OOM = 3
 CLOCK = startup.StartupClock()  # this rank's start-up phases (rung/startup.py)
 
@@ -426,8 +428,7 @@ def _build(ctx: RankContext) -> Built:
 
     init = _init_mode(ctx, flavor)
     if ctx.env.rank == 0:  # a big model builds, shards and warms up for minutes before its first step
-        print(f"scaleladder run: {spec.path}: building {spec.model} ({init} init) on {world_text(ctx.env, ctx.device)} ...",
-              file=sys.stderr, flush=True)
+        _log.info(f"scaleladder run: {spec.path}: building {spec.model} ({init} init) on {world_text(ctx.env, ctx.device)} ...")
     wrapped, report, params = build_wrapped(cfg, init, ctx.device, prec)
     optimizer = make_optimizer(wrapped.parameters(), cfg.lr, spec.precision)
     scaler = make_scaler(spec.precision, spec.strategy, ctx.device)
@@ -458,13 +459,13 @@ def ok_attrs(ctx: RankContext, built: Built, m: Any, where: dict[str, Any]) -> d
     from scaleladder.results.record import Build, Compile, Memory, Peak, Placement, Record, Throughput
     from scaleladder.results.stats import within_run
     from scaleladder.rung import provenance
-    from scaleladder.rung.devices import peak_flops
+    from scaleladder.rung.devices import rank_device_peak_flops
     from scaleladder.rung.ladder import sharding_ran
 
     cfg, spec, world, report = ctx.cfg, ctx.cfg.spec, ctx.env.world, built.report
     samples_per_s = int(spec.batch) * world * m.measured_steps / m.window_s
     items_per_sample = 2 if built.flavor.family == "flava" else 1
-    peak = peak_flops(ctx.device, spec.precision, cfg.peak_tflops)
+    peak = rank_device_peak_flops(ctx.device, spec.precision, cfg.peak_tflops)
     per_device = built.flops.model * samples_per_s / world
     measured = m.step_time_s[cfg.warmup:]
     attrs: dict[str, Any] = {
