@@ -106,3 +106,19 @@ def test_two_gloo_ranks_name_themselves_and_inherit_the_level(tmp_path: Path) ->
     # the flag on the launcher reaches the ranks
     assert ranks("--log-level", "warning") == ["[rank 0] scaleladder test: warning from 0",
                                                "[rank 1] scaleladder test: warning from 1"]
+
+
+@pytest.mark.slow
+def test_a_two_rank_rung_says_who_speaks_and_keeps_its_summary_line(tmp_path: Path) -> None:
+    """A real 2-rank gloo rung under `scaleladder spawn`: rank 0's progress is prefixed, the
+    summary line (what scripts read) is exactly as before."""
+    spec, out = "vit-debug/ddp/fp32/pre-lag/n1/b4", tmp_path / "r.h5"
+    env = {k: v for k, v in os.environ.items() if k != log.LEVEL_ENV and not k.startswith("SLURM_")}
+    p = subprocess.run([sys.executable, "-m", "scaleladder", "spawn", "--nproc-per-node", "2", sys.executable, "-m",
+                        "scaleladder", "run", "--spec", spec, "--steps", "3", "--warmup", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stderr.splitlines()
+    assert any(line.startswith(f"[rank 0] scaleladder run: {spec}: building vit-debug") for line in lines), lines
+    assert not any(line.startswith("[rank 1]") for line in lines), lines  # progress is rank 0's alone
+    assert lines[-1].startswith(f"{spec}: ") and lines[-1].endswith(f"-> {out}"), lines
