@@ -23,8 +23,8 @@ from scaleladder import markdown
 from scaleladder import workflow as swf
 from scaleladder.campaign import cost
 from scaleladder.errors import SpecError
+from scaleladder.files import atomic_file
 from scaleladder.profiles import load_profile
-from scaleladder.results.store import atomic_path
 
 
 def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.TimeModel]:
@@ -98,6 +98,6 @@ def main(args: argparse.Namespace) -> int:
             for _, ests in blocks for e in ests) + "\n"
     print(text, end="")
     if args.out:
-        with atomic_path(args.out) as tmp:
+        with atomic_file(args.out) as tmp:
             tmp.write_text(text)
     return 0

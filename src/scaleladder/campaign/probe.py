@@ -46,7 +46,7 @@ def run(out: str, want: str = "auto") -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from scaleladder.results.store import atomic_path
+    from scaleladder.files import atomic_file
     from scaleladder.rung.launch import detect, gpu_expected, init, slurm_gpus
 
     env = detect()
@@ -96,6 +96,6 @@ def run(out: str, want: str = "auto") -> dict[str, Any]:
     finally:
         dist.destroy_process_group()
     if env.rank == 0:
-        with atomic_path(out) as tmp:
+        with atomic_file(out) as tmp:
             tmp.write_text(json.dumps(report, sort_keys=True))
     return report

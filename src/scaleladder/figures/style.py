@@ -169,9 +169,9 @@ def oom_handles(rungs: Iterable[RungAttrs]) -> list[Any]:
 def save_figure(fig: Figure, path: str) -> str:
     """Write through a temporary file and rename, so an interrupted job never leaves a
     half-written figure that Snakemake would take for a finished one."""
-    from scaleladder.results.store import atomic_path  # a full disk: one line naming the figure, no tmp left
+    from scaleladder.files import atomic_file  # a full disk: one line naming the figure, no tmp left
 
     ext = os.path.splitext(path)[1].lstrip(".")
-    with atomic_path(path) as tmp:
+    with atomic_file(path) as tmp:
         fig.savefig(tmp, format=ext, dpi=150 if ext in ("png", "jpg") else None)
     return path

@@ -25,11 +25,11 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]
 
 from scaleladder.errors import SpecError
+from scaleladder.files import atomic_file
 from scaleladder.results.aggregate import CORRUPT, FORMAT, aggregate, read_ladder
 from scaleladder.results.record import (OOM_STATUSES, Build, Corrupt, Interval, Ladder, Loader, MaxBatch, Memory, Oom, Placement,
                                         Provenance, Record, Settings, Spec, Throughput)
 from scaleladder.results.stats import CONFIDENCE, t_quantile
-from scaleladder.results.store import atomic_path
 
 RungAttrs = dict[str, Any]  # one rung of read_ladder: its record's attributes (results/record.py)
 #: What must match for two rungs to measure the same thing: device, world, data.
@@ -356,7 +356,7 @@ def figure(rows: Sequence[Row], out: str, tolerance: float, title: str) -> str:
     ax.set_title(title, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    with atomic_path(out) as tmp:
+    with atomic_file(out) as tmp:
         fig.savefig(tmp, format="png", dpi=150)
     plt.close(fig)
     return out

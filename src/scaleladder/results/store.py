@@ -40,9 +40,8 @@ import h5py
 import numpy as np
 
 from scaleladder.errors import SpecError, WriteError
-from scaleladder.files import CAUSES, host_tag, remove_dead_leftovers, write_error  # noqa: F401 - re-exported
-# a temporary path beside ``out``, renamed onto it on success only (a full disk: one line naming it)
-from scaleladder.files import atomic_file as atomic_path
+# atomic_file: a temporary path beside ``out``, renamed onto it on success only (a full disk: one line naming it)
+from scaleladder.files import CAUSES, atomic_file, host_tag, remove_dead_leftovers, write_error  # noqa: F401 - re-exported
 from scaleladder.results.record import checked
 
 Attr = str | int | float | bool | np.integer | np.floating
@@ -51,7 +50,7 @@ Attr = str | int | float | bool | np.integer | np.floating
 def write_bytes(out: str | Path, data: bytes) -> None:
     """``data`` as the file ``out``, atomically, flushed to the device before the rename
     (ENOSPC and quota errors on NFS and Lustre may surface only at fsync)."""
-    with atomic_path(out) as tmp:
+    with atomic_file(out) as tmp:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
