@@ -276,12 +276,61 @@ def test_compute_through_the_real_one_node_slurm(tmp_path: Path) -> None:
     assert m and float(m.group(1)) > 0, out
     report = json.loads((wf / "results/doctor/compute.json").read_text())
     assert report["world"] == 2 and report["launcher"] == "slurm" and report["allreduce_ok"] is True
+    # issue 29: rank 0 built a C and a C++ extension where the ranks ran
+    assert report["toolchain"]["c_extension"] == report["toolchain"]["cxx_extension"] == "ok", report["toolchain"]
 
 
 def _read_probe(login: Path, profile: str, probe: dict[str, object]) -> list[str]:
     """The probe's findings alone (the rest of the doctor is other tests' business)."""
     d = doctor_checks.Context(profiles.load_profile(profile, login))
     return [f.line() for f in doctor.read_probe(d, probe)]
+
+
+#: what campaign/toolchain.py reports inside an image that has what -compile rungs need
+TOOLCHAIN = {"cc": "/usr/bin/gcc", "cxx": "/usr/bin/g++", "python_include": "/usr/local/include/python3.11", "python_h": True,
+             "python": "/usr/local/bin/python3", "c_extension": "ok", "cxx_extension": "ok"}
+
+
+@pytest.mark.parametrize("fault, says", [
+    ({"cc": None, "cxx": None, "c_extension": "not tried", "cxx_extension": "not tried"},
+     "no C compiler (Triton builds its launcher with $CC, gcc or clang): install gcc and libc6-dev; no C++ compiler"),
+    ({"python_h": False, "c_extension": "not tried", "cxx_extension": "not tried"},
+     "no Python.h in /usr/local/include/python3.11 (Triton's launcher includes it)"),
+    ({"c_extension": "/usr/bin/gcc failed: fatal error: stdio.h: No such file or directory"},
+     "a C extension does not build: /usr/bin/gcc failed: fatal error: stdio.h"),
+], ids=["no compiler", "no headers", "no libc headers"])
+def test_compute_checks_the_compile_toolchain_inside_the_image(login: Path, fault: dict[str, object], says: str) -> None:
+    """Issue 29: the images had no gcc, so every -compile rung failed there. The probe job builds
+    a C and a C++ extension where the rungs run (inside the image); a missing piece is one FATAL
+    line naming it, and only where the ladder holds -compile rungs."""
+    probe = {"gpus_seen": 8, "hostname": "frontier00001", "cuda_version": None, "hip_version": "7.0.51831",
+             "backend": "nccl", "hosts": ["frontier00001"], "busbw_gbps": 80.0, "allreduce_ok": True}
+    lines = _read_probe(login, "frontier", {**probe, "toolchain": {**TOOLCHAIN, **fault}})
+    (line,) = fatal(lines)
+    assert "-compile rung(s) would fail on frontier00001, inside /images/scaleladder-rocm.sif: " in line and says in line, line
+    ok = _read_probe(login, "frontier", {**probe, "toolchain": TOOLCHAIN})
+    assert not fatal(ok) and any("compute: toolchain: cc /usr/bin/gcc, c++ /usr/bin/g++" in ln for ln in ok), ok
+    (old,) = fatal(_read_probe(login, "frontier", probe))  # an image whose scaleladder predates the check
+    assert "did not report its compile toolchain" in old, old
+    # no -compile rung in the ladder: nothing to say, whatever the image lacks
+    edit(login / SITE, "fsdp2-full-compile]", "fsdp2-full]")
+    assert not fatal(_read_probe(login, "frontier", {**probe, "toolchain": {**TOOLCHAIN, **fault}}))
+
+
+def test_the_real_toolchain_probe_names_a_missing_compiler(tmp_path: Path) -> None:
+    """campaign/toolchain.py on this machine: with gcc/g++ it builds and imports both modules;
+    with $CC naming no compiler, and with an empty PATH, it names what is missing."""
+    from scaleladder.campaign import toolchain
+
+    if not (shutil.which("gcc") and shutil.which("g++")):
+        pytest.skip("no gcc/g++ here")
+    report = toolchain.probe()
+    assert toolchain.missing(report) == [] and report["c_extension"] == report["cxx_extension"] == "ok", report
+    bad = toolchain.probe({"PATH": os.environ["PATH"], "CC": "/bin/false"})
+    assert toolchain.missing(bad) == ["a C extension does not build: /bin/false failed: no output"], bad
+    assert toolchain.missing(toolchain.probe({"PATH": str(tmp_path)}))[:2] == [
+        "no C compiler (Triton builds its launcher with $CC, gcc or clang): install gcc and libc6-dev",
+        "no C++ compiler (inductor uses $CXX or g++): install g++"]
 
 
 def test_compute_names_the_old_driver_when_torch_sees_no_gpu(login: Path) -> None:
@@ -294,7 +343,8 @@ def test_compute_names_the_old_driver_when_torch_sees_no_gpu(login: Path) -> Non
     assert "NVIDIA driver 550.54.15 is older than the 580 that the image's CUDA 13.0 needs, so torch sees no GPU" in line, line
     assert "apptainer --nv" not in line
     assert len(lines) == 1  # the rest of the probe ran on no GPU: nothing more to say
-    ok = _read_probe(login, "a100", {**probe, "gpus_seen": 8, "nvidia_driver": "580.65.06", "backend": "nccl", "busbw_gbps": 180.0})
+    ok = _read_probe(login, "a100", {**probe, "gpus_seen": 8, "nvidia_driver": "580.65.06", "backend": "nccl", "busbw_gbps": 180.0,
+                                     "toolchain": TOOLCHAIN})
     assert not fatal(ok) and any("NVIDIA driver 580.65.06 runs the image's CUDA 13.0" in ln for ln in ok), ok
 
 
@@ -330,7 +380,7 @@ def _context(login: Path, profile: str = "frontier") -> doctor_checks.Context:
 
 def test_every_check_has_a_name_and_one_line_saying_what_it_checks() -> None:
     assert list(doctor_checks.CHECKS) == ["config", "slurm", "local-rules", "env", "image", "binds", "network", "threads",
-                                          "results-fs", "snakemake"]
+                                          "results-fs", "compile", "snakemake"]
     for name, c in doctor_checks.CHECKS.items():
         assert c.name == name and c.about and "\n" not in c.about, name
 
@@ -369,7 +419,7 @@ def test_an_unknown_check_is_one_line_naming_it_and_the_known_ones(login: Path, 
     rc = cli.main(["doctor", "--profile", "frontier", "--repo", str(login), "--skip", "snakemake,thread"])
     err = capsys.readouterr().err
     assert rc == 2 and err == ("scaleladder doctor: error: --skip: no check named 'thread'; the checks are config, slurm, "
-                               "local-rules, env, image, binds, network, threads, results-fs, snakemake (doctor --list says "
+                               "local-rules, env, image, binds, network, threads, results-fs, compile, snakemake (doctor --list says "
                                "what each does)\n"), err
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder import workflow as swf
-from scaleladder.doctor_checks import CHECKS, DRIVER_FLOOR, FATAL, OK, WARN, Context, Finding, run_checks, select
+from scaleladder.doctor_checks import (CHECKS, DRIVER_FLOOR, FATAL, OK, WARN, Context, Finding, compile_toolchain, run_checks,
+                                       select)
 from scaleladder.errors import SpecError
 from scaleladder.profiles import fill_site, load_profile
 
@@ -112,7 +113,7 @@ def read_probe(ctx: Context, report: Mapping[str, Any]) -> list[Finding]:
         out.append(Finding(FATAL, line + ": far below Slingshot/InfiniBand; NCCL/RCCL fell back to TCP sockets (check the plugin)"))
     else:
         out.append(Finding(OK, line))
-    return out
+    return out + compile_toolchain(ctx, report)
 
 
 def run_compute(ctx: Context, timeout_s: int) -> list[Finding]:

@@ -441,6 +441,45 @@ def check_results_fs(ctx: Context) -> list[Finding]:
     return out or [Finding(OK, f"results/: {kind}")]
 
 
+def compile_rungs(ctx: Context) -> int:
+    """How many of the ladder's rungs are ``-compile`` rungs (torch.compile per block)."""
+    return sum(s.strategy.compile for s in (ctx.profile.ladder.rungs if ctx.profile.ladder else ()))
+
+
+@check("compile", "with -compile rungs in the ladder: their C/C++ compiler and Python.h are checked where they run (--compute)")
+def check_compile(ctx: Context) -> list[Finding]:
+    """Nothing to test on the login node: its compilers are not the image's. The probe job of
+    ``--compute`` builds a C and a C++ extension inside the image (``compile_toolchain``)."""
+    n = compile_rungs(ctx)
+    if not n:
+        return []
+    return [Finding(OK, f"compile: {n} -compile rung(s) need a C/C++ compiler and Python.h where they run; "
+                        "`doctor --compute` builds an extension there, inside the image")]
+
+
+def compile_toolchain(ctx: Context, report: Mapping[str, Any]) -> list[Finding]:
+    """The probe's toolchain report (``campaign/toolchain.py``, run by rank 0 of the probe job,
+    inside the image on a compute node) against what the ladder's ``-compile`` rungs need."""
+    from scaleladder.campaign.toolchain import missing, summary
+
+    n = compile_rungs(ctx)
+    if not n:
+        return []
+    image = _image(ctx, [])
+    where = f"on {report.get('hostname')}" + (f", inside {image}" if image else "")
+    tool = report.get("toolchain")
+    if not isinstance(tool, Mapping):
+        return [Finding(FATAL, f"compute: the probe {where} did not report its compile toolchain (a scaleladder older than "
+                               "the doctor's in the image?); rebuild the image from this checkout")]
+    lacking = missing(dict(tool))
+    if lacking:
+        # TRAP: one line naming every piece, with the image to rebuild: a GPU rung finds out only
+        # at its first compile (Triton's launcher build), after the job has waited in the queue
+        return [Finding(FATAL, f"compute: {n} -compile rung(s) would fail {where}: {'; '.join(lacking)} "
+                               "(the images install gcc g++ libc6-dev: containers/Dockerfile.*; rebuild)")]
+    return [Finding(OK, f"compute: {summary(dict(tool))} {where}")]
+
+
 @check("snakemake", "Snakemake (and under SLURM its executor plugin) installed where the doctor runs, at the lock's versions")
 def check_snakemake(ctx: Context) -> list[Finding]:
     want = ["snakemake"] + (["snakemake-executor-plugin-slurm"] if ctx.profile.executor == "slurm" else [])

@@ -4,7 +4,8 @@ Started by ``scaleladder doctor --compute`` through the site's own launcher (sru
 inside the image where the site uses one), so it meets every fault a rung would: the GPUs the
 rank sees against those Slurm gave it, the driver against the image's CUDA/ROCm build, and the
 network: a 2-rank all-reduce whose bus bandwidth says whether NCCL/RCCL found the fast network
-(tens of GB/s) or fell back to TCP sockets (a few GB/s at best, usually far less).
+(tens of GB/s) or fell back to TCP sockets (a few GB/s at best, usually far less); and what a
+``-compile`` rung builds with (``campaign/toolchain.py``: a C extension built and imported).
 
 Rank 0 writes one JSON object to OUT (atomically), which the doctor reads back; nothing else
 is written. On the CPU the ranks use gloo, so the CI's one-node Slurm exercises the whole path.
@@ -66,6 +67,12 @@ def run(out: str, want: str = "auto") -> dict[str, Any]:
         "nccl_net_plugin": os.environ.get("NCCL_NET_PLUGIN"),
         **driver_versions(),
     }
+    if env.rank == 0:
+        # what a -compile rung needs (a C/C++ compiler, Python.h), built with HERE: inside the
+        # image, on the compute node; the login node's compilers say nothing about either
+        from scaleladder.campaign.toolchain import probe as toolchain_probe
+
+        report["toolchain"] = toolchain_probe()
     device = torch.device("cuda", env.local_rank % seen) if seen else torch.device("cpu")
     if seen:
         torch.cuda.set_device(device)
