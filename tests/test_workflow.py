@@ -108,6 +108,20 @@ def test_select_narrows_the_targets_to_those_rungs(wf: Path) -> None:
     assert RUNGS[2] in out and RUNGS[0] not in out
 
 
+def test_a_failed_job_says_its_cause_on_the_console(wf: Path, tmp_path: Path) -> None:
+    """An empty image folder passes the dry run and fails in the shard job: the console names
+    the cause under the rule (issue 29), and in a container the last log path lies in results/."""
+    (tmp_path / "empty").mkdir()
+    (wf / "one.yaml").write_text("steps: 4\nwarmup: 1\nladders:\n  - {models: [vit-debug], strategies: [ddp], batches: [4]}\n")
+    out = snakemake(wf, *PROFILE, "--configfile", "profiles/local/site.yaml", "one.yaml",
+                    "--config", f"data={{images: {tmp_path / 'empty'}}}", check=False, SCALELADDER_IN_CONTAINER="1")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert f"  rule shard:\n    scaleladder shard: error: {tmp_path / 'empty'}: no images found (" in text, text[-3000:]
+    assert "'message: None' above only says that the rule has no message" in text
+    assert f"Complete log(s): {wf / 'results/logs/snakemake'}/" in text  # not .snakemake/ inside a container
+
+
 @pytest.fixture(scope="module")
 def done(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The small ladder, run to the end once; the rerun tests below start from it."""

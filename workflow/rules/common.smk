@@ -15,6 +15,7 @@ from snakemake.exceptions import WorkflowError
 # `workflow` object, which every directive below (rule, include, ...) is compiled into.
 import scaleladder.workflow as swf
 import scaleladder.site_check as site_check
+import scaleladder.failures as failures
 
 SCHEMA = os.path.normpath(os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
 
@@ -37,6 +38,21 @@ SITE = LADDER.site
 if workflow.is_main_process and (_missing := site_check.announce(SITE)):
     print(_missing, file=sys.stderr)
 RPN = LADDER.ranks_per_node
+
+
+# A failed job: its cause on the console, under the rule's name (scaleladder.failures). Snakemake
+# itself prints "message: None" and the log's path; the one line that says why is in that log.
+onerror:
+    _copies = failures.explain(log, sys.stderr)
+    # In a container, Snakemake's last line names its complete log inside the container (gone
+    # after `docker run --rm`); point it at the copy in the mounted results/ instead.
+    # TRAP: logger_manager.logfile_handlers is Snakemake's internals (9.x: handler -> path, read
+    # by logfile_hint after this handler); if it moves, our own line above still names the copy.
+    try:
+        for _handler, _copy in zip(list(workflow.logger_manager.logfile_handlers), _copies):
+            workflow.logger_manager.logfile_handlers[_handler] = str(_copy)
+    except (AttributeError, TypeError):
+        pass
 SCALELADDER = swf.fill(SITE["scaleladder"], SITE, RPN)  # how a job calls scaleladder
 
 
