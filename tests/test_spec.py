@@ -19,7 +19,9 @@ NAMES = ["single", "ddp", "ddp-ac", "fsdp-full", "fsdp-grad-op-ac", "fsdp-no-sha
          "fsdp2-full", "fsdp2-full-ac", "fsdp2-grad-op", "fsdp2-grad-op-ac", "fsdp2-hybrid1", "fsdp2-hybrid2-ac", "fsdp2-hybrid16",
          "single-compile", "single-ac-compile", "ddp-compile", "ddp-ac-compile", "fsdp2-full-compile", "fsdp2-full-ac-compile",
          "fsdp2-grad-op-ac-compile", "fsdp2-hybrid2-ac-compile",
-         "single-ac-reentrant", "fsdp-full-ac-reentrant", "fsdp-grad-op-ac-reentrant", "fsdp-hybrid2-ac-reentrant"]
+         "single-ac-reentrant", "fsdp-full-ac-reentrant", "fsdp-grad-op-ac-reentrant", "fsdp-hybrid2-ac-reentrant",
+         "single-sac", "ddp-sac", "fsdp-full-sac", "fsdp-hybrid2-sac", "fsdp2-full-sac", "fsdp2-hybrid2-sac-compile",
+         "single-sac-compile", "ddp-sac-compile"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -39,6 +41,10 @@ def test_strategy_fields() -> None:
     assert parse_strategy("fsdp2-grad-op") == Strategy("fsdp2", "grad-op")  # frozen, comparable, hashable
     r = parse_strategy("fsdp-full-ac-reentrant")
     assert (r.ac, r.reentrant, r.compile) == (True, True, False) and not parse_strategy("fsdp-full-ac").reentrant
+    sac = parse_strategy("fsdp2-full-sac-compile")
+    assert (sac.ac, sac.selective, sac.reentrant, sac.compile) == (True, True, False, True)
+    assert not parse_strategy("fsdp2-full-ac").selective
+    assert RunSpec.from_path("vit-base/single-sac/fp32/pre-lag/n1/b8").as_attrs()["ac_selective"] is True
     assert len({parse_strategy(n) for n in NAMES}) == len(NAMES)
 
 
@@ -100,7 +106,15 @@ def test_spec_path_round_trips() -> None:
         ("vit-base/ddp-ac-reentrant/fp32/pre-lag/n1/b8", "Expected to mark a variable ready only once"),
         ("vit-base/fsdp2-full-ac-reentrant/fp32/pf0/n1/b8", "use 'fsdp2-full-ac'"),
         ("vit-base/single-ac-reentrant-compile/fp32/pre-lag/n1/b8", "does not trace reentrant"),
-        ("vit-base/fsdp-full-ac-ac-reentrant/fp32/pre-lag/n1/b8", "both '-ac' and '-ac-reentrant'"),
+        ("vit-base/fsdp-full-ac-ac-reentrant/fp32/pre-lag/n1/b8", "names '-ac' and '-ac-reentrant'"),
+        # selective AC (-sac): one form of AC per rung; under FSDP1 no compile, as -ac
+        ("vit-base/ddp-ac-sac/fp32/pre-lag/n1/b8", "names '-ac' and '-sac'"),
+        ("vit-base/fsdp-full-sac-ac-reentrant/fp32/pre-lag/n1/b8", "names '-ac-reentrant' and '-sac'"),
+        ("vit-base/single-sac-sac/fp32/pre-lag/n1/b8", "repeats '-sac'"),
+        ("vit-base/fsdp-full-sac-compile/fp32/pre-lag/n1/b8", "use 'fsdp2-full-sac-compile'"),
+        ("vit-base/fsdp-no-shard-sac-compile/fp32/pre-lag/n1/b8", "use 'ddp-sac-compile'"),
+        ("vit-base/fsdp2-full-sac/fp32/pre-lag/n1/b8", "FSDP1 knobs 'pre-lag' given for FSDP2 strategy 'fsdp2-full-sac'"),
+        ("vit-base/single-sac/fp32/pf1/n1/b8", "non-FSDP strategy 'single-sac'"),
         ("vit-base/ddp-compile-compile/fp32/pre-lag/n1/b8", "repeats '-compile'"),
         ("vit-base/fsdp3-full/fp32/pre-lag/n1/b8", "fsdp2-{full,grad-op,hybrid<g>}"),
         ("vit-base/fsdp2-full-ac-compile-x/fp32/pf0/n1/b8", "unknown strategy"),
@@ -129,7 +143,8 @@ def test_batch_max() -> None:
     [("fsdp-hybrid02", "fsdp-hybrid2"), ("fsdp-hybrid002-ac", "fsdp-hybrid2-ac"), ("fsdp-hybrid\u0662", "fsdp-hybrid2"),
      ("fsdp2-hybrid02-ac", "fsdp2-hybrid2-ac"),
      # the modifiers' one order: base, -ac, -compile
-     ("ddp-compile-ac", "ddp-ac-compile"), ("fsdp2-full-compile-ac", "fsdp2-full-ac-compile")],
+     ("ddp-compile-ac", "ddp-ac-compile"), ("fsdp2-full-compile-ac", "fsdp2-full-ac-compile"),
+     ("single-compile-sac", "single-sac-compile")],
 )
 def test_non_canonical_strategies_are_rejected_with_the_canonical_form(name: str, canonical: str) -> None:
     # int() reads "02" and the Arabic-Indic "٢" as 2: accepted, they would name a second file for the same run.

@@ -7,7 +7,7 @@ and stored as HDF5 attributes; nothing else re-derives it. Each part round-trips
 ``str()``; a part that parses but is not canonical (``fsdp-hybrid02``, ``n01``, ``b+8``) is
 an error naming the canonical form. Grammar::
 
-    strategy  <base>[-ac|-ac-reentrant][-compile]
+    strategy  <base>[-ac|-ac-reentrant|-sac][-compile]
               base: single | ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>
                     | fsdp2-full | fsdp2-grad-op | fsdp2-hybrid<g>
     precision fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true
@@ -44,12 +44,12 @@ DEFAULT_KNOBS = "pre-lag"  # FSDP1's default, and the only knobs a non-FSDP rung
 DEFAULT_FSDP2_KNOBS = "pf0"
 
 _STRATEGY_RE = re.compile(
-    r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+))|fsdp2-(full|grad-op|hybrid(\d+)))((?:-ac-reentrant|-ac|-compile)*)$"
+    r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+))|fsdp2-(full|grad-op|hybrid(\d+)))((?:-ac-reentrant|-ac|-sac|-compile)*)$"
 )
 _KNOBS_RE = re.compile(r"^(pre|post|none)-(lag|nolag)(-fwd)?$")
 _FSDP2_KNOBS_RE = re.compile(r"^pf(\d+)$")
 _STRATEGY_NAMES = ("single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}|fsdp2-{full,grad-op,hybrid<g>}, "
-                   "then optionally -ac (or -ac-reentrant, FSDP1 and single only), then optionally -compile (not with fsdp-*)")
+                   "then optionally -ac (or -ac-reentrant, FSDP1 and single only, or -sac: selective), then optionally -compile (not with fsdp-*)")
 
 # One line, as every SpecError. Why refuse rather than try: per-block compile is composed,
 # in torchtitan and in PyTorch's own docs, with FSDP2 only; FSDP1 is deprecated upstream.
@@ -91,6 +91,7 @@ class Strategy:
     ac: bool = False
     compile: bool = False  # torch.compile each transformer block
     reentrant: bool = False  # with ac: CheckpointImpl.REENTRANT (the FLAVA seed's AC) instead of NO_REENTRANT
+    selective: bool = False  # with ac: op-level selective checkpointing (-sac, rung/sac.py): matmul/SDPA outputs saved
 
     def __post_init__(self) -> None:
         if self.wrapper not in WRAPPERS:
@@ -103,6 +104,9 @@ class Strategy:
             if why is not None:
                 plain = Strategy(self.wrapper, self.sharding, self.group, True, self.compile)
                 raise SpecError(f"strategy {self._name()!r}: " + REENTRANT_REFUSALS[why].format(plain=str(plain)))
+        if self.selective and (not self.ac or self.reentrant):
+            raise SpecError("selective checkpointing (-sac) is a non-reentrant form of activation checkpointing: "
+                            "it needs ac and not reentrant")
         if self.is_fsdp:
             allowed = SHARDINGS if self.is_fsdp1 else FSDP2_SHARDINGS
             if self.sharding not in allowed:
@@ -115,8 +119,8 @@ class Strategy:
             raise SpecError(f"strategy {self.wrapper!r} takes no sharding")
         if self.compile and self.is_fsdp1:
             # The nearest compiled rung: the FSDP2 analogue, or DDP for NO_SHARD.
-            near = (Strategy("ddp", None, None, self.ac, True) if self.sharding == "no-shard"
-                    else Strategy("fsdp2", self.sharding, self.group, self.ac, True))
+            near = (Strategy("ddp", None, None, self.ac, True, False, self.selective) if self.sharding == "no-shard"
+                    else Strategy("fsdp2", self.sharding, self.group, self.ac, True, False, self.selective))
             raise SpecError(FSDP1_COMPILE_REFUSAL.format(name=self._name(), fsdp2=str(near)))
 
     def _name(self) -> str:
@@ -125,7 +129,7 @@ class Strategy:
             base = f"{prefix}hybrid{self.group}" if self.sharding == "hybrid" else f"{prefix}{self.sharding}"
         else:
             base = self.wrapper
-        ac = ("-ac-reentrant" if self.reentrant else "-ac") if self.ac else ""
+        ac = ("-ac-reentrant" if self.reentrant else "-sac" if self.selective else "-ac") if self.ac else ""
         return base + ac + ("-compile" if self.compile else "")
 
     def __str__(self) -> str:
@@ -160,29 +164,32 @@ def parse_strategy(name: str) -> Strategy:
                             "use ddp, or fsdp2-hybrid1 to replicate over the world")
         raise SpecError(f"unknown strategy {name!r}; expected {_STRATEGY_NAMES}")
     head, sharding1, group1, sharding2, group2, tail = m.groups()
-    modifiers = re.findall(r"-(ac-reentrant|ac|compile)", tail)
-    if "ac" in modifiers and "ac-reentrant" in modifiers:
-        raise SpecError(f"strategy {name!r} names both '-ac' and '-ac-reentrant'; pick one")
-    for mod in ("ac", "ac-reentrant", "compile"):
+    modifiers = re.findall(r"-(ac-reentrant|ac|sac|compile)", tail)
+    forms = [m for m in ("ac", "ac-reentrant", "sac") if m in modifiers]
+    if len(forms) > 1:
+        raise SpecError(f"strategy {name!r} names {' and '.join(repr('-' + m) for m in forms)}: one form of "
+                        "activation checkpointing at most; pick one")
+    for mod in ("ac", "ac-reentrant", "sac", "compile"):
         if modifiers.count(mod) > 1:
             raise SpecError(f"strategy {name!r} repeats '-{mod}'")
-    reentrant = "ac-reentrant" in modifiers
-    ac, compiled = "ac" in modifiers or reentrant, "compile" in modifiers
+    reentrant, selective = "ac-reentrant" in modifiers, "sac" in modifiers
+    ac, compiled = bool(forms), "compile" in modifiers
     if head in ("single", "ddp"):
-        strategy = Strategy(wrapper=head, ac=ac, compile=compiled, reentrant=reentrant)  # type: ignore[arg-type]
+        strategy = Strategy(wrapper=head, ac=ac, compile=compiled, reentrant=reentrant,  # type: ignore[arg-type]
+                            selective=selective)
     elif head.startswith("fsdp2-"):
-        strategy = _fsdp_strategy("fsdp2", sharding2, group2, ac, compiled, reentrant)
+        strategy = _fsdp_strategy("fsdp2", sharding2, group2, ac, compiled, reentrant, selective)
     else:
-        strategy = _fsdp_strategy("fsdp", sharding1, group1, ac, compiled, reentrant)
+        strategy = _fsdp_strategy("fsdp", sharding1, group1, ac, compiled, reentrant, selective)
     _require_canonical("strategy", name, str(strategy))
     return strategy
 
 
 def _fsdp_strategy(wrapper: Literal["fsdp", "fsdp2"], sharding: str, group: str | None, ac: bool, compiled: bool,
-                   reentrant: bool) -> Strategy:
+                   reentrant: bool, selective: bool = False) -> Strategy:
     if group is not None:
-        return Strategy(wrapper, "hybrid", int(group), ac, compiled, reentrant)
-    return Strategy(wrapper, sharding, None, ac, compiled, reentrant)
+        return Strategy(wrapper, "hybrid", int(group), ac, compiled, reentrant, selective)
+    return Strategy(wrapper, sharding, None, ac, compiled, reentrant, selective)
 
 
 def _require_canonical(what: str, given: str, canonical: str) -> None:
@@ -360,6 +367,7 @@ class RunSpec:
             "hybrid_group": self.strategy.group or 0,
             "activation_checkpointing": self.strategy.ac,
             "ac_reentrant": self.strategy.reentrant,
+            "ac_selective": self.strategy.selective,
             "compile": self.strategy.compile,
             **{f"knob_{k}": v for k, v in asdict(self.knobs).items()},
         }

@@ -56,8 +56,19 @@ def strategy_label(s: str) -> str:
         text = f"{gen} " + {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}[st.sharding or ""]
     else:
         text = {"single": "single process", "ddp": "DDP"}[st.wrapper]
-    ac = (" + AC (reentrant)" if st.reentrant else " + AC") if st.ac else ""
+    ac = (" + AC (reentrant)" if st.reentrant else " + SAC" if st.selective else " + AC") if st.ac else ""
     return text + ac + (" + compile" if st.compile else "")
+
+
+def axis_labels(ax: Axes, labels: list[str], fontsize: float = 9) -> None:
+    """Strategy names under an axis's ticks, readable however many there are (issue 29: they
+    overlapped): each " + " part on its own line, and tilted when a row of them would still
+    be too crowded (more than 8 ticks)."""
+    ax.set_xticks(range(len(labels)))
+    crowded = len(labels) > 8
+    ax.set_xticklabels([t.replace(" + ", "\n+ ") for t in labels], fontsize=fontsize if not crowded else fontsize - 1,
+                       rotation=30 if crowded else 0, ha="right" if crowded else "center",
+                       rotation_mode="anchor" if crowded else "default", linespacing=1.0)
 
 
 def knobs_label(k: str) -> str:
@@ -109,7 +120,7 @@ def note(ax: Axes, text: str) -> None:
 def strategy_sort_key(s: str) -> tuple[int, int, str]:
     """From least to most sharded, the order of every legend and axis; an FSDP2 rung sits
     right after its FSDP1 counterpart, so the two generations stand side by side."""
-    base = s.removesuffix("-compile").removesuffix("-ac-reentrant").removesuffix("-ac").replace("fsdp2-", "fsdp-")
+    base = s.removesuffix("-compile").removesuffix("-ac-reentrant").removesuffix("-sac").removesuffix("-ac").replace("fsdp2-", "fsdp-")
     rank = ["single", "ddp", "fsdp-no-shard", "fsdp-grad-op", "fsdp-full"]
     if base.startswith("fsdp-hybrid"):
         return (len(rank), int(base.removeprefix("fsdp-hybrid") or 0), s)

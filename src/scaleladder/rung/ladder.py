@@ -35,7 +35,7 @@ class LadderReport:
     compile_backend: str = ""  # the torch.compile backend that compiled them ("" when not compiled)
 
 
-def _checkpoint(model: TrainModule, reentrant: bool = False) -> int:
+def _checkpoint(model: TrainModule, reentrant: bool = False, selective: bool = False) -> int:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
@@ -49,9 +49,16 @@ def _checkpoint(model: TrainModule, reentrant: bool = False) -> int:
     # checkpointed layer here takes hidden states computed from trainable embeddings, and the
     # parity test (tests/test_parity.py) would see a layer that stopped learning.
     impl = CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT
+    # -sac: the same wrapper, non-reentrant, with an op-level policy (rung/sac.py); the
+    # unit structure, FSDP's nesting and the proof below stay those of -ac.
+    extra: dict[str, Any] = {}
+    if selective:
+        from scaleladder.rung.sac import context_fn
+
+        extra["context_fn"] = context_fn()
     apply_activation_checkpointing(
         model,
-        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=impl),
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=impl, **extra),
         check_fn=lambda m: isinstance(m, model.layer_cls),
     )
     return count_checkpointed(model)
@@ -430,7 +437,7 @@ def apply_strategy(
     if layers == 0 and (strategy.ac or strategy.is_fsdp or strategy.compile):
         raise SpecError(f"{model.flavor.name} has no {_qualname(model.layer_cls)} to checkpoint, compile or wrap: wrong layer class")
     frozen = freeze_unused(model)
-    ac_layers = _checkpoint(model, strategy.reentrant) if strategy.ac else 0
+    ac_layers = _checkpoint(model, strategy.reentrant, strategy.selective) if strategy.ac else 0
     if ac_layers != (layers if strategy.ac else 0):
         raise SpecError(f"activation checkpointing wrapped {ac_layers} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
     compiled = _compile_blocks(model, compile_backend, device) if strategy.compile else 0
