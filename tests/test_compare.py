@@ -16,7 +16,7 @@ import pytest
 
 from conftest import write_rung
 from scaleladder.cli import main as cli
-from scaleladder.results.aggregate import aggregate
+from scaleladder.results.aggregate import aggregate, read_ladder
 from scaleladder.results.compare import compare, judge, load, throughput_change
 
 SPEC = "vit-debug/ddp/fp32/pre-lag/n1/b4"
@@ -171,7 +171,7 @@ def test_the_local_profiles_references_are_well_formed(tmp_path: Path) -> None:
 
 def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["compare", str(tmp_path / "nope.h5"), str(tmp_path / "nope2.h5")]) == 2
-    assert "no such ladder file or folder" in capsys.readouterr().err
+    assert "no such ladder file, rung file or folder" in capsys.readouterr().err
     assert cli(["compare", str(tmp_path)]) == 2
     assert "or NEW with --reference" in capsys.readouterr().err
 
@@ -219,3 +219,38 @@ def test_compare_says_plainly_when_it_judged_on_tolerance_alone(tmp_path: Path, 
     assert cli(["compare", a, b, "--figure", str(tmp_path / "c.png")]) == 0
     out = capsys.readouterr().out
     assert "1 of 1 rung(s) have no 95% interval and were judged on the ±5% tolerance alone" in out
+
+
+def test_rung_files_anywhere_compare_and_aggregate_by_their_own_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`scaleladder run ... --out r.h5` files (issue 29): the record's own spec names the rung."""
+    a, b = tmp_path / "a" / "r.h5", tmp_path / "b" / "r.h5"
+    for src, dst, step in ((tmp_path / "ra", a, 0.100), (tmp_path / "rb", b, 0.125)):
+        dst.parent.mkdir()
+        rung(src, SPEC, step, 0.02, 0).rename(dst)
+    assert cli(["compare", str(a), str(b), "--figure", str(tmp_path / "c.png")]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(SPEC))
+    assert "slower (REGRESSION)" in line
+    assert cli(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--figure", str(tmp_path / "c.png")]) == 1  # folders too
+    capsys.readouterr()
+    out = tmp_path / "ladder.h5"
+    assert cli(["aggregate", "--out", str(out), str(a)]) == 0
+    assert [r["spec"] for r in read_ladder(str(out))[0]] == [SPEC]
+    with h5py.File(a, "r+") as f:
+        del f.attrs["spec"]
+    assert cli(["aggregate", "--out", str(out), str(a)]) == 2
+    assert "names no rung" in capsys.readouterr().err
+
+
+def test_a_change_under_other_conditions_is_never_a_bare_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ladder(tmp_path / "a", rung(tmp_path / "a", SPEC, 0.100, 0.02, 0, steps=42), rung(tmp_path / "a", OTHER, 0.2, 0.02, 1))
+    new = ladder(tmp_path / "b", rung(tmp_path / "b", SPEC, 0.125, 0.02, 2, steps=30, flava_impl="tm"),
+                 rung(tmp_path / "b", OTHER, 0.2, 0.02, 3))
+    assert cli(["compare", base, new, "--figure", str(tmp_path / "c.png")]) == 1
+    out = capsys.readouterr()
+    line = next(x for x in out.out.splitlines() if x.startswith(SPEC))
+    assert "slower (REGRESSION under different conditions: steps 42 -> 30)" in line  # flava_impl: only one side has it
+    assert "(REGRESSION)" not in line
+    assert "1 of 2 rung(s) were measured under different conditions (steps)" in out.out
+    assert "measured under different conditions: steps" in out.err
+    other = next(x for x in out.out.splitlines() if x.startswith(OTHER))
+    assert "conditions" not in other

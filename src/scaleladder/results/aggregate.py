@@ -1,6 +1,7 @@
 """`scaleladder aggregate`: merge the per-rung HDF5 files into one ladder file.
 
-Each rung file is copied whole to ``/rungs/<run spec path>``, the path its *location* says.
+Each rung file is copied whole to ``/rungs/<run spec path>``, the path its *location* says
+(a file elsewhere, ``scaleladder run ... --out r.h5``: the ``spec`` its record states).
 The ladder is rebuilt in memory and renamed over the old one (idempotent; never SWMR or
 in-place appends). A file that is not readable HDF5, or whose ``spec`` names another rung,
 costs only that rung (status ``corrupt``); repeats are kept whole and the rung's headline is
@@ -39,7 +40,7 @@ CORRUPT = "corrupt"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rungs", nargs="*", help="rung HDF5 files (results/rungs/<spec>.h5)")
+    parser.add_argument("rungs", nargs="*", help="rung HDF5 files (results/rungs/<spec>.h5, or anywhere: the record's own spec)")
     parser.add_argument("--out", required=True, help="the ladder file to (re)write, e.g. results/ladder.h5")
     parser.add_argument("--dir", action="append", default=[], help="also take every *.h5 under this folder")
     parser.add_argument("--provenance", default="{}", help="JSON describing how the ladder was declared")
@@ -72,8 +73,30 @@ def split_repeat(path: str) -> tuple[str, int]:
 
 
 def spec_of_file(path: str) -> str:
-    """The canonical spec path a rung file's location names (SpecError if it names none)."""
-    return RunSpec.from_path(os.path.abspath(split_repeat(path)[0])).path
+    """The canonical spec path of a rung file: the one its location names
+    (``results/rungs/<spec>.h5``), else its record's own ``spec`` attribute, so that a file
+    anywhere (``scaleladder run ... --out r.h5``) is a rung too. SpecError when neither names one."""
+    try:
+        return RunSpec.from_path(os.path.abspath(split_repeat(path)[0])).path
+    except SpecError as by_path:
+        own = _own_spec(path)
+        if own is None:
+            raise SpecError(f"{path}: names no rung: neither its path ({by_path}) nor its record "
+                            "(no readable 'spec' attribute)") from None
+        return own
+
+
+def _own_spec(path: str) -> str | None:
+    """The canonical spec path a rung file's record states (None: unreadable, or no ``spec``)."""
+    try:
+        with open_h5(path) as f:
+            own = _str(f.attrs.get(Spec.spec, ""))
+    except (UnreadableFile, OSError, RuntimeError, KeyError):
+        return None
+    try:
+        return RunSpec.from_path(str(own)).path if own else None
+    except SpecError:
+        return None
 
 
 def _fill_within(g: h5py.Group) -> None:

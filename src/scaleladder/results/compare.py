@@ -37,6 +37,12 @@ PROVENANCE = (Placement.device_name, Build.world_size, Placement.ranks_per_node,
 #: What a user changes on purpose between two runs (an upgrade): reported, never refused.
 SOFTWARE = (Provenance.torch_version, Provenance.cuda_version, Provenance.hip_version, Provenance.python_version,
             Provenance.container_image, Provenance.git_commit)
+#: What a run was measured under beyond the rung itself: a change here moves the numbers with no
+#: code changing (steps and warm-up move the measured window, the cap bounds a max batch, shards
+#: read through the loader against batches made on the device, FLAVA's implementation, how the
+#: loader hands batches over). Said in the verdict, never refused. ``flava_impl`` and
+#: ``loader_transport`` are absent from older records: compared only where both rungs hold them.
+CONDITIONS = (Settings.steps, Settings.warmup, MaxBatch.maxbatch_cap, Settings.data, "flava_impl", "loader_transport")
 OOM = OOM_STATUSES
 Z = 1.959964  # two-sided 95% (stats.CONFIDENCE)
 
@@ -57,23 +63,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- reading ------------------------------------------------------------------------------
 
 
+def _aggregated(files: list[str]) -> list[RungAttrs]:
+    """Rung files read as their ladder would hold them (aggregated into a temporary file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        aggregate(files, os.path.join(tmp, "ladder.h5"))
+        return read_ladder(os.path.join(tmp, "ladder.h5"))[0]
+
+
 def load(path: str) -> dict[str, RungAttrs]:
-    """The rungs of a ladder file or of a folder of rung files, by spec path."""
+    """The rungs of a ladder file, of one rung file (anywhere: ``scaleladder run ... --out r.h5``;
+    its record names its spec) or of a folder of rung files, by spec path."""
     p = Path(path)
     if p.is_dir():
         files = sorted(str(f) for f in p.rglob("*.h5") if not any(part.startswith(".") for part in f.relative_to(p).parts))
         if not files:
             raise SpecError(f"{path}: folder holds no rung files (*.h5)")
-        with tempfile.TemporaryDirectory() as tmp:
-            aggregate(files, os.path.join(tmp, "ladder.h5"))
-            rungs, _ = read_ladder(os.path.join(tmp, "ladder.h5"))
+        rungs = _aggregated(files)
     elif p.is_file():
         rungs, root = read_ladder(path)
-        if root.get(Ladder.format) != FORMAT:
-            raise SpecError(f"{path}: not a ladder file (format {root.get(Ladder.format)!r}, expected {FORMAT!r}); "
-                            "give `scaleladder aggregate`'s output or a folder of rung files")
+        if Record.status in root:  # a rung file: its record is the root
+            rungs = _aggregated([path])
+        elif root.get(Ladder.format) != FORMAT:
+            raise SpecError(f"{path}: neither a ladder file (format {root.get(Ladder.format)!r}, expected {FORMAT!r}) "
+                            "nor a rung file (no 'status'); give `scaleladder aggregate`'s output, a rung file or a folder of them")
     else:
-        raise SpecError(f"{path}: no such ladder file or folder")
+        raise SpecError(f"{path}: no such ladder file, rung file or folder")
     corrupt = [r for r in rungs if r.get(Record.status) == CORRUPT]
     if corrupt:  # a verdict on a rung whose file was unreadable would be a guess
         more = f" (and {len(corrupt) - 1} more)" if len(corrupt) > 1 else ""
@@ -105,6 +119,29 @@ class Row:
     max_batch: str = ""
     notes: list[str] = field(default_factory=list)
     regressed: bool = False
+    conditions: list[str] = field(default_factory=list)  # "steps 20 -> 50": measured under other conditions
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict cell: never REGRESSION without the note when the conditions differ."""
+        if not self.conditions:
+            return self.verdict + (" (REGRESSION)" if self.regressed else "")
+        differ = ", ".join(self.conditions)
+        if self.regressed:
+            return f"{self.verdict} (REGRESSION under different conditions: {differ})"
+        return f"{self.verdict} (conditions differ: {differ})"
+
+
+def condition_changes(base: RungAttrs, new: RungAttrs) -> list[str]:
+    """``steps 20 -> 50`` for each of :data:`CONDITIONS` both rungs state and that differs
+    (``data`` as its source: synthetic or shards)."""
+    out = []
+    for k in CONDITIONS:
+        if k in base and k in new:
+            b, n = condition_of(base, k), condition_of(new, k)
+            if b != n:
+                out.append(f"{k} {b} -> {n}")
+    return out
 
 
 def provenance_mismatch(spec: str, base: RungAttrs, new: RungAttrs) -> str:
@@ -221,8 +258,10 @@ def compare(base: Mapping[str, RungAttrs], new: Mapping[str, RungAttrs], toleran
                         "rerun on the same device, world and data, or pass --allow-provenance-change")
     rows = [judge(s, base.get(s), new.get(s), tolerance, memory_tolerance) for s in sorted(set(base) | set(new))]
     for row in rows:
-        if row.spec in base and row.spec in new and (m := provenance_mismatch(row.spec, base[row.spec], new[row.spec])):
-            row.notes.append("provenance changed: " + m.split("provenance differs in ", 1)[1])
+        if row.spec in base and row.spec in new:
+            if m := provenance_mismatch(row.spec, base[row.spec], new[row.spec]):
+                row.notes.append("provenance changed: " + m.split("provenance differs in ", 1)[1])
+            row.conditions = condition_changes(base[row.spec], new[row.spec])
     return rows
 
 
@@ -319,7 +358,7 @@ def table(rows: Sequence[Row]) -> str:
     for r in rows:
         interval = "-" if math.isnan(r.low) else f"[{_pct(r.low)}, {_pct(r.high)}]"
         lines.append((r.spec, "-" if math.isnan(r.base) else f"{r.base:.1f}", "-" if math.isnan(r.new) else f"{r.new:.1f}",
-                      _pct(r.change), interval, r.verdict + (" (REGRESSION)" if r.regressed else ""), _pct(r.memory),
+                      _pct(r.change), interval, r.verdict_text, _pct(r.memory),
                       r.max_batch or "-", "; ".join(r.notes)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
@@ -374,6 +413,10 @@ def main(args: argparse.Namespace) -> int:
         for line in what_changed(base, new) or ["no software change recorded (torch, CUDA/HIP, python, image, commit)"]:
             print(f"  changed: {line}")
         print(table(rows))
+        if differ := [r for r in rows if r.conditions]:
+            keys = sorted({c.split(" ", 1)[0] for r in differ for c in r.conditions})
+            print(f"scaleladder compare: {len(differ)} of {len(rows)} rung(s) were measured under different conditions "
+                  f"({', '.join(keys)}): a change there may be the conditions', not the code's")
         blind = [r for r in rows if any(n.startswith("judged on tolerance alone") for n in r.notes)]
         if blind:
             print(f"scaleladder compare: {len(blind)} of {len(rows)} rung(s) have no {CONFIDENCE:.0%} interval and were judged "
@@ -388,6 +431,9 @@ def main(args: argparse.Namespace) -> int:
         rows += ref_rows
     bad = [r for r in rows if r.regressed]
     if bad:
-        print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(sorted({r.spec for r in bad}))}", file=sys.stderr)
+        differ = sorted({c.split(" ", 1)[0] for r in bad for c in r.conditions})
+        note = (f" ({sum(bool(r.conditions) for r in bad)} of them measured under different conditions: {', '.join(differ)}; "
+                "rerun under the same ones before calling it the code's)") if differ else ""
+        print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(sorted({r.spec for r in bad}))}{note}", file=sys.stderr)
         return 1
     return 0
