@@ -144,7 +144,23 @@ def vit_layer(T: int, f: Flavor, d: Dtypes) -> tuple[float, float, float, float]
     return saved, held, fwd, _bwd_transient(Th, Tm, d, attn_grads=qkv + 4 * Th, attn_freed=0.0)
 
 
-def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool) -> Call:
+def sac_kept(T: int, f: Flavor, d: Dtypes, sdpa: bool) -> float:
+    """Per sample, what ``-sac`` keeps of one layer's forward: the outputs of its matmuls
+    and fused attention (rung/sac.py's SAVE_OPS), every one of them in the compute dtype.
+
+    q/k/v projections (three Linears, or ViT's one input_proj: 3·T·h either way); the
+    attention: SDPA's output and its fp32 logsumexp, or, unfused (FLAVA's own), the two
+    batched matmuls' outputs, the a·T·T scores and the T·h context; the output projection,
+    fc1 (T·m) and fc2. Everything else (LayerNorm, GELU, softmax, dropout, adds, autocast's
+    casts, head re-layouts) is recomputed in backward from these.
+    """
+    h, m, a = f.hidden, f.mlp, f.heads
+    Th = T * h
+    attn = d.c * Th + (4 * a * T if sdpa else d.c * a * T * T)
+    return 3 * d.c * Th + attn + d.c * Th + d.c * T * m + d.c * Th
+
+
+def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> Call:
     fn = flava_layer if f.family == "flava" else vit_layer
     saved, held, fwd, bwd = fn(T, f, d)
     if not ac:
@@ -159,6 +175,13 @@ def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool) -> 
     # and copies, or the MLP's two T×m tensors.
     Th = T * f.hidden
     fwd_ac = max(fwd + (d.lin_in(3) + 3 * d.c) * Th, 2 * d.c * T * f.mlp + (4 + d.lin_in(1)) * Th)
+    if sac:
+        # -sac: the input and the kept outputs survive the forward. In backward the recompute
+        # brings back the rest of the saved set (the kept outputs are reused, not copied).
+        # The in-layer forward peak is taken as -ac's plus everything kept (an upper bound:
+        # the last matmuls' outputs are not all alive at the attention's peak).
+        kept = sac_kept(T, f, d, sdpa=f.family != "flava")
+        return Call(name, unit, d.r * Th + kept, probs_held, fwd_ac + kept, max(saved - kept, 0.0) + bwd, is_layer=True)
     return Call(name, unit, d.r * Th, probs_held, fwd_ac, saved + bwd, is_layer=True)
 
 
@@ -216,18 +239,18 @@ def _final_norm(name: str, T: int, h: int, d: Dtypes, read_by_head: bool) -> Cal
                 held=(0.0 if keep else out) + d.hidden_held * T * h)
 
 
-def vit_calls(f: Flavor, d: Dtypes, ac: bool) -> list[list[Call]]:
+def vit_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[list[Call]]:
     """Forward passes (here one) as lists of calls, in forward order."""
     T, h, s = f.patches + 1, f.hidden, f.image_size
     # Under autocast the patch conv saves a bf16 copy of the image (FSDP: the root's input cast).
     embed = Call("vit.embed", None, saved=(2 * 3 * s * s if d.autocast else 0), fwd_transient=d.c * f.patches * h + d.r * T * h)
-    layers = [layer_call("vit.layer", i, T, f, d, ac) for i in range(f.layers)]
+    layers = [layer_call("vit.layer", i, T, f, d, ac, sac) for i in range(f.layers)]
     final = _final_norm("vit.final_norm", T, h, d, read_by_head=True)
     head = Call("vit.head", None, saved=2 * h + 4 * f.num_classes)
     return [[embed, *layers, final, head]]
 
 
-def flava_calls(f: Flavor, d: Dtypes, ac: bool) -> list[list[Call]]:
+def flava_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[list[Call]]:
     """FLAVA's five encoder passes and its loss, in forward order (see FLAVAModel.forward)."""
     h, L, s = f.hidden, f.layers, f.image_size
     Ti, Tt = f.patches + 1, f.text_len
@@ -236,19 +259,19 @@ def flava_calls(f: Flavor, d: Dtypes, ac: bool) -> list[list[Call]]:
     def image_pass(tag: str) -> list[Call]:
         embed = Call(f"image{tag}.embed", None, saved=(2 * 3 * s * s if d.autocast else 0),
                      fwd_transient=(d.c + 2 * 4) * f.patches * h)
-        layers = [layer_call(f"image{tag}.layer", i, Ti, f, d, ac) for i in range(L)]
+        layers = [layer_call(f"image{tag}.layer", i, Ti, f, d, ac, sac) for i in range(L)]
         final = _final_norm(f"image{tag}.final_norm", Ti, h, d, read_by_head=tag == "")
         return [embed, *layers, final]
 
     def text_pass(tag: str) -> list[Call]:
         embed = Call(f"text{tag}.embed", None, saved=4 * Tt * h + STATS * Tt, fwd_transient=3 * d.r * Tt * h)
-        layers = [layer_call(f"text{tag}.layer", L + i, Tt, f, d, ac) for i in range(L)]
+        layers = [layer_call(f"text{tag}.layer", L + i, Tt, f, d, ac, sac) for i in range(L)]
         final = _final_norm(f"text{tag}.final_norm", Tt, h, d, read_by_head=tag == "")
         return [embed, *layers, final]
 
     proj_saved = 2 * (Ti + Tt) * h if d.casts else 0
     mm = [Call("mm.projections", None, saved=proj_saved, fwd_transient=2 * d.c * (Ti + Tt) * h)]
-    mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac) for i in range(f.mm_layers)]
+    mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac, sac) for i in range(f.mm_layers)]
     mm.append(_final_norm("mm.final_norm", Tm, h, d, read_by_head=True))
 
     # Loss: only the multimodal heads run (the unimodal MLM/MIM ones are skipped when a
@@ -261,9 +284,10 @@ def flava_calls(f: Flavor, d: Dtypes, ac: bool) -> list[list[Call]]:
     return [image_pass(""), text_pass(""), image_pass("_masked"), text_pass("_masked"), mm, [loss]]
 
 
-def forward_passes(f: Flavor, precision: str, ac: bool, fsdp: bool = False) -> list[list[Call]]:
+def forward_passes(f: Flavor, precision: str, ac: bool, fsdp: bool = False, sac: bool = False) -> list[list[Call]]:
+    """``sac``: the checkpointing is selective (-sac, with ``ac``)."""
     d = dtypes(precision, fsdp)
-    return flava_calls(f, d, ac) if f.family == "flava" else vit_calls(f, d, ac)
+    return flava_calls(f, d, ac, sac) if f.family == "flava" else vit_calls(f, d, ac, sac)
 
 
 def backward_order(f: Flavor, passes: list[list[Call]]) -> list[Call]:

@@ -130,7 +130,7 @@ def step_setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: A
     if variant.text_len is not None:
         flavor = dataclasses.replace(flavor, text_len=variant.text_len)  # activations only: parameters are unchanged
     shard = sharding(strategy, world)
-    passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant))
+    passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant), strategy.selective)
     full, chunk, grad_full, grad_chunk = _unit_sizes(inv, shard, precision)
     # Fused AdamW's step counters are device tensors, each a whole allocator block; the
     # other implementations keep them on the host (not device memory at all).
