@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help=f"device key: {', '.join(DEVICES)}; with --device-gib, any name")
     p.add_argument("--device-gib", default=None, metavar="G",
                    help="plan for a device with G GiB (the total capacity torch reports for it), named by --device")
-    p.add_argument("--gpus-per-node", default="8", help="ranks per node (default 8)")
+    p.add_argument("--gpus-per-node", default=None, help="ranks per node (default: the --profile's ranks_per_node, else 8)")
     p.add_argument("--data", default="synthetic",
                    help="the runner's --data: 'synthetic' (its pool of batches on the device) or a shard manifest / "
                         "'loader' (one batch on the device, two for a moment between steps)")
@@ -77,6 +77,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ladder", default=None, help="an aggregated ladder file (results/ladder.h5) for --vs-measured")
     p.add_argument("--rungs", nargs="*", default=[], help="rung HDF5 files for --vs-measured")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--profile", default=None,
+                   help="a profile folder under profiles/: its links and host factor price the step time (planner/steptime.py); "
+                        "its plan_device and ranks_per_node are the defaults of --device and --gpus-per-node")
+    p.add_argument("--repo", default=".", help="where profiles/ lies, with --profile (default: here)")
+    p.add_argument("--time-chart", metavar="OUT.png",
+                   help="with --profile: predicted items/s and memory per GPU against nodes, every strategy of its ladder")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a calibration file of measured rates (default: the committed one for the device, if any)")
+    p.add_argument("--torch", default=None, metavar="VERSION",
+                   help="the torch the rungs will run under: a --calibration measured under another is refused")
     p.add_argument("--check", action="store_true",
                    help="with --spec: hold the planner against torch's own MemTracker/FSDPMemTracker, two runner steps on "
                         "fake CPU tensors (no GPU; FSDP2 on the fake process group at --check-world ranks); both figures "
@@ -121,19 +131,22 @@ def _print_prediction(p: Prediction) -> None:
     print(f"  max local batch: {mb}")
 
 
-def _print_table(cells: list[FitsCell], title: str) -> None:
+def _print_table(cells: list[FitsCell], title: str, steps: list[str] | None = None) -> None:
     strategies = list(dict.fromkeys(c.strategy for c in cells))
     models = list(dict.fromkeys(c.model for c in cells))
     print(title)
     print(f"{'model':12s} " + " ".join(f"{s:>14s}" for s in strategies))
     by = {(c.model, c.strategy): c for c in cells}
+    step = {(c.model, c.strategy): t for c, t in zip(cells, steps or [""] * len(cells))}
     for m in models:
         row = []
         for s in strategies:
             c = by[(m, s)]
-            row.append("n/a" if c.fits is None else ("-" if not c.fits else (f"max {c.max_batch}" if c.max_batch else "fits")))
+            cell = "n/a" if c.fits is None else ("-" if not c.fits else (f"max {c.max_batch}" if c.max_batch else "fits"))
+            row.append(cell + (f" {step[(m, s)]}" if step[(m, s)] and c.fits else ""))
         print(f"{m:12s} " + " ".join(f"{x:>14s}" for x in row))
-    print("cells: 'max N' = fits, largest local batch N; '-' = predicted OOM; n/a = strategy impossible on this world")
+    print("cells: 'max N' = fits, largest local batch N; '-' = predicted OOM; n/a = strategy impossible on this world"
+          + ("; then the predicted step time at that batch (scaleladder plan --spec ... for its parts)" if steps else ""))
 
 
 def _vs_measured(args: argparse.Namespace, device: Device) -> int:
@@ -168,13 +181,42 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile_defaults(args: argparse.Namespace) -> None:
+    """``--profile`` gives ``--device`` (its plan_device) and ``--gpus-per-node`` (its ranks_per_node)
+    where they are not given."""
+    if not getattr(args, "profile", None) or (args.device and args.gpus_per_node):
+        return
+    from scaleladder.profiles import load_profile
+
+    site = load_profile(args.profile, Path(getattr(args, "repo", ".")).resolve()).site
+    if not args.device and not args.device_gib and site.get("plan_device"):
+        args.device = site["plan_device"]
+    if not args.gpus_per_node and isinstance(site.get("ranks_per_node"), int):
+        args.gpus_per_node = str(site["ranks_per_node"])
+
+
+def _time_chart(args: argparse.Namespace, device: Device, gpus: int) -> int:
+    from scaleladder.plan_time import time_chart
+
+    pts = time_chart(args, device, gpus, _chart_path(args.time_chart, "--time-chart"))
+    if args.json:
+        print(json.dumps([pt.__dict__ for pt in pts], indent=1))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "check", False):
         return _check(args)
+    _profile_defaults(args)
     device = device_from_args(args.device, args.device_gib)
-    gpus = parse_positive("gpus-per-node", args.gpus_per_node)
+    gpus = parse_positive("gpus-per-node", args.gpus_per_node or "8")
     if args.vs_measured:
         return _vs_measured(args, device)
+    if getattr(args, "time_chart", None):
+        return _time_chart(args, device, gpus)
+    from scaleladder.plan_time import cell_step, step_fields, step_lines, timing_from_args
+
+    timing = timing_from_args(args, device.name)
     if args.fits_table or args.fits_chart:
         if args.spec:
             raise SpecError("--spec and --fits-table/--fits-chart are separate modes; give one")
@@ -184,24 +226,39 @@ def main(args: argparse.Namespace) -> int:
         batch = parsed if isinstance(parsed, int) else None  # 'max' = report the max batch
         chart = _chart_path(args.fits_chart, "--fits-chart") if args.fits_chart else None
         cells = fits_table(device, nodes, gpus, precision, batch, data=args.data)
+        steps = [_cell_step_fields(c, nodes, gpus, precision, batch, device, timing, step_fields) for c in cells]
         what = f"{device.name}, {nodes}×{gpus} ranks, {precision}" + (f", local batch {batch}" if batch else "")
         if chart is not None:
             from scaleladder.figures.plan_plots import fits_chart
 
             fits_chart(cells, chart, f"What fits where (planner): {'fits at the batch' if batch else 'max local batch'}, {what}")
         if args.json:
-            print(json.dumps([c.__dict__ for c in cells], indent=1))
+            print(json.dumps([{**c.__dict__, **f} for c, f in zip(cells, steps)], indent=1))
         elif args.fits_table or chart is None:
-            _print_table(cells, f"what fits on {what}")
+            _print_table(cells, f"what fits on {what}", [cell_step(f) for f in steps])
         return 0
     if not args.spec:
-        raise SpecError("give --spec (or --fits-table / --fits-chart / --vs-measured)")
+        raise SpecError("give --spec (or --fits-table / --fits-chart / --vs-measured / --time-chart)")
     spec = RunSpec.from_path(args.spec)
     p = predict(spec, spec.nodes * gpus, gpus, device, data=args.data)
+    st = step_fields(spec, spec.nodes * gpus, gpus, p.batch if p.fits else None, device.name, timing)
     if args.json:
-        out: dict[str, Any] = p.as_dict()
+        out: dict[str, Any] = {**p.as_dict(), **st}
         print(json.dumps(out, indent=1))
     else:
         _print_prediction(p)
+        print("\n".join(step_lines(st)))
     return 0
 
+
+def _cell_step_fields(c: FitsCell, nodes: int, gpus: int, precision: str, batch: int | None, device: Device,
+                      timing: Any, step_fields: Any) -> dict[str, Any]:
+    """A fits-table cell's step time at its batch (the given one, else its max batch)."""
+    at = batch if batch is not None else c.max_batch
+    if not c.fits or at is None:
+        return {"step_time_s": None, "step_time_parts": None, "step_time_sources": ["does not fit"]}
+    from scaleladder.spec import default_knobs
+
+    strategy = parse_strategy(c.strategy)
+    spec = RunSpec(c.model, strategy, precision, default_knobs(strategy), nodes, at)
+    return dict(step_fields(spec, nodes * gpus, gpus, at, device.name, timing))

@@ -508,7 +508,7 @@ def planned_not_to_fit(spec: RunSpec, cfg: Mapping[str, Any], ranks_per_node: in
         # The planner does not model torch.compile (fusion and the partitioner change what is
         # saved): a compiled rung is never skipped on a guess. It runs; an OOM is its result.
         return False
-    from scaleladder.plan import predict
+    from scaleladder.planner.memory import predict  # plan.predict itself; plan imports profiles -> workflow
 
     world, rpn = rank_args(spec, ranks_per_node)
     return not predict(spec, world, rpn, device, data=rung_data_path(spec, data_source(cfg))).fits
@@ -748,8 +748,8 @@ def apply_loader(cfg: dict[str, Any]) -> None:
     ``workers`` become ``--workers``, its ``decode`` reaches ``scaleladder run --decode``'s
     default through the site's job environment (``SCALELADDER_DECODE``)."""
     loader = cfg.get("loader") or {}
-    if "workers" in loader:
-        cfg["workers"] = int(loader["workers"])
+    if "workers" in loader:  # a count, or "auto" (run resolves it from each rank's cores: data/cores.py)
+        cfg["workers"] = "auto" if str(loader["workers"]) == "auto" else int(loader["workers"])
     if loader.get("decode", "cpu") != "cpu":  # cpu is run's own default: nothing to export
         cfg["site"].setdefault("env", {})
         cfg["site"]["env"] = {**(cfg["site"]["env"] or {}), "SCALELADDER_DECODE": str(loader["decode"])}

@@ -1,0 +1,226 @@
+"""A rung's step time before it runs: compute, host work and communication, and what overlaps.
+
+    step_time_s = max(host_s, compute_s + exposed_comm_s)      (a GPU rung)
+    step_time_s = host_s + compute_s + exposed_comm_s          (a CPU rung: one thread does all)
+
+* ``compute_s``: the rung's HARDWARE FLOPs (HFU's numerator: AC's recompute counted;
+  ``models/flops.py``) at the device's rate for the model's width (``rates.py``), plus the
+  fused AdamW step's HBM traffic over the rank's trainable elements.
+* ``host_s``: the step's top-level aten ops (layer passes x ops per pass, x the AC and
+  wrapper multipliers below) x the calibration host's microseconds per op x the site's
+  stated ``cpu_factor``. The host issues kernels asynchronously, so a step takes the LONGER
+  of host and GPU, not their sum.
+* ``comm_s``: every collective of the step by the alpha-beta model (``comm.py``), from the
+  wrapping units' sizes (``step_setup``); ``exposed_comm_s``: what the overlap replay
+  (``overlap.py``) leaves outside the compute.
+
+The host figures are STATED until ``benchmarks/bench_host.py`` measures them per rung
+(issue 30): 126 top-level aten ops per ViT layer pass and 212 per FLAVA layer pass (a vit-base
+step ~1,500, a flava-350m step ~11,500: the H100 run's traces, docs/gpu-check-h100/);
+non-reentrant AC re-runs the forward, about half of a step's ops (each forward op leaves one
+backward node); FSDP1 and FSDP2 at one rank issue 2.1x and 1.9x the host work of ``single``
+(vit-debug b4 on the CPU, issue 30). Torch-free: ``plan`` runs on a login node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaleladder.models.flavors import Flavor, get_flavor
+from scaleladder.models.flops import FlopCount, flava_flops, vit_flops
+from scaleladder.planner.comm import Links, all_gather_s, all_reduce_s, links_from_profile, reduce_scatter_s
+from scaleladder.planner.overlap import Schedule, Stage, schedule
+from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates
+from scaleladder.planner.static import fsdp_param_bytes, storage_bytes
+from scaleladder.planner.step_setup import StepSetup, step_setup
+from scaleladder.spec import Knobs, RunSpec
+
+#: FLAVA's heads run on masked tokens of matched pairs only (models/flops.py); before any run we
+#: take the pretraining recipe's rates: MLM masks 15% of text tokens, MIM 40% of patches, ITM swaps
+#: in a negative caption for half the pairs. (campaign/cost.py prices with the same.)
+MLM_RATE, MIM_RATE, POSITIVE_FRACTION = 0.15, 0.40, 0.5
+
+OPS_PER_LAYER_PASS = {"vit": 126, "flava": 212}  # stated: see the module docstring
+AC_FORWARD_SHARE = 0.5  # non-reentrant AC re-runs the forward: +this share of a step's host work
+WRAPPER_HOST = {"single": 1.0, "ddp": 1.0, "fsdp": 2.1, "fsdp2": 1.9}  # host work relative to single
+MIB = 1 << 20
+DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES = 25 * MIB, 1 * MIB  # DDP's bucket_cap_mb=25, its 1 MiB first bucket
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a site's profile says about time (its ``timing:`` block; see docs/planner.md)."""
+
+    links: Links | None = None
+    links_note: str = "no profile: no link figures"
+    cpu_factor: float = 1.0
+    cpu_source: str = "cpu_factor 1.0 (the calibration host's own; no profile)"
+    compile_s: float | None = None
+
+
+def site_from_config(config: Mapping[str, Any], name: str) -> Site:
+    """A profile's merged config -> its :class:`Site`. A missing link is not an error: the
+    note (one line naming the missing key) travels with every prediction, which then is
+    compute + host."""
+    timing: Mapping[str, Any] = config.get("timing") or {}
+    links, note = links_from_profile(timing.get("links"), "timing.links")
+    note = f"profile {name}: {note}" if links is None else ""
+    factor = timing.get("cpu_factor")
+    src = (f"profile {name}: timing.cpu_factor {float(factor)} (stated)" if factor is not None
+           else f"profile {name} states no timing.cpu_factor: 1.0, the calibration host's")
+    compile_s = timing.get("compile_s")
+    return Site(links, note, 1.0 if factor is None else float(factor), src,
+                None if compile_s is None else float(compile_s))
+
+
+@dataclass
+class StepTime:
+    step_time_s: float
+    compute_s: float
+    host_s: float
+    comm_s: float
+    exposed_comm_s: float
+    bound: str  # "gpu" or "host" (or "cpu": a CPU rung, one thread)
+    sources: list[str] = field(default_factory=list)  # where every figure came from, and what is missing
+
+    def parts(self) -> dict[str, float]:
+        return {"compute_s": self.compute_s, "host_s": self.host_s, "comm_s": self.comm_s,
+                "exposed_comm_s": self.exposed_comm_s}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "step_time_parts": self.parts(), "step_time_bound": self.bound,
+                "step_time_sources": list(self.sources)}
+
+
+def flops_per_sample(flavor: Flavor, ac: bool, global_batch: int) -> FlopCount:
+    if flavor.family == "vit":
+        return vit_flops(flavor, ac)
+    return flava_flops(flavor, global_batch, MLM_RATE * flavor.text_len, MIM_RATE * flavor.patches,
+                       POSITIVE_FRACTION, ac)
+
+
+def layer_passes(flavor: Flavor) -> list[tuple[str, float]]:
+    """The forward's layer passes in order: (unit id, relative compute ~ tokens). FLAVA runs its
+    image and text encoders twice (plain, masked) and the fusion encoder once."""
+    if flavor.family == "vit":
+        return [(f"layer{i}", 1.0) for i in range(flavor.layers)]
+    ti, tt = flavor.patches + 1, flavor.text_len
+    image = [(f"img{i}", float(ti)) for i in range(flavor.layers)]
+    text = [(f"txt{i}", float(tt)) for i in range(flavor.layers)]
+    mm = [(f"mm{i}", float(1 + ti + tt)) for i in range(flavor.mm_layers)]
+    return image + text + image + text + mm
+
+
+def host_seconds(spec: RunSpec, rates: Rates, site: Site) -> tuple[float, str]:
+    flavor = get_flavor(spec.model)
+    ops = len(layer_passes(flavor)) * OPS_PER_LAYER_PASS[flavor.family]
+    ops *= (1 + AC_FORWARD_SHARE if spec.strategy.ac else 1.0) * WRAPPER_HOST[spec.strategy.wrapper]
+    s = ops * rates.us_per_op * 1e-6 * site.cpu_factor
+    return s, f"host: {ops:,.0f} aten ops x {rates.us_per_op} us x {site.cpu_factor} ({site.cpu_source}); {rates.host_source}"
+
+
+def _depths(knobs: Any, fsdp2: bool) -> tuple[int | None, int | None, bool]:
+    """(forward depth, backward depth, backward gather before the reduce) for the knobs."""
+    if fsdp2:
+        d = 1 + int(getattr(knobs, "prefetch_layers", 0))
+        return d, d, False
+    k = knobs if isinstance(knobs, Knobs) else Knobs()
+    fwd = 1 if k.limit_all_gathers else None
+    if k.backward_prefetch == "pre":
+        return fwd, fwd, False
+    return fwd, 0, k.backward_prefetch == "post"
+
+
+def _fsdp_stages(setup: StepSetup, links: Links, rpn: int, fwd_s: float, bwd_s: float) -> list[Stage]:
+    """Long because the forward's gathers, the backward's regathers and reductions (per sharding:
+    FULL/GRAD_OP reduce-scatter, NO_SHARD all-reduce, HYBRID both) are one walk over the units.
+
+    Per unit: the forward gathers it (again on each pass when it reshards after forward), the
+    backward regathers it (FULL_SHARD, HYBRID) and reduces its gradient once after its last pass."""
+    from scaleladder.planner.static import sharding
+
+    sh = sharding(setup.strategy, setup.world)
+    world, g = setup.world, sh.group
+    flavor = setup.inv.flavor
+    gbytes = setup.variant.gathered_param_bytes or fsdp_param_bytes(setup.precision)
+    rbytes = 4 if setup.precision in ("bf16-mixed", "fp16-mixed") else storage_bytes(setup.precision)
+    shard_link = links.for_group(g, 1, rpn)
+    world_link = links.for_group(world, 1, rpn)
+    rep_link = links.for_group(world // g, g, rpn) if world // g > 1 else None
+
+    def gather(kind: str) -> float:
+        return all_gather_s(setup.unit_full.get(kind, 0) * gbytes, g, shard_link) if sh.sharded else 0.0
+
+    def reduce(kind: str) -> float:
+        n = setup.grad_full.get(kind, 0) * rbytes
+        if not sh.sharded:
+            return all_reduce_s(n, world, world_link)
+        out = reduce_scatter_s(n, g, shard_link)
+        return out + (all_reduce_s(n / g, world // g, rep_link) if rep_link is not None else 0.0)
+
+    fdepth, bdepth, post = _depths(setup.knobs, sh.fsdp2)
+    passes = layer_passes(flavor)
+    total_w = sum(w for _, w in passes)
+    stages = [Stage(0.0, gather("root") + (gather("codebook") if setup.inv.codebook else 0.0), 0.0, fdepth)]
+    seen: set[str] = set()
+    for unit, w in passes:
+        again = sh.reshard_after_forward or unit not in seen
+        stages.append(Stage(fwd_s * w / total_w, gather("layer") if again else 0.0, 0.0, fdepth))
+        seen.add(unit)
+    back = list(reversed(passes))
+    last = {u: i for i, (u, _) in enumerate(back)}
+    regathered: set[str] = set()
+    for i, (unit, w) in enumerate(back):
+        g_s = gather("layer") if sh.reshard_after_forward and unit not in regathered else 0.0
+        regathered.add(unit)
+        stages.append(Stage(bwd_s * w / total_w, g_s, reduce("layer") if last[unit] == i else 0.0, bdepth, post))
+    stages.append(Stage(0.0, 0.0, reduce("root")))
+    return stages
+
+
+def _ddp_stages(trainable: int, grad_bytes: int, world: int, links: Links, rpn: int,
+                fwd_s: float, bwd_s: float) -> list[Stage]:
+    """DDP: the forward, then the backward in gradient buckets (a 1 MiB first bucket, then 25 MiB),
+    each all-reduced over the world as soon as it is full (in the order autograd fills them)."""
+    total = trainable * grad_bytes
+    sizes, left = [], total
+    for cap in [DDP_FIRST_BUCKET_BYTES] + [DDP_BUCKET_BYTES] * (total // DDP_BUCKET_BYTES + 1):
+        if left <= 0:
+            break
+        sizes.append(min(cap, left))
+        left -= sizes[-1]
+    link = links.for_group(world, 1, rpn)
+    return [Stage(fwd_s)] + [Stage(bwd_s * b / total, 0.0, all_reduce_s(b, world, link)) for b in sizes]
+
+
+def predict_step(spec: RunSpec, world: int, ranks_per_node: int, batch: int, rates: Rates,
+                 site: Site = Site(), setup: StepSetup | None = None) -> StepTime:
+    """One rung's step time at local ``batch`` on ``world`` ranks (see the module docstring)."""
+    flavor = get_flavor(spec.model)
+    setup = setup or step_setup(spec.model, spec.strategy, spec.precision, spec.knobs, world)
+    fc = flops_per_sample(flavor, spec.strategy.ac, batch * world)
+    gpu = batch * fc.hardware / rates.flops_per_s(flavor.hidden)
+    fwd_s, bwd_s = gpu * fc.forward / fc.hardware, gpu * (1 - fc.forward / fc.hardware)
+    opt_s = setup.local.trainable * OPT_BYTES_PER_PARAM / rates.hbm_bps
+    sources = [f"compute: {batch * fc.hardware / 1e12:.3g} TFLOP (hardware) at {rates.flops_per_s(flavor.hidden) / 1e12:.0f} "
+               f"TFLOP/s, {rates.compute_source}; optimizer {opt_s * 1e3:.2f} ms of HBM traffic"]
+    host, hsrc = host_seconds(spec, rates, site)
+    sources.append(hsrc)
+    w, links = spec.strategy.wrapper, site.links
+    stages = [Stage(gpu)]
+    if world > 1 and w != "single" and links is None:
+        sources.append(f"{site.links_note}: step time is compute + host, communication not modelled")
+    elif w == "ddp" and links is not None:
+        stages = _ddp_stages(setup.inv.trainable_numel, storage_bytes(spec.precision), world, links,
+                             ranks_per_node, fwd_s, bwd_s)
+    elif w in ("fsdp", "fsdp2") and links is not None:
+        stages = _fsdp_stages(setup, links, ranks_per_node, fwd_s, bwd_s)
+    sched: Schedule = schedule(stages + [Stage(opt_s)])
+    device_s = sched.total_s
+    if rates.device == "cpu":
+        step, bound = host + device_s, "cpu"
+    else:
+        step, bound = max(host, device_s), ("host" if host > device_s else "gpu")
+    return StepTime(step, sched.compute_s, host, sched.comm_s, sched.exposed_s, bound, sources)

@@ -1,0 +1,142 @@
+"""The step-time model's arithmetic on hand-computed cases (issue 32): one collective, one FSDP
+unit, one DDP bucket; which link a group crosses; the bad inputs (a profile without link
+figures, a calibration for another device or torch); and `plan --json` with the figures for
+every rung of every profile. Torch-free and cheap: no rung runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from scaleladder.errors import SpecError
+from scaleladder.planner.comm import Link, Links, all_gather_s, all_reduce_s, links_from_profile, reduce_scatter_s
+from scaleladder.planner.overlap import Stage, schedule
+from scaleladder.planner.rates import check_calibration, datasheet, rates
+from scaleladder.planner.steptime import Site, _ddp_stages, predict_step, site_from_config
+from scaleladder.spec import RunSpec
+
+
+def test_one_collective() -> None:
+    link = Link(10e-6, 1e9)
+    # ring all-gather of 1 MB over 4 ranks: 3 alpha + 3/4 of the bytes over beta
+    assert all_gather_s(1e6, 4, link) == pytest.approx(3 * 10e-6 + 0.75 * 1e6 / 1e9)  # 780 us
+    assert reduce_scatter_s(1e6, 4, link) == pytest.approx(780e-6)
+    assert all_gather_s(1e6, 1, link) == 0.0
+    # all-reduce of 8 MB over 8 ranks, alpha 5 us, 10 GB/s: ring 70 us + 1.4 ms, tree 30 us + 1.6 ms -> ring
+    fast = Link(5e-6, 1e10)
+    assert all_reduce_s(8e6, 8, fast) == pytest.approx(2 * 7 * 5e-6 + 2 * 7 / 8 * 8e6 / 1e10)
+    # tiny message, high latency: the tree's 2 log2(n) latency terms win
+    slow = Link(1e-3, 1e10)
+    assert all_reduce_s(8.0, 8, slow) == pytest.approx(2 * 3 * 1e-3 + 2 * 8.0 / 1e10)
+
+
+def test_one_fsdp_unit() -> None:
+    # forward: gather 0.2 then compute 1.0; backward: regather (prefetched behind the forward's
+    # compute), compute 2.0, reduce 0.4 -> 0.2 + 1.0 + 2.0 + 0.4; exposed: first gather + reduce
+    s = schedule([Stage(1.0, 0.2), Stage(2.0, 0.2, 0.4)])
+    assert (s.total_s, s.compute_s, s.comm_s) == pytest.approx((3.6, 3.0, 0.8))
+    assert s.exposed_s == pytest.approx(0.6)
+    # gathers longer than compute: 0..0.5 gather, 0.5..0.6 compute, 0.5..1.0 regather, 1.0..1.2, reduce to 1.6
+    s = schedule([Stage(0.1, 0.5), Stage(0.2, 0.5, 0.4)])
+    assert (s.total_s, s.exposed_s) == pytest.approx((1.6, 1.3))
+    # no prefetch (depth 0): the regather waits for the forward's compute to end: nothing changes here,
+    # but with two forward units the second gather no longer hides behind the first compute
+    hidden = schedule([Stage(1.0, 0.3), Stage(1.0, 0.3)])
+    waits = schedule([Stage(1.0, 0.3, depth=0), Stage(1.0, 0.3, depth=0)])
+    assert (hidden.total_s, waits.total_s) == pytest.approx((2.3, 2.6))
+
+
+def test_one_ddp_bucket() -> None:
+    # 1,000 fp32 gradients = 4,000 bytes: one bucket (under DDP's 1 MiB first bucket), all-reduced over
+    # 2 ranks once the backward (2 s) ends: ring 2 alpha + S/beta = 20 us + 4 us, all of it exposed
+    links = Links(Link(1e-5, 1e9), Link(1e-4, 1e8))
+    stages = _ddp_stages(1000, 4, 2, links, 2, 1.0, 2.0)
+    assert len(stages) == 2 and stages[1].after_s == pytest.approx(2.4e-5)
+    s = schedule(stages)
+    assert (s.total_s, s.exposed_s) == pytest.approx((3.0 + 2.4e-5, 2.4e-5))
+    # 60 MiB of gradients: a 1 MiB bucket, two of 25 MiB and the 9 MiB rest; all but the last hide
+    sizes = [st.after_s for st in _ddp_stages(60 * 2**20 // 4, 4, 2, Links(Link(0, 1e9), Link(0, 1e9)), 2, 0.0, 10.0)[1:]]
+    assert sizes == pytest.approx([b / 1e9 for b in (2**20, 25 * 2**20, 25 * 2**20, 9 * 2**20)])
+
+
+def test_link_of_a_group() -> None:
+    pair, node, inter = Link(1e-5, 200e9), Link(1e-5, 50e9), Link(2e-5, 100e9)
+    links = Links(node, inter, pair, 2)
+    assert links.for_group(2, 1, 8) is pair  # the 2 GCDs of one MI250X
+    assert links.for_group(8, 1, 8) is node  # a ring over the node: its slowest hop
+    assert links.for_group(16, 1, 8).beta_bps == pytest.approx(100e9 / 8)  # 8 ranks share the node's NICs
+    assert links.for_group(8, 8, 8).beta_bps == pytest.approx(100e9)  # HYBRID's replicate group: 1 rank per node
+
+
+def test_profile_without_links_falls_back_and_says_so() -> None:
+    site = site_from_config({"timing": {"links": {"intra_node": {"alpha_us": 5, "gbps": 10}}}}, "p")
+    assert site.links is None and site.links_note == "profile p: no timing.links.inter_node"
+    spec = RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n2/b32")
+    st = predict_step(spec, 16, 8, 32, rates("a100-40gb", "bf16-mixed"), site)
+    assert st.comm_s == 0 and any("no timing.links.inter_node" in s and "compute + host" in s for s in st.sources)
+    assert links_from_profile(None)[1] == "no links (links.intra_node, links.inter_node)"
+
+
+def test_calibration_for_another_device_or_torch_is_refused() -> None:
+    cal = {"device": "h100-80gb", "torch": "2.11", "compute": {}, "host": {"us_per_op": 1}}
+    check_calibration(cal, "h100-80gb", "2.11.0+cu130", "h100.json")
+    with pytest.raises(SpecError, match=r"is for h100-80gb under torch 2.11, not mi250x-gcd"):
+        check_calibration(cal, "mi250x-gcd", None, "h100.json")
+    with pytest.raises(SpecError, match=r"not h100-80gb under torch 2.14"):
+        check_calibration(cal, "h100-80gb", "2.14.1", "h100.json")
+
+
+def test_calibration_reproduces_its_own_rung() -> None:
+    """h100.json was solved from vit-base single b128 (48.8 ms): it must give it back."""
+    st = predict_step(RunSpec.from_path("vit-base/single/bf16-mixed/pre-lag/n1/b128"), 1, 1, 128, rates("h100-80gb", "bf16-mixed"))
+    assert st.step_time_s == pytest.approx(48.8e-3, rel=0.005) and st.bound == "gpu"
+
+
+def test_datasheet_matches_the_runner_peaks() -> None:
+    pytest.importorskip("torch")
+    from scaleladder.rung.devices import PEAKS
+
+    for key, dev in datasheet()["devices"].items():
+        if "peaks_key" not in dev:
+            continue
+        peak = PEAKS[dev["peaks_key"]]
+        assert dev["peak_tflops"]["bf16"] * 1e12 == pytest.approx(peak.bf16), key
+        assert dev["peak_tflops"]["fp32"] * 1e12 == pytest.approx(peak.fp32), key
+
+
+def test_every_rung_of_every_profile_has_a_step_time() -> None:
+    from scaleladder.plan_time import Timing, step_fields
+    from scaleladder.profiles import load_profile
+    from scaleladder.workflow import rank_args
+
+    for name in sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "site.yaml").is_file()):
+        prof = load_profile(name, REPO)
+        timing = Timing(site_from_config(prof.config, name), None, "")
+        device = prof.site.get("plan_device") or "cpu"
+        for spec in prof.ladder.rungs:
+            if spec.strategy.compile:  # the planner does not model torch.compile (memory nor time)
+                continue
+            world, rpn = rank_args(spec, prof.ladder.ranks_per_node)
+            f = step_fields(spec, world, rpn, spec.batch if isinstance(spec.batch, int) else 1, device, timing)
+            assert f["step_time_s"] and math.isfinite(f["step_time_s"]), (name, spec.path, f)
+            assert set(f["step_time_parts"]) == {"compute_s", "host_s", "comm_s", "exposed_comm_s"}
+
+
+def test_plan_json_text_and_fits_table_carry_the_step_time() -> None:
+    run = [sys.executable, "-m", "scaleladder", "plan"]
+    out = subprocess.run(run + ["--spec", "vit-huge/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32", "--profile", "frontier",
+                                "--json"], capture_output=True, text=True, cwd=REPO, check=True)
+    d = json.loads(out.stdout)
+    assert d["step_time_s"] > 0 and d["step_time_parts"]["comm_s"] > 0
+    text = subprocess.run(run + ["--spec", "vit-base/ddp/bf16-mixed/pre-lag/n1/b32", "--profile", "local", "--device",
+                                 "a100-40gb"], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert "step time:" in text and "no timing.links" in text
+    table = subprocess.run(run + ["--fits-table", "--device", "a100-40gb", "--profile", "a100", "--batch", "8"],
+                           capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert " ms" in table and "predicted step time" in table
