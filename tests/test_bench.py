@@ -3,6 +3,11 @@ window only, and what counts as running out of memory."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +18,10 @@ from scaleladder.rung import loop
 from scaleladder.rung.loop import OOMDuringStep, is_oom, oom_line, train_loop
 from scaleladder.campaign.maxbatch import is_oom_message
 from scaleladder.rung.precision import policy
+from scaleladder.results.record import Host, checked
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 CPU = torch.device("cpu")
 
@@ -91,3 +100,95 @@ def test_a_cublas_alloc_failure_in_a_step_carries_its_step(monkeypatch: pytest.M
     with one_rank_group(), pytest.raises(OOMDuringStep) as e:
         train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [{"x": torch.ones(2)}] * 4, steps=4, warmup=1, prec=policy("fp32"), device=CPU)
     assert e.value.step == 2 and "CUBLAS_STATUS_ALLOC_FAILED" in str(e.value)
+
+
+# -- host-boundness (docs/metrics.md, "Host-boundness") and benchmarks/bench_host.py ------------
+
+
+class _FakeDevice:
+    """A device that runs each step's kernels for ``busy`` seconds, starting each no sooner
+    than the host issued it and the previous step ended; events read its clock."""
+
+    def __init__(self, host: list[float], busy: float) -> None:
+        self.host, self.busy, self.free = host, busy, 0.0
+
+    def event(self) -> object:
+        device = self
+
+        class Event:
+            t = 0.0
+
+            def record(self) -> None:  # the step before ends, then this event passes
+                self.t = device.free = max(device.host[0], device.free)
+
+            def elapsed_time(self, other: "Event") -> float:
+                return (other.t - self.t) * 1e3  # ms, as torch.cuda.Event's
+
+        return Event()
+
+
+@pytest.mark.parametrize("issue,busy,bound", [(0.010, 0.004, True), (0.002, 0.010, False)], ids=["host-bound", "device-bound"])
+def test_host_boundness_from_an_injected_clock(monkeypatch: pytest.MonkeyPatch, issue: float, busy: float, bound: bool) -> None:
+    """The figures come from the host clock and the device's events, as the loop takes them:
+    a device-bound rung has a small host_boundness and a growing lag; a host-bound one ~1 and ~0."""
+    now = [0.0]
+    monkeypatch.setattr(loop, "time", type("T", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    dev = _FakeDevice(now, busy)
+    steps, warmup = 8, 2
+    clock = loop._StepClock(CPU, steps, event=dev.event)
+    for step in range(steps):
+        clock.mark(step)
+        dev.free = max(dev.free, now[0]) + busy  # this step's kernels, queued behind the last
+        now[0] += issue
+        clock.issued(step)
+        now[0] += 0.0005  # the next batch, the progress line
+    clock.stop(CPU)
+    boundness, lag = clock.host_figures(warmup)
+    assert clock.host_issue_s() == pytest.approx([issue] * steps)
+    step = max(issue + 0.0005, busy)
+    assert boundness == pytest.approx(issue / step, rel=1e-6)
+    m = loop.Measurement(clock.step_times(), np.zeros(steps), 1.0, steps - warmup, host_issue_s=clock.host_issue_s(),
+                         host_boundness=boundness, device_lag_s=lag)
+    attrs = loop.host_attrs(m, warmup)
+    assert attrs[Host.host_bound] is bound and checked(attrs)
+    assert (lag < 1e-9) if bound else (lag > busy)
+
+
+def test_host_boundness_is_absent_on_the_cpu() -> None:
+    """On the CPU every step's issue time is recorded, but no figure: no device waits."""
+    model = Counting()
+    with one_rank_group():
+        m = train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [{"x": torch.ones(2)}] * 4, steps=4, warmup=1,
+                       prec=policy("fp32"), device=CPU)
+    assert len(m.host_issue_s) == 4 and (m.host_issue_s > 0).all()
+    assert np.isnan(m.host_boundness) and loop.host_attrs(m, 1) == {}
+
+
+def test_bench_host_counts_top_level_ops_and_gpu_syncs_only() -> None:
+    """Nested aten ops count once; a boolean-mask index's nonzero counts; the CPU fused
+    optimizer's .item() (the CUDA kernel reads the step on the device) does not."""
+    from bench_host import top_level_ops
+
+    def op(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [op("aten::linear", 0, 10), op("aten::addmm", 1, 5), op("aten::index", 20, 5), op("aten::nonzero", 21, 2),
+              op("aten::item", 30, 2), op("aten::_local_scalar_dense", 30.5, 1), op("aten::_fused_adamw_", 40, 10),
+              op("aten::item", 41, 1), op("aten::_local_scalar_dense", 41.2, 0.5), op("aten::mm", 5, 1, tid=2),
+              {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 60, "tid": 1}]
+    assert top_level_ops(events) == (5, 2)
+
+
+def test_bench_host_quick_runs_rungs_and_compares_them_with_single(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "h.json"
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks/bench_host.py"), "--quick", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "SCALELADDER_LOG_LEVEL": "WARNING"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = {r["strategy"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"single", "fsdp-full"} and "| vit-debug/fsdp-full/b4 |" in run.stdout
+    assert rows["single"]["aten_ops_per_step"] > 100 and rows["single"]["syncs_per_step"] == 0
+    assert rows["fsdp-full"]["host_vs_single"] > 0 and rows["single"]["host_vs_single"] == 1.0

@@ -206,6 +206,16 @@ class Memory(Section):
     ooms = attr("count", "allocator OOMs inside the window, summed over ranks")
 
 
+class Host(Section):
+    title = "Host-boundness (GPU rungs only; absent on the CPU: rung/loop.py, docs/metrics.md 'Host-boundness')"
+    host_issue_median_s = attr("s", "rank 0's host time to issue a step (its start -> its last call returned, no sync), "
+                                    "median over the measured steps")
+    host_boundness = attr("fraction", "host_issue_median_s / the median event-timed step (rank 0)")
+    device_lag_median_s = attr("s", "how far the device was behind the host where the host began a step, median "
+                                    "(0: the device had waited for the host)")
+    host_bound = attr("bool", "host_boundness >= 0.9 and device_lag_median_s under a tenth of a step")
+
+
 class Compile(Section):
     title = "torch.compile (-compile rungs only; absent on eager ones)"
     compile_s = attr("s", "the warm-up's cost beyond steady state")
@@ -361,7 +371,7 @@ class Kind:
 
 RUNG = (Record, Spec, Settings, Build, Placement, Provenance)
 RUNG_FILE = "`results/rungs/<spec>.h5`"
-OK = Kind("ok", RUNG_FILE, (*RUNG, Peak, Throughput, Interval, Memory, Compile, Startup, Loader, Profiling, MaxBatch))
+OK = Kind("ok", RUNG_FILE, (*RUNG, Peak, Throughput, Interval, Memory, Host, Compile, Startup, Loader, Profiling, MaxBatch))
 OOM = Kind("oom", RUNG_FILE, (*RUNG, Oom, MaxBatch))
 PREDICTED_OOM = Kind("predicted-oom", RUNG_FILE, (*RUNG, Oom, Plan, MaxBatch))
 CONVERGENCE = Kind("convergence", "`results/converge/rungs/<strategy>/<precision>/s<seed>.h5`", (*RUNG, Convergence),

@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +44,10 @@ class Measurement:
     device_total_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     compile_s: float = float("nan")  # compiled rungs: the warm-up's excess over steady state, max over ranks
     compile_graphs: int = 0  # graphs Dynamo captured during this loop (compiled rungs)
+    # [steps], this rank's host time to issue each step (docs/metrics.md, "Host-boundness")
+    host_issue_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    host_boundness: float = float("nan")  # NaN on the CPU: no asynchronous device to wait for the host
+    device_lag_s: float = float("nan")  # NaN on the CPU
 
 
 class CompileError(SpecError):
@@ -305,22 +310,55 @@ def train_loop(
 
 class _StepClock:
     """Where each step starts (and the last one ends): CUDA events recorded on the compute
-    stream on a GPU, read once after the loop; the host clock always (the window's ends)."""
+    stream on a GPU, read once after the loop; the host clock always (the window's ends),
+    and where the host finished issuing each step (:meth:`issued`: host-boundness).
+    ``event`` makes the device's events (a test passes a fake one)."""
 
-    def __init__(self, device: torch.device, steps: int) -> None:
-        cuda = device.type == "cuda"
-        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
+    def __init__(self, device: torch.device, steps: int, event: Any = None) -> None:
+        cuda = device.type == "cuda" or event is not None
+        make = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.events = [make() for _ in range(steps + 1)] if cuda else []
         self.host_times = np.zeros(steps + 1)
+        self.issued_times = np.zeros(steps)
 
     def mark(self, step: int) -> None:
         if self.events:
             self.events[step].record()
         self.host_times[step] = time.perf_counter()
 
+    def issued(self, step: int) -> None:
+        """The host has issued every kernel of ``step`` (its last call returned; no sync)."""
+        self.issued_times[step] = time.perf_counter()
+
+    def host_issue_s(self) -> np.ndarray:
+        return self.issued_times - self.host_times[:-1]
+
+    def host_figures(self, warmup: int) -> tuple[float, float]:
+        """(host_boundness, device_lag_s) of the measured steps; NaN without device events.
+
+        host_boundness: the median host time to issue a step over the median event-timed
+        step. device_lag_s: the median, over the measured steps after the first, of how far
+        the device was behind the host where the host began the step: the device's clock is
+        the events', set against the host's at the window's first step, which starts on an
+        idle device (_open_window synchronises). Near 0: the device had finished the step
+        before and waited for the host. TRAP: a host far ahead of a slow device blocks in
+        the launch (a full launch queue) or in a sync, and its issue time then grows to the
+        device's step: host_boundness near 1 with a large lag is a device-bound rung.
+        """
+        if not self.events or len(self.host_times) - 1 <= warmup:
+            return float("nan"), float("nan")
+        issue = self.host_issue_s()[warmup:]
+        device_step = self.step_times()[warmup:]
+        boundness = float(np.median(issue) / np.median(device_step))
+        device_at = self.host_times[warmup] + np.concatenate([[0.0], np.cumsum(device_step)])[1:-1]
+        lag = device_at - self.host_times[warmup + 1:-1]
+        return boundness, float(np.median(lag)) if lag.size else float("nan")
+
     def stop(self, device: torch.device) -> None:
         """After the last step: its end, with the device drained."""
         if self.events:
             self.events[-1].record()
+        if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.host_times[-1] = time.perf_counter()
 
@@ -362,6 +400,26 @@ def _open_window(device: torch.device, warmup: int, compiled: bool, graphs_befor
     dist.barrier()
     start.time = time.perf_counter()
     return start
+
+
+#: A rung is host-bound at this host_boundness or above, with the device's lag under a tenth of a step.
+HOST_BOUND_AT = 0.9
+
+
+def host_attrs(m: Measurement, warmup: int) -> dict[str, Any]:
+    """The record's host-boundness attributes (docs/metrics.md, "Host-boundness"): none on
+    the CPU, where no asynchronous device waits for the host (absent, not NaN)."""
+    from scaleladder.results.record import Host
+
+    if not m.host_boundness == m.host_boundness:  # NaN: no device events
+        return {}
+    step = float(np.median(m.step_time_s[warmup:]))
+    return {
+        Host.host_issue_median_s: float(np.median(m.host_issue_s[warmup:])),
+        Host.host_boundness: m.host_boundness,
+        Host.device_lag_median_s: m.device_lag_s,
+        Host.host_bound: bool(m.host_boundness >= HOST_BOUND_AT and m.device_lag_s < 0.1 * step),
+    }
 
 
 def _step_error(e: Exception, step: int, warmup: int, compiled: bool) -> Exception | None:
@@ -414,6 +472,7 @@ def _train_loop(
                 raise
             raise translated from None
         losses[step] = loss.detach().float()
+        clock.issued(step)  # a host clock read: no sync
         progress.done(step)
     clock.stop(device)
     return _measure(clock, losses, window, steps=steps, warmup=warmup, compiled=compiled, device=device)
@@ -433,7 +492,8 @@ def _measure(clock: _StepClock, losses: Tensor, window: _WindowStart, *, steps: 
 
     window_max, excess_max = window_t.tolist()
     m = Measurement(step_times, losses.cpu().numpy(), window_max, steps - warmup, compile_s=excess_max,
-                    compile_graphs=window.graphs)
+                    compile_graphs=window.graphs, host_issue_s=clock.host_issue_s())
+    m.host_boundness, m.device_lag_s = clock.host_figures(warmup)
     retries, ooms = _mem_counters(device)
     active_peak, reserved_peak = _mem_peaks(device)
     used_now, reserved_now, total = _device_memory(device)

@@ -461,6 +461,7 @@ def ok_attrs(ctx: RankContext, built: Built, m: Any, where: dict[str, Any]) -> d
     from scaleladder.rung import provenance
     from scaleladder.rung.devices import rank_device_peak_flops
     from scaleladder.rung.ladder import sharding_ran
+    from scaleladder.rung.loop import host_attrs
 
     cfg, spec, world, report = ctx.cfg, ctx.cfg.spec, ctx.env.world, built.report
     samples_per_s = int(spec.batch) * world * m.measured_steps / m.window_s
@@ -512,6 +513,7 @@ def ok_attrs(ctx: RankContext, built: Built, m: Any, where: dict[str, Any]) -> d
     if spec.strategy.compile:  # absent, not NaN, on eager rungs: they compiled nothing
         attrs[Compile.compile_s] = m.compile_s
         attrs[Compile.compile_graphs] = m.compile_graphs
+    attrs.update(host_attrs(m, cfg.warmup))  # GPU rungs: host-boundness (absent on the CPU)
     return attrs
 
 
@@ -533,6 +535,7 @@ def _record(ctx: RankContext, built: Built, m: Any, profiled: dict[str, Any], wh
         "memory/num_ooms": m.ooms,
         "memory/warmup_peak_active_bytes": m.warmup_peak_active_bytes,
         "memory/peak_device_used_bytes": m.peak_device_used_bytes,
+        "host_issue_s": m.host_issue_s,  # per step: the host's time to issue it (docs/metrics.md)
     }
     if isinstance(built.source, DeviceFeed):
         datasets["loader_wait_s"] = built.source.wait_s
