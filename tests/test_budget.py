@@ -23,7 +23,9 @@ PEAK_A100_BF16 = PEAKS["a100"].bf16
 
 
 def time_model(**kw: object) -> cost.TimeModel:
-    base = dict(plan_device="a100-40gb", steps=100, mfu={"default": 0.5, "ddp": 0.4}, startup_s=60.0, probe_steps=5)
+    # predicted=False: the stated-MFU model these tests check; test_predicted_step_time the planner's
+    base = dict(plan_device="a100-40gb", steps=100, mfu={"default": 0.5, "ddp": 0.4}, startup_s=60.0, probe_steps=5,
+                predicted=False)
     base.update(kw)
     return cost.TimeModel(**base)  # type: ignore[arg-type]
 
@@ -42,6 +44,27 @@ def test_stated_mfu_time_model() -> None:
     # a strategy the table does not name falls back to its wrapper, then to 'default'
     assert cost.estimate(RunSpec.from_path("vit-huge/fsdp-full/bf16-mixed/pre-lag/n2/b32"), 16, True, None, time_model(), {}).source \
         == "stated mfu 0.50 (default)"
+
+
+def test_predicted_step_time() -> None:
+    """Issue 32: the planner's step time (compute, host, communication over the site's links)
+    replaces the stated MFU; its source says predicted, with its parts."""
+    from scaleladder.planner.rates import rates
+    from scaleladder.planner.steptime import predict_step, site_from_config
+
+    site = site_from_config({"timing": {"links": {"intra_node": {"alpha_us": 8, "gbps": 300},
+                                                  "inter_node": {"alpha_us": 15, "gbps": 200}}}}, "t")
+    spec = RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n2/b32")
+    est = cost.estimate(spec, 16, True, None, time_model(predicted=True, site=site, ranks_per_node=8), {})
+    want = predict_step(spec, 16, 8, 32, rates("a100-40gb", "bf16-mixed"), site)
+    assert est.step_s == pytest.approx(want.step_time_s) and want.comm_s > 0
+    assert est.source.startswith("predicted (") and "exposed" in est.source
+    assert est.job_s == pytest.approx(100 * want.step_time_s + 60)
+    # a -compile rung pays the site's stated compile time on top of its start-up
+    site_c = site_from_config({"timing": {"compile_s": 45}}, "t")
+    comp = cost.estimate(RunSpec.from_path("vit-huge/ddp-compile/bf16-mixed/pre-lag/n1/b32"), 8, True, None,
+                         time_model(site=site_c), {})
+    assert comp.startup_s == pytest.approx(60 + 45) and "stated compile 45 s" in comp.startup_source
 
 
 def test_calibration_from_measured_rungs_of_the_same_model_and_strategy(tmp_path: Path) -> None:
@@ -114,7 +137,7 @@ def test_frontier_and_a100_budgets_in_node_hours(repo: Path, tmp_path: Path, mon
         total = next(line for line in text.splitlines() if line.startswith("| total |"))
         cells = [c.strip() for c in total.strip("|").split("|")]
         assert float(cells[6]) > 0, total  # node-hours to run
-        assert f"Budget for profile {profile}" in text and "stated mfu" in text
+        assert f"Budget for profile {profile}" in text and "predicted (" in text
     # a compiled max rung is priced where its search starts: the eager rung's predicted max batch
     assert re.search(r"^vit-huge/fsdp2-full-compile/bf16-mixed/pf0/n1/bmax: .*at the eager rung's predicted max batch$", text, re.M)
     assert re.search(r"^vit-3b/ddp-compile/bf16-mixed/pre-lag/n1/bmax: .*not priced: its eager counterpart does not fit", text, re.M)

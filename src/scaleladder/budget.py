@@ -24,6 +24,7 @@ from scaleladder import workflow as swf
 from scaleladder.campaign import cost
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
+from scaleladder.planner.steptime import site_from_config
 from scaleladder.profiles import load_profile
 
 
@@ -38,7 +39,8 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
     b: dict[str, Any] = cfg.get("budget") or {}
     mb = cfg.get("maxbatch") or {}
     timing = cost.TimeModel(site["plan_device"], int(cfg["steps"]), b.get("mfu") or {},
-                            float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)))
+                            float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)),
+                            site_from_config(cfg, profile_name), ladder.ranks_per_node)
     measured = cost.read_measured([str(p) for p in (repo / "results" / "rungs").rglob("*.h5")])
     from scaleladder.campaign.maxbatch import planned_start
 
@@ -87,8 +89,10 @@ def main(args: argparse.Namespace) -> int:
     rows = cost.block_table(blocks, limits)
     mfu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(timing.mfu.items())) or f"default {cost.DEFAULT_MFU}"
     sources = sorted({e.startup_source for _, ests in blocks for e in ests if e.fits and e.priced and e.startup_source})
-    head = (f"Budget for profile {args.profile}: {timing.steps} steps per rung on {timing.plan_device}, stated MFU {mfu}; "
-            "calibrated from finished rungs where there are any. Start-up per job (priced apart from the steps): "
+    head = (f"Budget for profile {args.profile}: {timing.steps} steps per rung on {timing.plan_device}, each step predicted "
+            "by the planner (planner/steptime.py: compute, host, communication over the profile's timing.links"
+            + (f"; {timing.site.links_note}" if timing.site.links_note else "") + f"), stated MFU {mfu} only where it has "
+            "no rates; calibrated from finished rungs where there are any. Start-up per job (priced apart from the steps): "
             + ("; ".join(sources) if sources else f"stated {timing.startup_s:.0f} s") + ".\n\n")
     text = head + "\n".join(markdown.dict_table(rows)) + "\n"
     if args.rungs:

@@ -2,19 +2,22 @@
 
 A rung's job runs ``steps`` steps plus a start-up: measured, from the records of finished
 rungs (rung/startup.py; :func:`measured_startup`), else the profile's stated
-``budget.startup_s`` (container, process group, loader warm-up). One step is predicted as
+``budget.startup_s`` (container, process group, loader warm-up), plus the site's stated
+``timing.compile_s`` for a ``-compile`` rung. One step is PREDICTED by the planner's step-time
+model (``planner/steptime.py``: compute from the rung's hardware FLOPs at the device's measured
+or datasheet rate, host work, and the collectives over the site's links, with what overlaps),
+for the rung's own world and ranks per node. Where the planner has no rates for the device, or
+``TimeModel.predicted`` is off, the older stated-MFU model prices it instead:
 
     step time = local batch x model FLOPs per sample / (device peak x MFU)
 
-with the analytic FLOPs of ``models/flops.py`` (the MFU numerator the rung itself records),
-the device's dense peak at the rung's precision (``rung/devices.py``, the site's
-``plan_device``), and an MFU per strategy stated in the profile (``budget.mfu``: a strategy
-name, else its wrapper ``ddp``/``fsdp``/``fsdp2``/``single``, else ``default``).
+with an MFU per strategy stated in the profile (``budget.mfu``: a strategy name, else its
+wrapper ``ddp``/``fsdp``/``fsdp2``/``single``, else ``default``).
 
-Calibration: as the campaign runs, measured rungs replace the stated MFU. A rung that was
-measured itself takes its own ``step_time_mean_s``; another takes the median measured MFU of
-the rungs of the SAME model and strategy (other sizes, nodes, batches, knobs); each estimate
-names where it comes from (``stated mfu 0.35`` or the spec paths it was calibrated on).
+Calibration: as the campaign runs, measured rungs take over. A rung that was measured itself
+takes its own ``step_time_mean_s``; another takes the median measured MFU of the rungs of the
+SAME model and strategy (other sizes, nodes, batches, knobs); each estimate names where it
+comes from (``predicted ...``, ``calibrated mfu ... from`` the spec paths, ``measured (this rung)``).
 
 A ``max`` rung is priced at the planner's predicted max batch, plus the search's probes
 (``probe_steps`` each, one per doubling up to that batch, as the search starts at the
@@ -32,13 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaleladder.models.flavors import get_flavor
-from scaleladder.models.flops import flava_flops, vit_flops
+from scaleladder.planner.rates import rates
+from scaleladder.planner.steptime import Site, flops_per_sample, predict_step
 from scaleladder.spec import RunSpec, SpecError
-
-#: FLAVA's heads run on masked tokens of matched pairs only (models/flops.py): the rung counts
-#: them on its first batch; before any run we take the pretraining recipe's rates. MLM masks
-#: 15% of text tokens, MIM 40% of patches, ITM swaps in a negative caption for half the pairs.
-MLM_RATE, MIM_RATE, POSITIVE_FRACTION = 0.15, 0.40, 0.5
 
 DEFAULT_MFU = 0.30
 DEFAULT_STARTUP_S = 120.0
@@ -65,10 +64,7 @@ def plan_device_peak_flops(plan_device: str, precision: str) -> float:
 
 
 def model_flops_per_sample(spec: RunSpec, global_batch: int) -> float:
-    f = get_flavor(spec.model)
-    if f.family == "vit":
-        return vit_flops(f, spec.strategy.ac).model
-    return flava_flops(f, global_batch, MLM_RATE * f.text_len, MIM_RATE * f.patches, POSITIVE_FRACTION, spec.strategy.ac).model
+    return flops_per_sample(get_flavor(spec.model), spec.strategy.ac, global_batch).model
 
 
 def stated_mfu(spec: RunSpec, table: Mapping[str, float]) -> tuple[float, str]:
@@ -123,6 +119,9 @@ class TimeModel:
     mfu: Mapping[str, float] = field(default_factory=dict)
     startup_s: float = DEFAULT_STARTUP_S
     probe_steps: int = 5
+    site: Site = field(default_factory=Site)  # the profile's timing: links, cpu_factor, compile_s
+    ranks_per_node: int = 1
+    predicted: bool = True  # False: the stated-MFU model (budget.mfu) instead of planner/steptime.py
 
 
 def calibrated_mfu(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float, list[str]] | None:
@@ -172,23 +171,42 @@ def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, timin
         step, source, done = own.step_time_s, "measured (this rung)", True
         batch = own.batch or batch
     else:
-        peak = plan_device_peak_flops(timing.plan_device, spec.precision)
-        cal = calibrated_mfu(spec, list(measured.values()))
-        if cal:
-            mfu, sources = cal
-            source = f"calibrated mfu {mfu:.3f} from " + ", ".join(sources)
-        else:
-            mfu, source = stated_mfu(spec, timing.mfu)
-        step = batch * model_flops_per_sample(spec, batch * world) / (peak * mfu)
+        step, source = _step(spec, world, batch, timing, measured)
         done = False
     start = measured_startup(spec, list(measured.values()))
     startup, startup_source = start if start else (timing.startup_s, f"stated start-up {timing.startup_s:.0f} s (budget.startup_s)")
+    if spec.strategy.compile and timing.site.compile_s:
+        startup += timing.site.compile_s
+        startup_source += f" + stated compile {timing.site.compile_s:.0f} s (timing.compile_s)"
     job, paid = timing.steps * step + startup, startup
     if spec.batch == "max":  # the search's probes, one per doubling up to the batch (an estimate)
         probes = max(1, math.ceil(math.log2(max(batch, 2))))
         job += probes * (timing.probe_steps * step + startup)
         paid += probes * startup
     return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done, startup_s=paid, startup_source=startup_source)
+
+
+def _step(spec: RunSpec, world: int, batch: int, timing: TimeModel, measured: Mapping[str, Measured]) -> tuple[float, str]:
+    """A rung not measured itself: calibrated from its measured siblings, else predicted, else stated."""
+    cal = calibrated_mfu(spec, list(measured.values()))
+    if cal is None and timing.predicted:
+        try:
+            r = rates(timing.plan_device, spec.precision)
+            st = predict_step(spec, world, min(timing.ranks_per_node, world), batch, r, timing.site)
+        except SpecError:
+            pass  # no rates for this device: the stated MFU below
+        else:
+            p = st.parts()
+            return st.step_time_s, (f"predicted ({st.bound}-bound: compute {p['compute_s']:.3f} s, host {p['host_s']:.3f} s, "
+                                    f"comm {p['comm_s']:.3f} s, exposed {p['exposed_comm_s']:.3f} s"
+                                    + ("; no link figures" if world > 1 and timing.site.links is None else "") + ")")
+    peak = plan_device_peak_flops(timing.plan_device, spec.precision)
+    if cal:
+        mfu, sources = cal
+        source = f"calibrated mfu {mfu:.3f} from " + ", ".join(sources)
+    else:
+        mfu, source = stated_mfu(spec, timing.mfu)
+    return batch * model_flops_per_sample(spec, batch * world) / (peak * mfu), source
 
 
 def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Mapping[str, float]) -> list[dict[str, str]]:
