@@ -192,3 +192,32 @@ def test_start_up_is_priced_from_finished_rungs_and_scales_with_nodes(tmp_path: 
     big = cost.estimate(RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n10/b32"), 80, True, None, time_model(startup_s=3600.0), {})
     rows = cost.block_table([("b", [big])], {})
     assert rows[0]["of which start-up"] == "10.0" and float(rows[0]["node-hours to run"]) >= 10.0
+
+
+def test_budget_prices_what_select_keeps_as_the_dry_run_plans_it(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: --config/--configfile as snakemake takes them, select applied, the jobs it priced
+    equal to the dry run's rung jobs, and --top N the costliest first."""
+    from conftest import snakemake
+
+    shutil.copy2(REPO / "Snakefile", repo / "Snakefile")
+    config = ["site={plan_device: a100-40gb}", "select={models: [vit-debug], batches: [4, max]}"]
+    args = ["budget", "--profile", "profiles/local", "--repo", str(repo), "--config", *config, "--top", "3"]
+    from scaleladder.cli import main as cli
+
+    assert cli(args) == 0
+    text = capsys.readouterr().out
+    m = re.search(r"^Priced (\d+) rung\(s\) of the select: (\d+) rung job\(s\) to run \((\d+) rung, (\d+) rung_max\)", text, re.M)
+    assert m, text
+    dry = snakemake(repo, "-n", "--profile", "profiles/local", "--config", *config).stdout
+    stats = dict(re.findall(r"^(rung|rung_max)\s+(\d+)$", dry[dry.index("Job stats:"):], re.M))
+    assert (m[3], m[4]) == (stats.get("rung", "0"), stats.get("rung_max", "0")) and int(m[2]) > 0
+    listed = re.findall(r"^\s+([0-9.]+) node-h  (\S+)", text[text.index("costliest"):], re.M)
+    assert len(listed) == 3 and all(s.startswith("vit-debug/") for _, s in listed)
+    assert [float(h) for h, _ in listed] == sorted((float(h) for h, _ in listed), reverse=True)
+    assert "flava-debug" not in text  # select applied to the table and the lines
+    # --configfile replaces the profile's site.yaml, as in snakemake: one without a site is refused
+    (repo / "cut.yaml").write_text("select: {models: [vit-debug]}\n")
+    assert cli(["budget", "--profile", "local", "--repo", str(repo), "--configfile", str(repo / "cut.yaml")]) == 2
+    assert "no 'site' in them" in capsys.readouterr().err
+    assert cli(["budget", "--profile", "local", "--repo", str(repo), "--config", "select"]) == 2
+    assert "--config 'select': expected KEY=VALUE" in capsys.readouterr().err

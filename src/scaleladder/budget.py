@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,18 @@ from scaleladder.campaign import cost
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
 from scaleladder.planner.steptime import site_from_config
-from scaleladder.profiles import load_profile
+from scaleladder.profiles import find_profile, load_profile, parse_config, profile_config
 
 
-def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.TimeModel]:
-    prof = load_profile(profile_name, repo, plan=True)
+def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
+              ) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.TimeModel]:
+    """Every rung the workflow would run with this profile and config (``select`` applied), per
+    ladder block, priced."""
+    prof = load_profile(profile_name, repo, plan=True, configfiles=configfiles, overrides=overrides)
     if prof.config_error or prof.ladder is None:
         raise SpecError(f"profile {profile_name}: {prof.config_error}")
     ladder, cfg = prof.ladder, prof.config
+    chosen = {s.path for s in ladder.selected}  # `select` (every rung without one), as the workflow's targets
     site = ladder.site
     if not site.get("plan_device"):
         raise SpecError(f"profile {profile_name} names no site.plan_device, so there is no device to price the rungs on")
@@ -50,7 +56,7 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
         specs, _ = swf.expand_ladder([block], ladder.ranks_per_node)
         ests = []
         for spec in specs:
-            if spec.path in seen:
+            if spec.path in seen or spec.path not in chosen:
                 continue
             seen.add(spec.path)
             world, rpn = swf.rank_args(spec, ladder.ranks_per_node)
@@ -72,20 +78,49 @@ def estimates(profile_name: str, repo: Path) -> tuple[list[tuple[str, list[cost.
             if why and not est.measured:
                 est = cost.Estimate(spec, world, spec.nodes, None, True, 0.0, 0.0, why, priced=False)
             ests.append(est)
-        blocks.append((str(block.get("name") or f"ladders[{i}]"), ests))
+        if ests or not cfg.get("select"):  # a block `select` leaves empty is not this campaign's
+            blocks.append((str(block.get("name") or f"ladders[{i}]"), ests))
     limits = {rule: float(v) for rule in ("rung", "rung_max") if (v := prof.resources(rule).get("runtime"))}
     return blocks, limits, timing
 
 
+def jobs(blocks: Sequence[tuple[str, Sequence[cost.Estimate]]], repo: Path, n_repeats: int) -> Counter[str]:
+    """The rung jobs ``snakemake -n`` lists for these rungs, per rule: each repeat of a rung that
+    fits and has no result file yet (any record, as Snakemake sees it) is a ``rung`` job, or a
+    ``rung_max`` job for a ``max`` rung."""
+    out: Counter[str] = Counter()
+    for _, ests in blocks:
+        for e in ests:
+            if e.fits:
+                rule = "rung_max" if e.spec.batch == "max" else "rung"
+                out[rule] += sum(not (repo / swf.rung_path(e.spec, k)).exists() for k in range(n_repeats))
+    return out
+
+
+def top(blocks: Sequence[tuple[str, Sequence[cost.Estimate]]], n: int) -> list[str]:
+    """The ``n`` costliest rungs still to run, costliest first (ties by spec path)."""
+    todo = sorted((e for _, ests in blocks for e in ests if e.fits and e.priced and not e.measured),
+                  key=lambda e: (-e.node_hours, e.spec.path))
+    return [f"{e.node_hours:8.2f} node-h  {e.spec.path}  ({e.job_s / 60:.0f} min x {e.nodes} node(s), batch {e.batch})"
+            for e in todo[:n]]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", required=True, help="a folder name under profiles/")
+    p.add_argument("--profile", required=True, help="a folder name under profiles/ (or profiles/NAME, as snakemake takes it)")
+    p.add_argument("--configfile", nargs="+", metavar="FILE",
+                   help="as snakemake's: these files replace the profile's own site.yaml (name it first to build on it)")
+    p.add_argument("--config", nargs="+", metavar="KEY=VALUE",
+                   help="as snakemake's, on top of the config files, e.g. 'select={models: [vit-base]}'")
+    p.add_argument("--top", type=int, metavar="N", help="also list the N costliest rungs still to run, costliest first")
     p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
     p.add_argument("--out", help="also write the table as Markdown here (e.g. results/budget.md, which the report shows)")
     p.add_argument("--rungs", action="store_true", help="one line per rung: its job time and where the estimate comes from")
 
 
 def main(args: argparse.Namespace) -> int:
-    blocks, limits, timing = estimates(args.profile, Path(args.repo).resolve())
+    repo = Path(args.repo).resolve()
+    overrides = parse_config(getattr(args, "config", None) or [])
+    blocks, limits, timing = estimates(args.profile, repo, getattr(args, "configfile", None), overrides)
     rows = cost.block_table(blocks, limits)
     mfu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(timing.mfu.items())) or f"default {cost.DEFAULT_MFU}"
     sources = sorted({e.startup_source for _, ests in blocks for e in ests if e.fits and e.priced and e.startup_source})
@@ -100,8 +135,33 @@ def main(args: argparse.Namespace) -> int:
             f"{e.spec.path}: " + (f"{e.job_s / 60:.1f} min x {e.nodes} node(s) = {e.node_hours:.2f} node-h, step {e.step_s:.3f} s "
                                   f"at batch {e.batch}, start-up {e.startup_s:.0f} s ({e.startup_source}); {e.source}" if e.fits else e.source)
             for _, ests in blocks for e in ests) + "\n"
+    text += "\n" + job_line(args, blocks, repo, overrides) + "\n"
+    n_top = getattr(args, "top", None)
+    if n_top is not None:
+        if n_top < 1:
+            raise SpecError(f"--top {n_top}: expected a number of rungs >= 1")
+        listed = top(blocks, n_top)
+        text += f"\nThe {len(listed)} costliest rung(s) still to run:\n" + "\n".join(listed) + "\n"
     print(text, end="")
     if args.out:
         with atomic_file(args.out) as tmp:
             tmp.write_text(text)
     return 0
+
+
+def job_line(args: argparse.Namespace, blocks: Sequence[tuple[str, Sequence[cost.Estimate]]], repo: Path,
+             overrides: Mapping[str, Any]) -> str:
+    """What was priced, as jobs: the count ``snakemake -n`` shows for the rung rules with the same
+    profile and config, and the ``select`` it applied."""
+    raw = profile_config(repo, find_profile(args.profile, repo), getattr(args, "configfile", None), overrides)
+    cfg_repeats = int(swf.as_int(raw.get("repeats", 1)))  # validated already (estimates)
+    n = jobs(blocks, repo, cfg_repeats)
+    rungs = sum(len(ests) for _, ests in blocks)
+    same = " ".join(["--profile", f"profiles/{Path(args.profile).name}"]
+                    + (["--configfile", *args.configfile] if getattr(args, "configfile", None) else [])
+                    + (["--config", *(repr(c) for c in args.config)] if getattr(args, "config", None) else []))
+    line = (f"Priced {rungs} rung(s){' of the select' if overrides.get('select') else ''}: {n.total()} rung job(s) to run "
+            f"({n['rung']} rung, {n['rung_max']} rung_max), the rung and rung_max jobs of `snakemake -n {same}`")
+    if cfg_repeats > 1:
+        line += f"; repeats: {cfg_repeats} makes each rung that many jobs, and the node-hours above price one of each"
+    return line + "."

@@ -6,9 +6,11 @@ string becomes in the job's bash (:func:`expand`) and in apptainer's ``--bind`` 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
@@ -70,20 +72,93 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return base
 
 
-def load_profile(name: str, repo: Path, plan: bool = False) -> SiteProfile:
-    """The profile's merged config, validated by the workflow's own code; with ``plan`` also the
-    planner's verdict on every rung (a second or more on a big ladder: the doctor does not need it)."""
-    folder = repo / "profiles" / name
-    if not (folder / "site.yaml").is_file():
-        have = ", ".join(sorted(p.name for p in (repo / "profiles").iterdir() if p.is_dir())) if (repo / "profiles").is_dir() else "none"
-        raise SpecError(f"no profile {name!r} in {repo / 'profiles'} (have: {have})")
-    smk = yaml.safe_load((folder / "config.v8+.yaml").read_text()) or {}
+def parse_config(entries: Sequence[str]) -> dict[str, Any]:
+    """``--config KEY=VALUE ...`` as Snakemake parses it (snakemake.cli.parse_config): each value
+    an int, a float, a bool, YAML read with the BaseLoader (every scalar a string), or the string;
+    the workflow's own check then makes numbers of the keys that want them."""
+    out: dict[str, Any] = {}
+    for entry in entries:
+        key, sep, text = entry.partition("=")
+        if not sep or not re.fullmatch(r"[a-zA-Z_][\w-]*\w", key.strip()):
+            raise SpecError(f"--config {entry!r}: expected KEY=VALUE, KEY a name (e.g. 'select={{models: [vit-base]}}')")
+        value: Any = None
+        if text:
+            for parse in (int, float, _bool, lambda t: yaml.load(t, Loader=yaml.BaseLoader), str):
+                try:
+                    value = parse(text)
+                    break
+                except (ValueError, yaml.YAMLError):
+                    continue
+        out = _merge(out, {key.strip(): value})
+    return out
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    raise ValueError(text)
+
+
+def profile_names(profiles: Path) -> list[str]:
+    """The profiles a ``profiles/`` folder holds: its subfolders with a site.yaml."""
+    return sorted(p.name for p in profiles.iterdir() if (p / "site.yaml").is_file()) if profiles.is_dir() else []
+
+
+def find_profile(name: str, repo: Path) -> Path:
+    """The folder of profile ``name`` under ``repo/profiles``; ``profiles/NAME`` (as snakemake's
+    ``--profile`` takes it) is read as NAME. SpecError in one line naming the folder looked in,
+    the profiles there and the nearest name; or, where there is no ``profiles/`` (a subfolder of
+    the checkout), the checkout above."""
+    profiles = repo / "profiles"
+    short = Path(name).name if Path(name).parent.name == "profiles" and len(Path(name).parts) == 2 else name
+    folder = profiles / short
+    if (folder / "site.yaml").is_file():
+        return folder
+    if not profiles.is_dir():
+        up = next((d for d in repo.parents if (d / "profiles").is_dir() and (d / "Snakefile").is_file()), None)
+        where = f"; the checkout is {up}: run from there, or pass --repo {up}" if up else \
+            " (run from the checkout's root, where the Snakefile is, or pass --repo)"
+        raise SpecError(f"no profile {name!r}: {repo} has no profiles/ folder{where}")
+    have = profile_names(profiles)
+    near = difflib.get_close_matches(short, have, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise SpecError(f"no profile {name!r} in {profiles} (a folder with site.yaml); the profiles there: "
+                    f"{', '.join(have) or 'none'}{hint}")
+
+
+def profile_config(repo: Path, folder: Path, configfiles: Sequence[str | Path] | None = None,
+                   overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The config as Snakemake merges it: config/config.yaml (the Snakefile's), then the profile's
+    site.yaml, or instead the ``configfiles`` given (snakemake's ``--configfile`` replaces the
+    profile's ``configfile``), then the ``--config`` ``overrides``. SpecError for a file that cannot
+    be read, and for ``configfiles`` that hold no ``site`` (the Snakefile would then fall back
+    to the workstation's site: the wrong site's prices)."""
     cfg = yaml.safe_load((repo / "config" / "config.yaml").read_text()) or {}
-    cfg = _merge(cfg, yaml.safe_load((folder / "site.yaml").read_text()) or {})
+    files = [folder / "site.yaml"] if configfiles is None else [Path(f) for f in configfiles]
+    for f in files:
+        try:
+            cfg = _merge(cfg, yaml.safe_load(Path(f).read_text()) or {})
+        except (OSError, yaml.YAMLError) as e:
+            raise SpecError(f"--configfile {f}: cannot read it: {str(e).splitlines()[0]}") from None
+    if configfiles is not None and "site" not in cfg:
+        raise SpecError(f"--configfile {' '.join(map(str, configfiles))}: no 'site' in them; as in snakemake, --configfile "
+                        f"replaces the profile's own site.yaml: give it first (--configfile {folder / 'site.yaml'} ...)")
+    return _merge(cfg, overrides or {})
+
+
+def load_profile(name: str, repo: Path, plan: bool = False, configfiles: Sequence[str | Path] | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> SiteProfile:
+    """The profile's merged config (:func:`profile_config`), validated by the workflow's own code;
+    with ``plan`` also the planner's verdict on every rung (a second or more on a big ladder: the
+    doctor does not need it)."""
+    folder = find_profile(name, repo)
+    name = folder.name
+    smk = yaml.safe_load((folder / "config.v8+.yaml").read_text()) or {}
+    cfg = profile_config(repo, folder, configfiles, overrides)
     schema = repo / "workflow" / "schemas" / "config.schema.yaml"
     try:
         if plan:
-            ladder = swf.prepare(cfg, schema, log=StringIO(), gpu_count=lambda: 0)
+            ladder = swf.prepare(cfg, schema, log=StringIO(), gpu_count=lambda: 0, cli_config=overrides)
         else:
             swf.validate_config(cfg, schema)
             rpn = swf.resolve_ranks_per_node(cfg["site"], lambda: 0)
