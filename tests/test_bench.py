@@ -192,3 +192,19 @@ def test_bench_host_quick_runs_rungs_and_compares_them_with_single(tmp_path) -> 
     assert set(rows) == {"single", "fsdp-full"} and "| vit-debug/fsdp-full/b4 |" in run.stdout
     assert rows["single"]["aten_ops_per_step"] > 100 and rows["single"]["syncs_per_step"] == 0
     assert rows["fsdp-full"]["host_vs_single"] > 0 and rows["single"]["host_vs_single"] == 1.0
+
+
+def test_the_report_lists_host_bound_rungs_with_what_to_try() -> None:
+    from scaleladder.figures import report
+
+    def rung(spec: str, bound: bool, wrapper: str) -> dict:
+        return {"status": "ok", "spec": spec, "model": "vit-base", "strategy": spec.split("/")[1], "wrapper": wrapper,
+                "host_bound": bound, "host_boundness": 0.97 if bound else 0.95, "host_issue_median_s": 0.048,
+                "step_time_median_s": 0.049, "items_per_s": 2600.0}
+
+    lines = report.host_bound([rung("vit-base/fsdp-full-ac/bf16-mixed/pre-lag/n1/b128", True, "fsdp"),
+                               rung("vit-base/single/bf16-mixed/pre-lag/n1/b128", False, "single"),  # lagged: device-bound
+                               rung("vit-base/single-compile/bf16-mixed/pre-lag/n1/b32", True, "single")])
+    assert len(lines) == 2 and "host_boundness 0.97" in lines[0] and "48.0 ms to issue a 49.0 ms step" in lines[0]
+    assert "-compile" in lines[0] and "-sac instead of -ac" in lines[0] and "use_orig_params=False" in lines[0]
+    assert "single-compile" in lines[1] and "try a larger batch" in lines[1]

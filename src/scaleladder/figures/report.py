@@ -26,6 +26,7 @@ from scaleladder.figures.plots import FIGURES
 from scaleladder.figures.rungs import RungAttrs, interval, is_ok, is_oom, model_order, num
 from scaleladder.results.record import (Build, Compile, Corrupt, FailedAttempt, Ladder, Loader, MaxBatch, Memory, Oom, Placement, Provenance,
                                         Read, Record, Repeats, Spec, Startup, Throughput)
+from scaleladder.results.record import Host
 from scaleladder.results.stats import overlap
 from scaleladder.figures.style import knobs_label, strategy_label
 
@@ -230,6 +231,39 @@ def _summary(rungs: list[RungAttrs], root: dict[str, Any]) -> list[tuple[str, st
     ]
 
 
+HOST_NOTE = ("These rungs ran on a GPU that waited for the host: the host took at least 90% of the device's step to "
+             "issue it (host_boundness, docs/metrics.md) while the device had caught up with it at step starts: their "
+             "throughput measures Python, the dispatcher, autograd and the wrapper's hooks, not the strategy. What "
+             "lowers the host's share: -compile (one graph per block), a larger batch (the same host work for more "
+             "device work), -sac in place of -ac (no re-run of the whole layer's forward), FSDP1 with "
+             "use_orig_params=False; benchmarks/bench_host.py measures a rung's host work on the CPU.")
+
+
+def _host_advice(r: RungAttrs) -> str:
+    """What may move this host-bound rung's host work off the critical path (HOST_NOTE says why)."""
+    strategy = str(r.get(Spec.strategy, ""))
+    tips = [] if strategy.endswith("-compile") else ["-compile"]
+    tips.append("a larger batch")
+    if "-ac" in strategy:
+        tips.append("-sac instead of -ac")
+    if str(r.get(Spec.wrapper, "")) == "fsdp":
+        tips.append("use_orig_params=False")
+    return ", ".join(tips)
+
+
+def host_bound(rungs: list[RungAttrs]) -> list[str]:
+    """The rungs whose record says ``host_bound`` (GPU rungs: rung.loop.host_attrs), one line each."""
+    lines = []
+    for r in _sorted_rungs(rungs):
+        if not (is_ok(r) and bool(r.get(Host.host_bound, False))):
+            continue
+        issue, step = num(r.get(Host.host_issue_median_s)), num(r.get(Throughput.step_time_median_s))
+        took = f": the host took {issue * 1e3:.1f} ms to issue a {step * 1e3:.1f} ms step" if issue and step else ""
+        lines.append(f"{r.get(Spec.spec, r.get(Spec.model))}: host_boundness {float(r.get(Host.host_boundness)):.2f}{took}; "
+                     f"try {_host_advice(r)}")
+    return lines
+
+
 def corrupt(rungs: list[RungAttrs]) -> list[str]:
     """Rungs whose file could not be read (results.aggregate), each with the command that redoes it."""
     return [f"{r[Spec.spec]}: {r.get(Oom.error, 'unreadable')}; redo it with: {r.get(Corrupt.redo, '-')}"
@@ -259,6 +293,8 @@ def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str,
         out += ["## Differences within noise", "", NOISE_NOTE, ""] + [f"- {line}" for line in noise] + [""]
     if slow := input_bound(rungs):
         out += ["## Input-bound rungs", "", INPUT_NOTE, ""] + [f"- {line}" for line in slow] + [""]
+    if busy := host_bound(rungs):
+        out += ["## Host-bound rungs", "", HOST_NOTE, ""] + [f"- {line}" for line in busy] + [""]
     for name in figures:
         out += [f"## {TITLES[name]}", "", f"![{TITLES[name]}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
     out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
@@ -297,6 +333,10 @@ def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, fig
     if slow := input_bound(rungs):
         parts.append(f"<h2>Input-bound rungs</h2><p>{e(INPUT_NOTE)}</p><ul>")
         parts += [f"<li>{e(line)}</li>" for line in slow]
+        parts.append("</ul>")
+    if busy := host_bound(rungs):
+        parts.append(f"<h2>Host-bound rungs</h2><p>{e(HOST_NOTE)}</p><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in busy]
         parts.append("</ul>")
     for name in figures:
         src = f"{plot_rel}/{name}.png"
