@@ -140,3 +140,17 @@ def test_plan_json_text_and_fits_table_carry_the_step_time() -> None:
     table = subprocess.run(run + ["--fits-table", "--device", "a100-40gb", "--profile", "a100", "--batch", "8"],
                            capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert " ms" in table and "predicted step time" in table
+
+
+def test_time_chart_before_any_run(tmp_path: Path) -> None:
+    """`plan --time-chart OUT --profile P`: items/s and memory per GPU against nodes for every
+    strategy of the ladder (the CI profile: debug flavors, cheap); a bad suffix exits 2."""
+    run = [sys.executable, "-m", "scaleladder", "plan", "--profile", "slurm-localhost", "--device", "cpu"]
+    out = subprocess.run(run + ["--time-chart", str(tmp_path / "t.png"), "--json"], capture_output=True, text=True,
+                         cwd=REPO, check=True)
+    pts = json.loads(out.stdout)
+    assert (tmp_path / "t.png").stat().st_size > 10_000
+    assert {p["strategy"] for p in pts} >= {"ddp", "fsdp-full"} and {p["nodes"] for p in pts} == {1, 2}
+    assert all(p["items_per_s"] > 0 for p in pts if p["fits"])
+    bad = subprocess.run(run + ["--time-chart", str(tmp_path / "t.txt")], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and "--time-chart" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -152,3 +152,53 @@ def points_from_ladder(path: str | Path, device: Any) -> list[PeakPoint]:
 
     rungs, _root = read_ladder(str(path))
     return [pt for r in rungs if (pt := _point(r, r[Spec.spec], device)) is not None]
+
+
+def scaling_chart(points: list[Any], out: str | Path, title: str = "", note: str = "") -> Path:
+    """The weak-scaling figure before any run (the ViT seed's Figure 2 shape): per model, the
+    predicted items/s (top) and memory per GPU (bottom) against nodes, one line per strategy.
+    ``points`` are ``plan_time.ScalePoint``; a rung predicted not to fit is left out of both
+    panels and marked with an x on the nodes axis of the top one.
+    """
+    plt = _pyplot()
+    models = _model_order([p.model for p in points]) or ["(no rungs)"]
+    strategies = list(dict.fromkeys(p.strategy for p in points))
+    cmap = plt.get_cmap("tab20")
+    color = {s: cmap(i % 20) for i, s in enumerate(strategies)}
+    fig, axes = plt.subplots(2, len(models), figsize=(3.4 * len(models) + 1.5, 6.2), squeeze=False, sharex=True)
+    for j, m in enumerate(models):
+        top, bottom = axes[0][j], axes[1][j]
+        for s in strategies:
+            pts = sorted((p for p in points if p.model == m and p.strategy == s), key=lambda p: p.nodes)
+            ok = [p for p in pts if p.fits and p.items_per_s]
+            if ok:
+                top.plot([p.nodes for p in ok], [p.items_per_s for p in ok], "o-", ms=3, color=color[s], label=s)
+                bottom.plot([p.nodes for p in ok], [p.required_gib for p in ok], "o-", ms=3, color=color[s])
+            oom = [p.nodes for p in pts if not p.fits]
+            if oom:
+                top.plot(oom, [0] * len(oom), "x", color=color[s], ms=6, clip_on=False)
+        top.set_title(m, fontsize=10)
+        top.set_xscale("log", base=2)
+        top.set_ylim(bottom=0)
+        bottom.set_ylim(bottom=0)
+        bottom.set_xlabel("nodes")
+        if j == 0:
+            top.set_ylabel("predicted items/s (all ranks)")
+            bottom.set_ylabel("predicted memory per GPU (GiB, required)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for row in axes[0][1:]:
+        h, lab = row.get_legend_handles_labels()
+        handles += [x for x, y in zip(h, lab) if y not in labels]
+        labels += [y for y in lab if y not in labels]
+    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    if note:
+        fig.text(0.01, 0.005, f"x on the axis: predicted not to fit. {note}", fontsize=7, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.02, 0.86, 0.95))
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from scaleladder.figures.style import save_figure
+
+    save_figure(fig, str(path))
+    plt.close(fig)
+    return path

@@ -28,7 +28,7 @@ from typing import Any
 from scaleladder.errors import SpecError
 
 DATASHEET = "datasheet.json"
-BY_DEVICE = {"h100-80gb": "h100.json"}  # committed calibrations; later GPU runs add theirs
+BY_DEVICE = {"h100-80gb": "h100.json", "cpu": "cpu.json"}  # committed calibrations; later GPU runs add theirs
 OPT_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, exp_avg, exp_avg_sq (4 x 4 B) and writes 3 x 4 B
 
 
