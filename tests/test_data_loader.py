@@ -406,3 +406,65 @@ def test_gloo_ranks_split_the_checksums_and_share_the_verdict(tmp_path: Path) ->
     gone = ranks()
     assert gone[0]["error"] == gone[1]["error"] and "found by" not in gone[0]["error"], gone
     assert [r["speaker"] for r in gone] == [True, False], gone
+
+
+# -- issue 31: uint8 across the boundary, the rank's cores -----------------------------------------
+
+
+@pytest.mark.parametrize("flavor", [FLAVA, VIT], ids=["flava", "vit"])
+def test_uint8_normalised_on_the_device_is_the_workers_float32_batch(small: Path, flavor) -> None:
+    """The same numbers come out: the device-side transform of a uint8 batch equals the
+    worker-side float32 batch (the same float32 arithmetic: bit for bit), and a quarter of
+    the image bytes cross from the workers."""
+    from scaleladder.data.devnorm import DeviceNormaliser
+
+    f32 = _load(small, flavor, local_batch=8, steps=2, seed=3)
+    u8 = _load(small, flavor, local_batch=8, steps=2, seed=3, transport="uint8")
+    assert (f32.transport, u8.transport) == ("float32", "uint8") and f32.device_transform(torch.device("cpu")) is None
+    norm = u8.device_transform(torch.device("cpu"))
+    assert isinstance(norm, DeviceNormaliser) and u8.record_attrs()["loader_transport"] == "uint8"
+    images = ("image", "image_for_codebook") if flavor.family == "flava" else ("image",)
+    for a, raw in zip(f32, u8):
+        assert all(raw[k].dtype == torch.uint8 for k in images)
+        sent = {k: sum(v.nbytes for v in b.values()) for k, b in (("f32", a), ("u8", raw))}
+        image_bytes = {k: sum(b[i].nbytes for i in images) for k, b in (("f32", a), ("u8", raw))}
+        assert image_bytes["f32"] == 4 * image_bytes["u8"]
+        if flavor.family == "vit":  # the batch is its image: the bytes crossing fall about 4x
+            assert sent["f32"] / sent["u8"] > 3.9
+        b = norm(raw)
+        assert sorted(a) == sorted(b)
+        for k in a:
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_the_rank_keeps_its_cores_and_auto_picks_the_rest() -> None:
+    from scaleladder.data import cores
+
+    # Slurm bound this task to 8 cores: one stays the rank's, the workers get 7
+    p = cores.plan_cores(0, 8, affinity=set(range(16, 24)), env={"SLURM_CPUS_PER_TASK": "8"})
+    assert p.cores == tuple(range(16, 24)) and p.rank_cores == (16,) and p.worker_cores == tuple(range(17, 24)) and p.bound
+    # torchrun's 4 ranks inherit one set of 16 (no binding): a slice of 4 each, by local rank
+    p = cores.plan_cores(2, 4, affinity=set(range(16)), env={})
+    assert p.cores == (8, 9, 10, 11) and p.rank_cores == (8,) and p.shared == 4 and not p.bound
+    assert "4 core(s) per rank (sched_getaffinity, 1/4 of the set" in p.describe()
+    assert cores.plan_cores(0, 1, affinity={5}, env={}).worker_cores == (5,)  # one core: nothing to keep apart
+    need = -(-cores.DEMAND_SAMPLES_PER_S // cores.PER_WORKER_SAMPLES_PER_S["cpu"])
+    assert cores.auto_workers(8) == min(7, need) and cores.auto_workers(1) == 0 and cores.auto_workers(64) == need
+    assert cores.auto_workers(64, "gpu") < cores.auto_workers(64, "cpu")  # gpu decode: the workers only parse tars
+
+
+@pytest.mark.parametrize("profile", ["a100", "frontier"])
+def test_slurm_profiles_cpus_per_task_match_what_auto_picks(profile: str) -> None:
+    """The doctor's `threads` check asks ranks x (OMP threads + workers) <= the cores a rung job
+    asks for; the profiles give each rank exactly what `--workers auto` would use."""
+    import yaml
+
+    from scaleladder.data.cores import auto_workers
+
+    root = Path(__file__).resolve().parents[1] / "profiles" / profile
+    site = yaml.safe_load((root / "site.yaml").read_text())
+    slurm = yaml.safe_load((root / "config.v8+.yaml").read_text())
+    per_rank = int(slurm["set-resources"]["rung"]["cpus_per_task"])
+    omp = int(site["site"]["env"]["OMP_NUM_THREADS"])
+    assert omp + int(site["loader"]["workers"]) == per_rank
+    assert int(site["loader"]["workers"]) == auto_workers(per_rank - (omp - 1), site["loader"]["decode"])

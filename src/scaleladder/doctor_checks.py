@@ -396,7 +396,13 @@ def check_threads(ctx: Context) -> list[Finding]:
     omp_text = ctx.expanded_env.get("OMP_NUM_THREADS", "1")
     omp = int(omp_text) if omp_text.isdigit() else 1
     loader = prof.config.get("loader") or {}  # the input pipeline's own count, where a profile sets one
-    workers = int(loader.get("workers", prof.config.get("workers", 0)))
+    given = loader.get("workers", prof.config.get("workers", 0))
+    if str(given) == "auto":  # what `run --workers auto` picks on this share of cores (data/cores.py)
+        from scaleladder.data.cores import auto_workers
+
+        workers = auto_workers(max(cpus // max(ctx.rpn, 1) - (omp - 1), 1), str(loader.get("decode", "cpu")))
+    else:
+        workers = int(given)
     need = ctx.rpn * (omp + workers)
     if need > cpus:
         return [Finding(FATAL, f"threads: {ctx.rpn} ranks x (OMP_NUM_THREADS {omp} + workers {workers}) = {need} threads on the "

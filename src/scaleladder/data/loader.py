@@ -11,6 +11,7 @@ docs/data.md, "Loader".
 from __future__ import annotations
 
 import functools
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -21,12 +22,13 @@ import torch
 import webdataset as wds  # type: ignore[import-untyped]
 from torch.utils.data import IterableDataset
 
-from scaleladder.data import preflight, readers
+from scaleladder.data import cores, preflight, readers
 from scaleladder.data.devdecode import DeviceDecoder, check_decode
+from scaleladder.data.devnorm import DeviceNormaliser
 from scaleladder.data.errors import DataError, one_line
 from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha256_file
 from scaleladder.data.tokenizer import check_vocab
-from scaleladder.data.transforms import FlavaTransform, VitTransform, collate
+from scaleladder.data.transforms import TRANSPORTS, FlavaTransform, VitTransform, collate
 from scaleladder.log import get_logger
 from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
@@ -110,14 +112,25 @@ class ShardLoader:
     """
 
     def __init__(self, loader: wds.WebLoader, steps: int, manifest: Manifest, flavor: Flavor,
-                 decoder: DeviceDecoder | None = None) -> None:
+                 decoder: DeviceDecoder | None = None, transport: str = "float32") -> None:
         self.loader, self.steps, self.manifest, self.flavor = loader, steps, manifest, flavor
         # decode="gpu": the batches hold encoded JPEGs; the rung's feed calls this on the
         # device to make the images (devdecode.py). None: the workers made them.
         self.decoder = decoder
+        self.transport = "jpeg" if decoder is not None else transport  # what crosses from the workers
         self.workers = 0
         self.work_s = 0.0  # seconds the transforms took, summed over workers (see samples_per_s)
         self.samples = 0
+        self.cpu_s: list[float] = []  # per batch handed out: the workers' CPU seconds for it (host_cpu_s)
+        self.extra_attrs: dict[str, Any] = {}  # set by the caller: --workers auto's choice
+
+    def device_transform(self, device: torch.device) -> Any:
+        """What the rank runs on each host batch where the copy would be (rung/feed.py): the
+        device decoder (``jpeg``), the device-side normalisation (``uint8``), or nothing
+        (``float32``: the workers normalised)."""
+        if self.decoder is not None:
+            return self.decoder
+        return DeviceNormaliser(self.flavor.family, device) if self.transport == "uint8" else None
 
     @property
     def decode_path(self) -> str:
@@ -134,7 +147,8 @@ class ShardLoader:
         the embedding unused; recording it shows that a run trained on fewer ids.
         """
         size = self.manifest.tokenizer_vocab_size
-        attrs: dict[str, Any] = {"decode_path": self.decode_path, "loader_workers": self.workers}
+        attrs: dict[str, Any] = {"decode_path": self.decode_path, "loader_workers": self.workers,
+                                 "loader_transport": self.transport, **self.extra_attrs}
         if self.flavor.family == "flava" and size is not None:
             attrs["tokenizer_vocab_size"] = size
         return attrs
@@ -160,6 +174,8 @@ class ShardLoader:
                 if work is not None:
                     self.work_s += float(work)
                     self.samples += len(next(iter(batch.values())))
+                cpu = batch.pop("__cpu_s", None)
+                self.cpu_s.append(float(cpu) if cpu is not None else float("nan"))
                 yield batch
         except DataError as e:
             raise DataError(one_line(e)) from None
@@ -216,6 +232,8 @@ def make_loader(
     keys: bool = False,
     decode: str = "cpu",
     decode_device: torch.device | None = None,
+    transport: str = "float32",
+    worker_cores: tuple[int, ...] = (),
 ) -> ShardLoader:
     """A loader that yields exactly ``steps`` batches of ``local_batch`` samples on this rank.
 
@@ -231,28 +249,31 @@ def make_loader(
     (the workers pass encoded JPEGs; ``ShardLoader.decoder`` makes the images on the
     device, see :mod:`devdecode`); "gpu" is refused with one line where there is no GPU.
     ``decode_device`` overrides the decoder's device (tests run the "gpu" path on the CPU).
+    ``transport``: what the workers' images are with decode "cpu": "float32" (normalised in
+    the worker) or "uint8" (normalised on the device by ``ShardLoader.device_transform``; the
+    rung's choice, issue 31). ``worker_cores``: the cores the workers are bound to (the
+    rank's own kept free: :mod:`cores`); empty: where the OS puts them.
     """
     for what, value, low in (("local batch", local_batch, 1), ("steps", steps, 1), ("world", world, 1), ("workers", workers, 0)):
         if value < low:
             raise SpecError(f"{what} must be >= {low}, got {value}")
     if not 0 <= rank < world:
         raise SpecError(f"rank {rank} is outside world {world}")
+    if transport not in TRANSPORTS:
+        raise SpecError(f"transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
     decode_on = check_decode(decode, decode_device)  # before any shard is hashed: a refusal costs nothing
     m, notice = preflight.agreed(lambda: _prepare(manifest, flavor, rank, world, workers, resample, verify), rank, world)
     if notice and rank == 0:
         _log.info(f"scaleladder: note: {notice}")
 
-    if flavor.family == "flava":
-        transform: Any = FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode)
-    else:
-        transform = VitTransform(flavor, seed, rank, world, augment=augment, decode=decode)
+    transform = _transform(flavor, m, seed, rank, world, augment, decode, transport)
     decoder = DeviceDecoder(flavor.family, flavor.image_size, flavor.codebook_image_size, decode_on) if decode == "gpu" else None
     dataset = wds.DataPipeline(
         ShardStream(m, rank, world, seed, resample),
         wds.tarfile_to_samples(handler=_shard_read_error),
         _SeededShuffle(seed, rank, world, shuffle_buffer),
         wds.map(_Timed(transform)),
-        wds.batched(local_batch, collation_fn=functools.partial(collate, keys=keys), partial=False),
+        wds.batched(local_batch, collation_fn=functools.partial(_collate_costed, keys=keys), partial=False),
     )
     pin = pin_memory and torch.cuda.is_available()  # pinning without a GPU only warns and costs time
     loader = wds.WebLoader(
@@ -262,12 +283,19 @@ def make_loader(
         pin_memory=pin,
         prefetch_factor=prefetch_factor if workers > 0 else None,
         persistent_workers=False,
+        worker_init_fn=functools.partial(cores.bind_worker, tuple(worker_cores)) if worker_cores and workers > 0 else None,
     )
     # with_epoch on the LOADER (not the dataset): with several workers a per-dataset
     # epoch is per worker, and the total would be steps x workers.
-    shard_loader = ShardLoader(loader.with_epoch(steps), steps, m, flavor, decoder)
+    shard_loader = ShardLoader(loader.with_epoch(steps), steps, m, flavor, decoder, transport)
     shard_loader.workers = workers
     return shard_loader
+
+
+def _transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str, transport: str) -> Any:
+    if flavor.family == "flava":
+        return FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode, transport=transport)
+    return VitTransform(flavor, seed, rank, world, augment=augment, decode=decode, transport=transport)
 
 
 class _Timed:
@@ -282,3 +310,22 @@ class _Timed:
         out: dict[str, Any] = self.fn(sample)
         out["__work_s"] = time.perf_counter() - t
         return out
+
+
+_LAST_CPU: dict[int, float] = {}  # per worker process: its CPU time at its previous batch
+
+
+def _collate_costed(samples: list[dict[str, Any]], keys: bool = False) -> dict[str, Any]:
+    """``collate``, plus the batch's host cost ``__cpu_s``: in a DataLoader worker, the process's
+    CPU seconds since its previous batch (tar reading, shuffling, decode, transforms,
+    collation: all of it); in the main process (workers=0), the transforms' own seconds
+    (the process's CPU time there is the training's too)."""
+    batch = collate(samples, keys=keys)
+    if torch.utils.data.get_worker_info() is None:
+        batch["__cpu_s"] = batch.get("__work_s", torch.tensor(float("nan")))
+        return batch
+    now = time.process_time()  # a forked worker's count starts at zero
+    pid = os.getpid()
+    batch["__cpu_s"] = torch.tensor(now - _LAST_CPU.get(pid, 0.0), dtype=torch.float64)
+    _LAST_CPU[pid] = now
+    return batch

@@ -18,6 +18,13 @@ FLAVA, for a flavor with image side S, P patches and text length L:
 
 ViT: ``image`` (same crop, plus a horizontal flip, ImageNet mean/std) and ``label``.
 
+What crosses from the workers to the rank (``transport``, recorded as ``loader_transport``):
+``"uint8"`` (the rung's default): the resized images as uint8 CHW, a quarter of the
+bytes; the rank normalises them on the device (:mod:`devnorm`), with the same float32
+arithmetic as :func:`to_tensor`, so the numbers are the same. ``"float32"``: normalised
+here, in the worker (the reference; what every rung did before issue 31). ``decode="gpu"``
+ships the encoded JPEG instead (``"jpeg"``, :mod:`devdecode`).
+
 All randomness comes from per-reader generators (see :mod:`readers`), never from the
 global ``random``/``numpy`` state: TorchMultimodal's mask generator uses the global
 ``random`` module, which DataLoader workers share after a fork unless reseeded.
@@ -36,14 +43,11 @@ import torch
 from PIL import Image
 
 from scaleladder.data import readers
+# the normalisation constants live with the device-side normalisation, which both paths share
+from scaleladder.data.devnorm import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, LOGIT_LAPLACE_EPS, affine
 from scaleladder.data.errors import DataError
 from scaleladder.models.flavors import Flavor
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # FLAVA's IMAGE_PRETRAINING_MEAN
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-LOGIT_LAPLACE_EPS = 0.1  # DALL-E map_pixels
 CROP_SCALE = (0.9, 1.0)  # FLAVA's TwoWayRandomResizedCrop scale
 CROP_RATIO = (3 / 4, 4 / 3)
 MASK_FRACTION = 75 / 196
@@ -94,14 +98,19 @@ def to_tensor(img: Image.Image, mean: tuple[float, ...] = (0.0, 0.0, 0.0), std: 
     threads (workers=0 runs in the main process, where those threads are on).
     """
     arr = np.asarray(img, dtype=np.uint8)
-    m = np.asarray(mean, np.float32)
-    s = np.asarray(std, np.float32)
-    mul = (scale / 255.0) / s  # per channel: x * mul + add
-    add = (offset - m) / s
+    mul, add = affine(mean, std, scale, offset)  # per channel: x * mul + add (the one definition: devnorm)
     out = arr.astype(np.float32)
     out *= mul
     out += add
     return torch.from_numpy(np.ascontiguousarray(out.transpose(2, 0, 1)))
+
+
+def to_uint8(img: Image.Image) -> torch.Tensor:
+    """uint8 HWC PIL image -> uint8 CHW tensor (contiguous: it crosses to the rank as it is)."""
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)))
+
+
+TRANSPORTS = ("uint8", "float32")  # what a worker's images are; decode="gpu" ships "jpeg" instead
 
 
 def mask_counts(patches: int) -> tuple[int, int]:
@@ -224,6 +233,8 @@ class Encoded:
         if "jpg" not in sample:
             raise _sample_error(sample, "no image (jpg member)")
         self.data = bytes(sample["jpg"])
+        # shard and key: the device decoder names a JPEG it cannot decode by them
+        self.where = f"{sample.get('__url__', '?')}: key {sample.get('__key__', '?')}"
         frame = read_frame(self.data)
         if frame is None or frame.components not in (1, 3):
             raise _sample_error(sample, "corrupt image (no readable JPEG frame header)")
@@ -231,12 +242,13 @@ class Encoded:
         self.scale = draft_scale(frame.width, frame.height, min_side)
         self.size = (-(-frame.width // self.scale), -(-frame.height // self.scale))
 
-    def members(self, box: tuple[float, float, float, float], flip: bool) -> dict[str, torch.Tensor]:
-        """``jpeg`` bytes, the ``box`` in full-size pixels, ``flip``: what :class:`devdecode.DeviceDecoder` reads."""
+    def members(self, box: tuple[float, float, float, float], flip: bool) -> dict[str, Any]:
+        """``jpeg`` bytes, the ``box`` in full-size pixels, ``flip``, and ``__where__`` (shard and key):
+        what :class:`devdecode.DeviceDecoder` reads."""
         sc = self.scale
         full = (int(box[0]) * sc, int(box[1]) * sc, min(int(box[2]) * sc, self.full[0]), min(int(box[3]) * sc, self.full[1]))
         return {"jpeg": torch.frombuffer(bytearray(self.data), dtype=torch.uint8),
-                "box": torch.tensor(full, dtype=torch.int64), "flip": torch.tensor(flip)}
+                "box": torch.tensor(full, dtype=torch.int64), "flip": torch.tensor(flip), "__where__": self.where}
 
 
 class _PerReader:
@@ -246,10 +258,16 @@ class _PerReader:
     negatives: deterministic content, for checks against what was written.
     ``decode="gpu"``: no decode here; the sample carries the encoded image and its crop
     for :mod:`devdecode` (the random draws are the same, in the same order).
+    ``transport="uint8"``: the images leave as uint8 CHW, normalised on the device
+    (:mod:`devnorm`); ``"float32"``: normalised here.
     """
 
-    def __init__(self, seed: int, rank: int, world: int, augment: bool = True, decode: str = "cpu") -> None:
+    def __init__(self, seed: int, rank: int, world: int, augment: bool = True, decode: str = "cpu",
+                 transport: str = "float32") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
         self.seed, self.rank, self.world, self.augment, self.decode = seed, rank, world, augment, decode
+        self.uint8 = transport == "uint8"
         self._ready = False
 
     def _box(self, img: Image.Image | Encoded) -> tuple[float, float, float, float]:
@@ -266,8 +284,9 @@ class FlavaTransform(_PerReader):
     """A raw WebDataset sample -> the FLAVA pretraining tensors of one sample."""
 
     def __init__(self, flavor: Flavor, tokenizer_path: Path, seed: int, rank: int, world: int,
-                 itm_probability: float = ITM_PROBABILITY, augment: bool = True, decode: str = "cpu") -> None:
-        super().__init__(seed, rank, world, augment, decode)
+                 itm_probability: float = ITM_PROBABILITY, augment: bool = True, decode: str = "cpu",
+                 transport: str = "float32") -> None:
+        super().__init__(seed, rank, world, augment, decode, transport)
         self.size = flavor.image_size
         self.codebook_size = flavor.codebook_image_size
         self.grid = flavor.image_size // flavor.patch
@@ -295,20 +314,24 @@ class FlavaTransform(_PerReader):
     def __call__(self, sample: dict[str, Any]) -> dict[str, torch.Tensor]:
         if not self._ready:
             self._setup()
-        images: dict[str, torch.Tensor]
+        images: dict[str, Any]
         if self.decode == "gpu":
             enc = Encoded(sample, self.size)
             images = enc.members(self._box(enc), False)
         else:
             img = _image(sample, self.size)
             box = self._box(img)
-            images = {
-                "image": to_tensor(img.resize((self.size, self.size), Image.Resampling.BICUBIC, box=box), CLIP_MEAN, CLIP_STD),
-                # DALL-E map_pixels: x -> (1 - 2 eps) x + eps
-                "image_for_codebook": to_tensor(
-                    img.resize((self.codebook_size, self.codebook_size), Image.Resampling.LANCZOS, box=box),
-                    scale=1 - 2 * LOGIT_LAPLACE_EPS, offset=LOGIT_LAPLACE_EPS),
-            }
+            main = img.resize((self.size, self.size), Image.Resampling.BICUBIC, box=box)
+            # the codebook's input: the SAME crop, Lanczos (a second uint8 image on the uint8 transport)
+            codebook = img.resize((self.codebook_size, self.codebook_size), Image.Resampling.LANCZOS, box=box)
+            if self.uint8:
+                images = {"image": to_uint8(main), "image_for_codebook": to_uint8(codebook)}
+            else:
+                images = {
+                    "image": to_tensor(main, CLIP_MEAN, CLIP_STD),
+                    # DALL-E map_pixels: x -> (1 - 2 eps) x + eps
+                    "image_for_codebook": to_tensor(codebook, scale=1 - 2 * LOGIT_LAPLACE_EPS, offset=LOGIT_LAPLACE_EPS),
+                }
         patches = block_mask(self.image_rng, self.grid, self.num_masking, self.min_block)
 
         caption, itm = self._itm(_caption(sample))
@@ -327,8 +350,9 @@ class FlavaTransform(_PerReader):
 class VitTransform(_PerReader):
     """A raw WebDataset sample -> (normalised image, class label)."""
 
-    def __init__(self, flavor: Flavor, seed: int, rank: int, world: int, augment: bool = True, decode: str = "cpu") -> None:
-        super().__init__(seed, rank, world, augment, decode)
+    def __init__(self, flavor: Flavor, seed: int, rank: int, world: int, augment: bool = True, decode: str = "cpu",
+                 transport: str = "float32") -> None:
+        super().__init__(seed, rank, world, augment, decode, transport)
         self.size = flavor.image_size
         self.num_classes = flavor.num_classes
 
@@ -349,7 +373,8 @@ class VitTransform(_PerReader):
         img = img.resize((self.size, self.size), Image.Resampling.BICUBIC, box=self._box(img))
         if self.augment and self.image_rng.random() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return {"image": to_tensor(img, IMAGENET_MEAN, IMAGENET_STD), "label": torch.tensor(label, dtype=torch.int64)}
+        image = to_uint8(img) if self.uint8 else to_tensor(img, IMAGENET_MEAN, IMAGENET_STD)
+        return {"image": image, "label": torch.tensor(label, dtype=torch.int64)}
 
 
 def collate(samples: list[dict[str, Any]], keys: bool = False) -> dict[str, Any]:
@@ -372,6 +397,7 @@ def collate(samples: list[dict[str, Any]], keys: bool = False) -> dict[str, Any]
         lengths = [len(s["jpeg"]) for s in samples]
         batch["jpeg"] = torch.from_numpy(np.concatenate([s["jpeg"].numpy() for s in samples]))
         batch["jpeg_offsets"] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        batch["__where__"] = [str(s["__where__"]) for s in samples]  # shard and key of each, for a corrupt one
     if "__work_s" in samples[0]:  # the transforms' seconds (loader._Timed); popped by ShardLoader
         batch["__work_s"] = torch.tensor(sum(s["__work_s"] for s in samples), dtype=torch.float64)
     if keys:

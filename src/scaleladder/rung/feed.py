@@ -24,6 +24,16 @@ are issued; on a GPU it is hidden while the device still has queued work.
 
 On the CPU there is no copy: batches are converted where the copy would be and handed
 on. Synthetic batches are made on the device before the loop and need no feed.
+
+The loader's batches arrive as uint8 images (or encoded JPEGs); the ``decoder`` given here
+(``ShardLoader.device_transform``: data/devnorm.py or data/devdecode.py) copies them from
+pinned memory with ``non_blocking`` copies and normalises them in float32 on the device,
+on the side stream; :func:`to_device` then casts to the rung's dtype (issue 31).
+
+Beside the wait, the record keeps the loader's host cost: the workers' CPU seconds per
+batch (``loader_cpu_s_per_batch``, the timed steps' mean; data/loader.py measures it in
+each worker), so that a slow step caused by the workers' load on the rank's cores shows up
+as that, even when the step never waited.
 """
 
 from __future__ import annotations
@@ -78,6 +88,9 @@ class DeviceFeed:
         rate = getattr(self.batches, "samples_per_s", None)
         if rate is not None:
             attrs["loader_samples_per_s"] = float(rate)
+        cpu = np.asarray(getattr(self.batches, "cpu_s", []), dtype=float)[warmup:warmup + len(step_time_s)]
+        if len(cpu) and np.isfinite(cpu).any():
+            attrs["loader_cpu_s_per_batch"] = float(np.nanmean(cpu))
         if self.decoder is not None and hasattr(self.decoder, "record_attrs"):
             # what actually decoded: host fallbacks counted, decode_path corrected (data/devdecode.py)
             attrs.update(self.decoder.record_attrs())

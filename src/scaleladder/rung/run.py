@@ -60,7 +60,7 @@ class RunConfig:
     steps: int
     warmup: int
     data: str  # "synthetic", a manifest path, or the shard directory holding manifest.json
-    workers: int
+    workers: int | str  # a count, or "auto" (resolved on each rank from its cores: data/cores.py)
     seed: int
     lr: float
     out: Path
@@ -72,6 +72,7 @@ class RunConfig:
     decode: str = "cpu"  # --data rungs: JPEG decode in the loader workers ("cpu") or on the device ("gpu")
     trace_steps: int = 0  # torch.profiler trace of this many steps after warm-up (rung/profiling.py)
     memory_snapshot: bool = False  # CUDA allocator memory snapshot of the loop (rung/profiling.py)
+    transport: str = "uint8"  # --data rungs, decode cpu: the workers' images as uint8 (normalised on the device) or float32
 
     def argv(self, **override: Any) -> list[str]:
         """The `run` arguments that reproduce this config (used by launch and maxbatch)."""
@@ -92,6 +93,8 @@ class RunConfig:
             args += ["--trace-steps", str(self.trace_steps)]
         if self.memory_snapshot:
             args += ["--memory-snapshot"]
+        if self.transport != "uint8":
+            args += ["--transport", self.transport]
         return args
 
     def attrs(self) -> dict[str, Any]:
@@ -116,7 +119,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", default="1000", help="steps in all, warm-up included (default 1000, the FLAVA seed's)")
     p.add_argument("--warmup", default="100", help="first steps excluded from every figure (default 100)")
     p.add_argument("--data", default="synthetic", help="'synthetic' (batches made on the device), a shard manifest.json, or its directory")
-    p.add_argument("--workers", default="4", help="data-loader workers per rank")
+    p.add_argument("--workers", default="4", help="data-loader workers per rank, or 'auto': from the rank's cores "
+                   "(sched_getaffinity, Slurm's binding) and the measured per-worker rate (data/cores.py); recorded")
+    p.add_argument("--transport", default=os.environ.get("SCALELADDER_LOADER_TRANSPORT", "uint8"), choices=["uint8", "float32"],
+                   help="--data rungs: the workers' images cross to the rank as uint8 and are normalised on the device "
+                        "(default), or float32, normalised in the workers (the reference); --decode gpu ships JPEGs")
     p.add_argument("--decode", default=os.environ.get("SCALELADDER_DECODE", "cpu"), help="--data rungs: 'cpu' (JPEG decode + transforms in the workers) or 'gpu' "
                    "(workers pass encoded JPEGs; nvJPEG decode and transforms on the device; refused without a GPU); "
                    "default: $SCALELADDER_DECODE (a site profile's loader.decode) or cpu")
@@ -188,8 +195,10 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         trace_steps = min(trace_steps, max(0, steps - warmup))
     memory_snapshot = bool(getattr(a, "memory_snapshot", False))
     check_profiling(trace_steps, memory_snapshot, steps, warmup, "cpu" if a.device == "cpu" else None)
-    return RunConfig(spec, steps, warmup, a.data, parse_nonnegative("workers", a.workers), parse_nonnegative("seed", a.seed),
-                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend, a.decode, trace_steps, memory_snapshot)
+    workers: int | str = "auto" if str(a.workers) == "auto" else parse_nonnegative("workers", a.workers)
+    return RunConfig(spec, steps, warmup, a.data, workers, parse_nonnegative("seed", a.seed),
+                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend, a.decode, trace_steps, memory_snapshot,
+                     transport=getattr(a, "transport", "uint8"))
 
 
 def oom_marker(out: Path, rank: int) -> Path:
@@ -578,14 +587,18 @@ def _batches(ctx: RankContext, flavor: Any, batch: int, dtype: torch.dtype) -> t
         from scaleladder.rung.batches import SyntheticBatches
 
         return SyntheticBatches(flavor, batch, env.rank, cfg.steps, cfg.seed, device, dtype=dtype), {}
+    from scaleladder.data.cores import loader_workers
     from scaleladder.data.loader import make_loader
     from scaleladder.rung.feed import DeviceFeed
 
-    # Loader batches stay fp32 in pinned host memory; DeviceFeed copies them one step
-    # ahead on a side stream and converts the dtype on the device (rung/feed.py).
-    loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, cfg.workers, cfg.seed, pin_memory=device.type == "cuda",
-                         decode=cfg.decode)
-    return DeviceFeed(loader, device, dtype, cfg.steps, decoder=loader.decoder), loader.record_attrs()
+    # Loader batches stay uint8 (or JPEG bytes) in pinned host memory; DeviceFeed copies them
+    # one step ahead on a side stream, where the loader's device transform normalises them in
+    # fp32 and the feed casts to the rung's dtype (rung/feed.py, data/devnorm.py).
+    workers, worker_cores, core_attrs = loader_workers(cfg.workers, env.local_rank, env.local_world, cfg.decode, env.rank == 0)
+    loader = make_loader(cfg.data, flavor, batch, env.rank, env.world, cfg.steps, workers, cfg.seed, pin_memory=device.type == "cuda",
+                         decode=cfg.decode, transport=cfg.transport, worker_cores=worker_cores)
+    loader.extra_attrs.update(core_attrs)
+    return DeviceFeed(loader, device, dtype, cfg.steps, decoder=loader.device_transform(device)), loader.record_attrs()
 
 
 def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
