@@ -1,0 +1,64 @@
+"""The planner's step time against every H100 rung of docs/gpu-check-h100/ (issue 32, part 4a).
+
+    python benchmarks/steptime_vs_h100.py            # a Markdown table, then the tallies
+
+The calibration (planner/calibration/h100.json) was solved from two rungs of the `full/`
+report only: vit-base single b128 (compute) and flava-350m single b16 (host us per op). Every
+other figure is predicted: the 21 strategy rungs of the `strategies/` report (another run on
+the same machine), the 8 max-batch rungs that finished, and the rest of the `full/` report's
+rows. No .h5 records were committed; the figures are the reports' (step ms, or batch over
+items/s for a max-batch rung). Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from scaleladder.planner.rates import rates
+from scaleladder.planner.steptime import predict_step
+from scaleladder.spec import RunSpec
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTS = REPO / "docs" / "gpu-check-h100"
+STRATEGY_ROW = re.compile(r"^\| [\w.-]+ \| `([^`]+)` \| ok \| [^|]+ \| ([\d,.]+) \| ([\d.]+) \|")
+MAXBATCH_ROW = re.compile(r"^\| ([\w.-]+) \| ([\w-]+) \| ok \| \d+ \| \d+ \| ≥?(\d+)[^|]* \| \d+ \| ([\d,.]+) \|")
+CALIBRATION = {("full", "vit-base/single/bf16-mixed/pre-lag/n1/b128"), ("full", "flava-350m/single/bf16-mixed/pre-lag/n1/b16")}
+
+
+def measured_rows() -> list[tuple[str, str, float]]:
+    """(report, spec path, measured step in s) for every rung that ran."""
+    out = []
+    for report in ("strategies", "full"):
+        for line in (REPORTS / report / "gpu-check.md").read_text().splitlines():
+            if m := STRATEGY_ROW.match(line):
+                out.append((report, m.group(1), float(m.group(3)) / 1e3))
+            elif (m := MAXBATCH_ROW.match(line)) and report == "full":
+                batch, ips = int(m.group(3)), float(m.group(4).replace(",", ""))
+                knobs = "pf0" if m.group(2).startswith("fsdp2") else "pre-lag"
+                out.append(("max batch", f"{m.group(1)}/{m.group(2)}/bf16-mixed/{knobs}/n1/b{batch}", batch / ips))
+    return out
+
+
+def main() -> int:
+    rows = ["| report | rung | measured (ms) | predicted (ms) | bound | compute / host (ms) | error |", "|---|---|---|---|---|---|---|"]
+    tally: dict[str, list[float]] = {}
+    for report, path, meas in measured_rows():
+        spec = RunSpec.from_path(path)
+        st = predict_step(spec, 1, 1, int(spec.batch), rates("h100-80gb", spec.precision))
+        err = st.step_time_s / meas - 1
+        cal = (report, path) in CALIBRATION
+        if not cal:
+            tally.setdefault(report, []).append(err)
+        rows.append(f"| {report} | `{path}` | {meas * 1e3:.1f} | {st.step_time_s * 1e3:.1f} | {st.bound} | "
+                    f"{st.compute_s * 1e3:.1f} / {st.host_s * 1e3:.1f} | {err:+.1%}" + (" (calibration rung)" if cal else "") + " |")
+    print("\n".join(rows))
+    for report, errs in tally.items():
+        ok = sum(abs(e) <= 0.20 for e in errs)
+        print(f"\n{report}: {ok} of {len(errs)} within 20%; median |error| {sorted(abs(e) for e in errs)[len(errs) // 2]:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
