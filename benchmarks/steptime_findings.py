@@ -60,15 +60,15 @@ def rows() -> list[tuple[str, str, str]]:
                 "; ".join(cells) + " items/s at 1/2/4/8 nodes, b32", "predicted" if ok else "NOT predicted"))
     # 2. HYBRID sharded within a node best for models that fit two GCDs (ViT-5B needs 2)
     strategies = ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid2", "fsdp-hybrid8", "ddp", "fsdp-no-shard", "fsdp-hybrid1")
-    best = []
+    best: list[tuple[int, str, dict[str, float]]] = []
     for n in NODES:
         got = {s: ips(f"vit-5b/{s}/bf16-mixed/pre-lag/n{n}/b32", "mi250x-gcd", fr, 8) for s in strategies}
         fit = {s: v for s, v in got.items() if v is not None}
         best.append((n, max(fit, key=lambda s: fit[s]) if fit else "none", fit))
     # a tie counts (at one node hybrid8 IS full sharding over the node)
-    ok = all(max(f.get("fsdp-hybrid2") or 0, f.get("fsdp-hybrid8") or 0) >= 0.995 * max(f.values()) for _, _, f in best if f)
+    ok = all(max(by.get("fsdp-hybrid2") or 0, by.get("fsdp-hybrid8") or 0) >= 0.995 * max(by.values()) for _, _, by in best if by)
     out.append(("HYBRID sharded within a node best for models that fit two GCDs (ViT-5B)",
-                "; ".join(f"n{n}: best {b} (" + ", ".join(f"{s} {_fmt(v)}" for s, v in f.items()) + ")" for n, b, f in best),
+                "; ".join(f"n{n}: best {b} (" + ", ".join(f"{s} {_fmt(v)}" for s, v in by.items()) + ")" for n, b, by in best),
                 "predicted" if ok else "NOT predicted"))
     # 3. SHARD_GRAD_OP scales better than FULL_SHARD for models that fit half a node (ViT-15B needs 4 GCDs):
     # scaling efficiency from the fewest nodes where both fit to 8
@@ -94,9 +94,9 @@ def rows() -> list[tuple[str, str, str]]:
     cells, ok = [], True
     for m in ("flava-350m", "flava-900m"):
         d = ips(f"{m}/ddp/bf16-mixed/pre-lag/n1/b8", "a100-40gb", a1, 8)
-        f = ips(f"{m}/fsdp-full/bf16-mixed/pre-lag/n1/b8", "a100-40gb", a1, 8)
-        ok &= d is not None and f is not None and d >= f
-        cells.append(f"{m}: ddp {_fmt(d)}, fsdp-full {_fmt(f)} items/s")
+        fs = ips(f"{m}/fsdp-full/bf16-mixed/pre-lag/n1/b8", "a100-40gb", a1, 8)
+        ok &= d is not None and fs is not None and d >= fs
+        cells.append(f"{m}: ddp {_fmt(d)}, fsdp-full {_fmt(fs)} items/s")
     out.append(("FLAVA seed: DDP at least as fast as FSDP at batch 8 on 8 A100s (small models)", "; ".join(cells),
                 "predicted" if ok else "NOT predicted"))
     return out

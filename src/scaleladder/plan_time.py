@@ -118,7 +118,7 @@ def scaling_points(prof: Any, timing: Timing, device: str, rpn: int, nodes: list
             batch = p.batch if p.fits else None
             f = step_fields(spec, world, rpn, batch, device, timing)
             s = f.get("step_time_s")
-            pts.append(ScalePoint(spec.model, str(spec.strategy), n, batch, batch * world / s if s else None,
+            pts.append(ScalePoint(spec.model, str(spec.strategy), n, batch, batch * world / s if s and batch else None,
                                   p.required_bytes / 2**30 if p.fits else None, p.fits, f.get("step_time_bound", "")))
     return pts
 

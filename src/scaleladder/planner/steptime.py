@@ -115,7 +115,7 @@ def layer_passes(flavor: Flavor) -> list[tuple[str, float]]:
 
 def host_seconds(spec: RunSpec, rates: Rates, site: Site) -> tuple[float, str]:
     flavor = get_flavor(spec.model)
-    ops = len(layer_passes(flavor)) * OPS_PER_LAYER_PASS[flavor.family]
+    ops = float(len(layer_passes(flavor)) * OPS_PER_LAYER_PASS[flavor.family])
     ops *= (1 + AC_FORWARD_SHARE if spec.strategy.ac else 1.0) * WRAPPER_HOST[spec.strategy.wrapper]
     s = ops * rates.us_per_op * 1e-6 * site.cpu_factor
     return s, f"host: {ops:,.0f} aten ops x {rates.us_per_op} us x {site.cpu_factor} ({site.cpu_source}); {rates.host_source}"
