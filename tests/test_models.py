@@ -43,11 +43,11 @@ def test_models_command_prints_every_flavor(capsys) -> None:
     assert "10,198,195,447" in out  # FLAVA-10B, computed on meta
 
 
-@pytest.mark.parametrize("name", ["vit-debug", "flava-debug"])
-def test_analytic_flops_agree_with_flop_counter(name: str) -> None:
+@pytest.mark.parametrize("name,impl", [("vit-debug", "sdpa"), ("flava-debug", "sdpa"), ("flava-debug", "torchmultimodal")])
+def test_analytic_flops_agree_with_flop_counter(name: str, impl: str) -> None:
     f = get_flavor(name)
     torch.manual_seed(0)
-    model = build_model(f)
+    model = build_model(f, flava_impl=impl)
     batch = synthetic_batch(f, 10, 0, 0, 0)
     counter = FlopCounterMode(display=False)
     # CPU SDPA kernels are invisible to FlopCounterMode; the math backend shows its matmuls.
@@ -58,7 +58,10 @@ def test_analytic_flops_agree_with_flop_counter(name: str) -> None:
         analytic = vit_flops(f).model
     else:
         text, patches = masked_counts(f)
-        analytic = flava_flops(f, 10, text, patches, float(batch["itm_labels"].float().mean())).model
+        # The sync-free (sdpa) heads run on every token: what ran is HFU's count, not MFU's.
+        flops = flava_flops(f, 10, text, patches, float(batch["itm_labels"].float().mean()), heads_on_all_tokens=impl == "sdpa")
+        analytic = flops.hardware if impl == "sdpa" else flops.model
+        assert flops.hardware > flops.model if impl == "sdpa" else flops.hardware == flops.model
     assert analytic == pytest.approx(measured, rel=0.05)
 
 

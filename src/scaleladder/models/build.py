@@ -13,6 +13,10 @@ Traps handled here (see ``shared/anchors.md``):
   with a 1-element parameter: the same value, broadcast identically.
 * The codebook encoder is a fixed tokenizer for the MIM targets, so it is frozen
   (no gradients, no optimizer state) and kept in eval mode.
+* ``flava_impl="sdpa"`` (the default, models/flava_impl.py) switches FLAVA's layers to fused
+  attention and its losses to sync-free ones after the package has built them: same modules,
+  same parameters, a different ``forward`` (models/flava_attention.py, flava_norm.py,
+  flava_losses.py). ``"torchmultimodal"`` keeps the package's own.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from scaleladder.models.flava_impl import DEFAULT as DEFAULT_FLAVA_IMPL
+from scaleladder.models.flava_impl import SDPA, parse_flava_impl
 from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
 
@@ -60,7 +66,7 @@ class ViTClassifier(TrainModule):
 
 
 class FLAVAPretrainer(TrainModule):
-    def __init__(self, flavor: Flavor, codebook_weights: str | Path | None = None) -> None:
+    def __init__(self, flavor: Flavor, codebook_weights: str | Path | None = None, flava_impl: str = DEFAULT_FLAVA_IMPL) -> None:
         super().__init__()
         from torchmultimodal.models.flava.model import DalleVAEEncoder, FLAVAForPreTraining, flava_model
         from torchmultimodal.models.flava.model import DalleEncoder
@@ -97,6 +103,12 @@ class FLAVAPretrainer(TrainModule):
         # FSDP1 flattens parameters and rejects 0-dim ones; a [1] tensor broadcasts the same.
         loss.contrastive_loss.logit_scale = nn.Parameter(torch.full((1,), math.log(1 / 0.07)))
         self.flava = FLAVAForPreTraining(model=model, image_codebook=codebook, loss=loss)
+        self.flava_impl = parse_flava_impl(flava_impl)
+        if flava_impl == SDPA:
+            from scaleladder.models import flava_attention, flava_losses, flava_norm, flava_passes
+
+            for swap in (flava_attention.install, flava_norm.install, flava_passes.install, flava_losses.install):
+                swap(self.flava)
 
     def train(self, mode: bool = True) -> "FLAVAPretrainer":
         super().train(mode)
@@ -146,14 +158,16 @@ def read_codebook_state(codebook: nn.Module, path: Path) -> dict[str, Tensor]:
     return state
 
 
-def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_weights: str | Path | None = None) -> TrainModule:
-    """Build ``flavor`` on ``device``. ``device="meta"`` allocates nothing (for counting)."""
+def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_weights: str | Path | None = None,
+                flava_impl: str = DEFAULT_FLAVA_IMPL) -> TrainModule:
+    """Build ``flavor`` on ``device``. ``device="meta"`` allocates nothing (for counting).
+    ``flava_impl`` (models/flava_impl.py) is ignored for ViT."""
     with torch.device(device):
         if flavor.family == "vit":
             if codebook_weights is not None:
                 raise SpecError("--codebook-weights applies to FLAVA flavors only")
             return ViTClassifier(flavor)
-        return FLAVAPretrainer(flavor, codebook_weights)
+        return FLAVAPretrainer(flavor, codebook_weights, flava_impl)
 
 
 def count_parameters(module: nn.Module) -> int:

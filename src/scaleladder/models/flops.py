@@ -15,9 +15,16 @@ which tests/test_flops.py checks within 5% on both debug flavors):
   its forward once more; that extra forward counts towards HFU only.
 
 FLAVA specifics: the image and text encoders each run twice (plain and masked),
-the multimodal encoder once, on ``1 + T_image + T_text`` tokens; the MLM/MIM heads
-run only on the masked tokens of positive (matched) pairs; the frozen DALL-E
+the multimodal encoder once, on ``1 + T_image + T_text`` tokens; the MLM/MIM heads'
+useful work is on the masked tokens of positive (matched) pairs; the frozen DALL-E
 codebook runs forward only (no parameter or input needs a gradient).
+
+Which tokens the heads run on depends on the FLAVA implementation (models/flava_impl.py):
+TorchMultimodal's selects the masked tokens of positive pairs (a device sync each time);
+``sdpa``'s sync-free losses run the heads on every text token and every patch of every
+pair and ignore the rest in the cross entropy. MFU counts the useful work either way;
+HFU (``hardware``) counts what ran: with ``heads_on_all_tokens`` the heads' extra
+forward and backward over the other tokens (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -83,9 +90,11 @@ def flava_flops(
     masked_patches: float,
     positive_fraction: float,
     ac: bool = False,
+    heads_on_all_tokens: bool = False,
 ) -> FlopCount:
     """Per-sample FLOPs. Masked counts are per sample (means over the batch);
-    ``positive_fraction`` is the share of matched (non-ITM-negative) pairs."""
+    ``positive_fraction`` is the share of matched (non-ITM-negative) pairs;
+    ``heads_on_all_tokens``: the MLM/MIM heads ran on every token (the sdpa FLAVA)."""
     d, mlp = f.hidden, f.mlp
     ti, tt = f.patches + 1, f.text_len
     tm = 1 + ti + tt
@@ -97,9 +106,10 @@ def flava_flops(
     # the two projections to the contrastive space (CLS only) and to the mm width (all tokens)
     proj = 2 * (2 * d * d) + 2 * (ti + tt) * d * d
     itm = 2 * d * d + 2 * d * 2
-    heads = positive_fraction * (
-        masked_text_tokens * (2 * d * d + 2 * d * f.vocab_size) + masked_patches * (2 * d * d + 2 * d * f.image_vocab)
-    )
+    text_head, image_head = 2 * d * d + 2 * d * f.vocab_size, 2 * d * d + 2 * d * f.image_vocab  # per token
+    heads = positive_fraction * (masked_text_tokens * text_head + masked_patches * image_head)
+    # The sync-free heads' work beyond the useful: every text token and patch of every pair.
+    idle_heads = (tt * text_head + f.patches * image_head - heads) if heads_on_all_tokens else 0.0
     # contrastive: each positive image/text embedding against every gathered embedding, both ways
     contrastive = positive_fraction * 2 * (2 * d * global_batch * positive_fraction)
     trained = 2 * image_enc + 2 * text_enc + mm_enc + proj + itm + heads + contrastive
@@ -107,4 +117,5 @@ def flava_flops(
     patch = 2 * _patch_embed(f)  # the image encoder runs twice
     recompute = 2 * f.layers * (_layer(ti, d, mlp) + _layer(tt, d, mlp)) + mm_layers
     model = 3 * trained + 2 * patch + codebook
-    return FlopCount(model=model, hardware=model + (recompute if ac else 0), forward=trained + patch + codebook)
+    hardware = model + (recompute if ac else 0) + 3 * idle_heads
+    return FlopCount(model=model, hardware=hardware, forward=trained + patch + codebook + idle_heads)
