@@ -116,6 +116,8 @@ class Settings(Section):
     seed = attr("", "weights, synthetic batches and data order")
     lr = attr("", "AdamW learning rate")
     compile_backend = attr("", "torch.compile backend of a -compile rung (\"\" otherwise)")
+    flava_impl = attr("", "FLAVA's implementation: `sdpa` (fused attention, sync-free losses) | `torchmultimodal` "
+                          "(the package's own); \"\" on ViT rungs (docs/models.md)")
 
 
 class Build(Section):

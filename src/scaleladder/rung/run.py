@@ -72,6 +72,7 @@ class RunConfig:
     decode: str = "cpu"  # --data rungs: JPEG decode in the loader workers ("cpu") or on the device ("gpu")
     trace_steps: int = 0  # torch.profiler trace of this many steps after warm-up (rung/profiling.py)
     memory_snapshot: bool = False  # CUDA allocator memory snapshot of the loop (rung/profiling.py)
+    flava_impl: str = "sdpa"  # FLAVA's implementation (models/flava_impl.py); ignored by ViT rungs
     transport: str = "uint8"  # --data rungs, decode cpu: the workers' images as uint8 (normalised on the device) or float32
 
     def argv(self, **override: Any) -> list[str]:
@@ -93,16 +94,21 @@ class RunConfig:
             args += ["--trace-steps", str(self.trace_steps)]
         if self.memory_snapshot:
             args += ["--memory-snapshot"]
+        if self.flava_impl != "sdpa":
+            args += ["--flava-impl", self.flava_impl]
         if self.transport != "uint8":
             args += ["--transport", self.transport]
         return args
 
     def attrs(self) -> dict[str, Any]:
         """The spec and these settings as record attributes (results/record.py: Spec, Settings)."""
+        from scaleladder.models.flava_impl import recorded
+        from scaleladder.models.flavors import get_flavor
         from scaleladder.results.record import Settings as S
 
         return {**self.spec.as_attrs(), S.steps: self.steps, S.warmup: self.warmup, S.data: self.data, S.seed: self.seed,
-                S.lr: self.lr, S.compile_backend: self.compile_backend}
+                S.lr: self.lr, S.compile_backend: self.compile_backend,
+                S.flava_impl: recorded(get_flavor(self.spec.model).family, self.flava_impl)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,6 +139,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--init", default="auto", choices=["auto", "device", "meta"], help="build on the device, or on meta then materialise per FSDP unit")
     p.add_argument("--codebook-weights", default=None, help="local DALL-E encoder weights for FLAVA (default: random init)")
+    from scaleladder.models.flava_impl import DEFAULT as FLAVA_IMPL, FLAVA_IMPLS
+
+    p.add_argument("--flava-impl", default=FLAVA_IMPL, choices=list(FLAVA_IMPLS), help="FLAVA rungs: 'sdpa' (fused attention, sync-free losses; the default) or "
+                   "'torchmultimodal' (the package's own modules, for comparison); the same parameters and loss (docs/models.md)")
     p.add_argument("--peak-tflops", default=None, type=float, help="peak TFLOP/s of one rank's device, for a device not in the table")
     p.add_argument("--compile-backend", default=None, choices=list(COMPILE_BACKENDS),
                    help="torch.compile backend of a -compile rung (default inductor; aot_eager captures graphs without code generation)")
@@ -174,6 +184,9 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         if not resolve(a.data).is_file():
             why = f"a directory with no {MANIFEST_FILE}" if Path(a.data).is_dir() else "no such manifest file or shard directory (or use 'synthetic')"
             raise SpecError(f"--data {a.data!r}: {why}")
+    from scaleladder.models.flava_impl import parse_flava_impl
+
+    flava_impl = parse_flava_impl(getattr(a, "flava_impl", None) or "sdpa")
     if a.codebook_weights and not Path(a.codebook_weights).is_file():
         raise SpecError(f"--codebook-weights {a.codebook_weights!r}: no such file")
     if a.codebook_weights and get_flavor(spec.model).family != "flava":
@@ -198,7 +211,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     workers: int | str = "auto" if str(a.workers) == "auto" else parse_nonnegative("workers", a.workers)
     return RunConfig(spec, steps, warmup, a.data, workers, parse_nonnegative("seed", a.seed),
                      lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend, a.decode, trace_steps, memory_snapshot,
-                     transport=getattr(a, "transport", "uint8"))
+                     flava_impl, transport=getattr(a, "transport", "uint8"))
 
 
 def oom_marker(out: Path, rank: int) -> Path:
@@ -371,14 +384,14 @@ def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Any) ->
     torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
     param_init_fn = None
     if init == "meta":
-        model = build_model(flavor, "meta")
+        model = build_model(flavor, "meta", flava_impl=cfg.flava_impl)
         loaded = _codebook_state(model, cfg.codebook_weights)  # copied in as each module is allocated
         if spec.strategy.is_fsdp:  # both generations materialise per unit, just before sharding it
             param_init_fn = make_param_init_fn(model, device, loaded)
         else:
             materialize(model, device, loaded)
     else:
-        model = build_model(flavor, device, cfg.codebook_weights)
+        model = build_model(flavor, device, cfg.codebook_weights, cfg.flava_impl)
     params = count_parameters(model)
     if prec.storage_dtype != torch.float32:
         model = model.to(dtype=prec.storage_dtype)
@@ -445,7 +458,7 @@ def _build(ctx: RankContext) -> Built:
 
     first, batches = _peek(source)
     CLOCK.mark("first_batch")
-    flops = _flops(flavor, spec, batch * ctx.env.world, first)
+    flops = _flops(flavor, spec, batch * ctx.env.world, first, cfg.flava_impl)
     return Built(flavor, prec, init, source, data_attrs, wrapped, report, params, optimizer, scaler, flops, batches)
 
 
@@ -609,15 +622,16 @@ def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
     return first, itertools.chain([first], it)
 
 
-def _flops(flavor: Any, spec: RunSpec, global_batch: int, first: dict[str, torch.Tensor]) -> Any:
+def _flops(flavor: Any, spec: RunSpec, global_batch: int, first: dict[str, torch.Tensor], flava_impl: str) -> Any:
     from scaleladder.models.flops import flava_flops, vit_flops
 
     if flavor.family == "vit":
         return vit_flops(flavor, spec.strategy.ac)
-    # FLAVA's heads run on masked tokens of matched pairs only: count them on the first
-    # batch (one host sync, before the timed loop).
+    # FLAVA's heads' useful work is on the masked tokens of matched pairs: count them on the
+    # first batch (one host sync, before the timed loop).
     pos = first["itm_labels"].ne(0)
     n = max(1, int(pos.sum()))
     text = float(first["mlm_labels"][pos].ne(-1).sum()) / n
     patches = float(first["image_patches_mask"][pos].sum()) / n
-    return flava_flops(flavor, global_batch, text, patches, n / len(pos), spec.strategy.ac)
+    # The sync-free (sdpa) heads run on every token: HFU counts that, MFU the useful work.
+    return flava_flops(flavor, global_batch, text, patches, n / len(pos), spec.strategy.ac, heads_on_all_tokens=flava_impl == "sdpa")
