@@ -4,7 +4,11 @@ Prints, on this machine:
 
 * loader samples/s (total and per worker) at 224 px, for FLAVA pretraining samples
   (flava-350m: image + codebook image + patch mask + MLM text + ITM) and for ViT
-  samples (vit-base: image + label), from 256 px JPEG shards;
+  samples (vit-base: image + label), from shards of 300-900 px JPEGs (web images, as
+  real datasets hold: not already at model size, so decode and resize cost what they
+  do in a real rung), for each transport across the process boundary: ``float32``
+  (normalised in the worker) against ``uint8`` (normalised on the device: issue 31),
+  with the bytes per batch that cross and the workers' CPU seconds per batch;
 * shard-writing MB/s of `scaleladder shard --images` (validation: a draft-mode,
   DCT-scaled decode of every JPEG plus its end-of-image check; tar, sha256,
   tokenizer training), next to a plain `tar cf` of the same files as the ceiling;
@@ -14,6 +18,7 @@ Prints, on this machine:
 Not a test: run it by hand and record the numbers in docs/data.md::
 
     .venv/bin/python benchmarks/bench_data.py [--samples 768] [--batch 32] [--batches 12] [--repeats 3] [--workers 0 1 2]
+        [--skip-shard-writing] [--source-sides 300 900]
 
 Each figure is printed as the median and the best of ``--repeats`` timed windows: on
 a shared machine the best is the less disturbed estimate of what the code can do.
@@ -42,28 +47,12 @@ from scaleladder.data.loader import make_loader
 from scaleladder.data.manifest import read_manifest
 from scaleladder.models.flavors import get_flavor
 
-from gpu_check import cpu_model  # benchmarks/ is on sys.path: this runs as a script beside it
+from gpucheck.machine import cpu_model  # benchmarks/ is on sys.path: this runs as a script beside it
 
 
 def _make_folder(folder: Path, n: int, sides: tuple[int, int], distinct: int | None = None) -> int:
-    """n synthetic JPEGs with sidecar captions and labels; returns their total bytes.
-
-    Sides are spread evenly over ``sides``: 300..900 px gives JPEGs of about 20 to
-    200 KB (the issue's range: web images), about 90 KB on average. With ``distinct``,
-    only that many images are drawn (drawing costs ~50 ms each here) and the rest are
-    copies under other names: the writer reads and checks every file all the same.
-    """
-    folder.mkdir(parents=True)
-    total = 0
-    lo, hi = sides
-    k = distinct or n
-    made = [synthetic.make_sample(0, i, lo + (hi - lo) * i // max(k - 1, 1)) for i in range(k)]
-    for i in range(n):
-        s = made[i % k]
-        for suffix, data in ((".jpg", s.jpeg), (".txt", s.caption.encode()), (".cls", str(s.label).encode())):
-            (folder / f"{i:06d}{suffix}").write_bytes(data)
-            total += len(data)
-    return total
+    """n synthetic JPEGs with sidecar captions and labels; their total bytes (synthetic.write_image_folder)."""
+    return synthetic.write_image_folder(folder, n, sides, distinct)
 
 
 def _rates(times: list[float], amount: float) -> str:
@@ -114,10 +103,12 @@ def bench_shard_writing(work: Path, n: int, sides: tuple[int, int], distinct: in
               f"{statistics.median(tar_times) / statistics.median(job_times[j]):.2f}x tar (medians; each job a new process)")
 
 
-def make_loader_shards(work: Path, n: int, size: int) -> Path:
-    """The loader's input: the embedded synthetic set at ``size`` px (18 KB JPEGs at 256)."""
-    out = work / "loader-shards"
-    assert shard(["--out", str(out), "--samples", str(n), "--image-size", str(size), "--per-shard", "128", "--quiet"]) == 0
+def make_loader_shards(work: Path, n: int, sides: tuple[int, int]) -> Path:
+    """The loader's input: ``n`` JPEGs with sides spread over ``sides`` (300..900 px: 20-200 KB,
+    as web images are), captions and labels, sharded by ``scaleladder shard --images``."""
+    folder, out = work / "loader-images", work / "loader-shards"
+    _make_folder(folder, n, sides, distinct=min(n, 128))
+    assert shard(["--images", str(folder), "--out", str(out), "--per-shard", "128", "--quiet"]) == 0
     return out
 
 
@@ -134,21 +125,25 @@ def bench_checksums(shards: Path, repeats: int) -> None:
 
 
 def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, workers: int, repeats: int, warmup: int = 3,
-                 decode: str = "cpu") -> None:
+                 decode: str = "cpu", transport: str = "uint8") -> None:
     """``decode="gpu"``: with a GPU, the workers' part and the device decode (synchronised per
-    batch); without one, the workers' part only (tar parsing, JPEG header, masks, text)."""
+    batch); without one, the workers' part only (tar parsing, JPEG header, masks, text).
+    ``transport="uint8"``: the device-side normalisation is not timed here (it runs on the
+    rank's device, in the step's shadow); on a GPU it is, as a rung would run it."""
     flavor = get_flavor(flavor_name)
     cuda = torch.cuda.is_available()
     with contextlib.redirect_stderr(io.StringIO()):  # the small-tokenizer note, once per configuration
         loader = make_loader(manifest, flavor, local_batch=batch, rank=0, world=1, steps=warmup + repeats * batches,
-                             workers=workers, seed=0, pin_memory=cuda and decode == "gpu", decode=decode,
+                             workers=workers, seed=0, pin_memory=cuda, decode=decode, transport=transport,
                              decode_device=None if cuda or decode == "cpu" else torch.device("cpu"))
-    decoder = loader.decoder if cuda else None
+    finish = loader.device_transform(torch.device("cuda")) if cuda else None
+    sent: list[int] = []
 
     def step(it: Any) -> None:
         b = next(it)
-        if decoder is not None:
-            decoder(b)
+        sent.append(sum(v.nbytes for v in b.values() if isinstance(v, torch.Tensor)))
+        if finish is not None:
+            finish(b)
             torch.cuda.synchronize()
 
     it = iter(loader)
@@ -164,13 +159,21 @@ def bench_loader(manifest: Path, flavor_name: str, batch: int, batches: int, wor
     if decode == "gpu":
         label += ", GPU decode" if cuda else ", workers' part of GPU decode (no GPU here)"
     per = _rates(times, batches * batch / max(workers, 1))
-    print(f"  {flavor_name:11s} {flavor.image_size} px, {label:16s}: samples/s {_rates(times, batches * batch)};  per worker {per}")
+    cpu = [c for c in loader.cpu_s[warmup:] if c == c]
+    print(f"  {flavor_name:11s} {loader.transport:7s} {label:16s}: samples/s {_rates(times, batches * batch)};  per worker {per};  "
+          f"{statistics.median(sent) / 1e6:6.2f} MB/batch crossing;  host CPU {statistics.median(cpu) * 1e3 if cpu else float('nan'):6.1f} "
+          f"ms/batch = {batch / statistics.median(cpu) if cpu else float('nan'):6.1f} samples per worker CPU-second")
+    # The last figure is what data/cores.py's PER_WORKER_SAMPLES_PER_S is read from: CPU time, so
+    # it holds on a busy machine where the wall-clock rates above do not (workers >= 1 only).
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=768, help="samples in the benchmark shard set")
-    p.add_argument("--source-size", type=int, default=256, help="side of the JPEGs in the loader's shards (px)")
+    p.add_argument("--source-sides", type=int, nargs=2, default=[300, 900], metavar=("MIN", "MAX"),
+                   help="sides of the JPEGs in the loader's shards (px; spread evenly: real images, not at model size)")
+    p.add_argument("--skip-shard-writing", action="store_true", help="only the checksum and loader benchmarks")
+    p.add_argument("--flavors", nargs="+", default=["flava-350m", "vit-base"])
     p.add_argument("--shard-samples", type=int, default=2048, help="images for the shard-writing benchmark")
     p.add_argument("--shard-distinct", type=int, default=256, help="of which distinct (the rest are copies; 0: all)")
     p.add_argument("--shard-sides", type=int, nargs=2, default=[300, 900], metavar=("MIN", "MAX"),
@@ -190,17 +193,20 @@ def main() -> int:
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     work = Path(tempfile.mkdtemp(prefix="bench_data-"))
     try:
-        bench_shard_writing(work, args.shard_samples, tuple(args.shard_sides), args.shard_distinct, args.repeats,
-                            args.slice_jobs)
+        if not args.skip_shard_writing:
+            bench_shard_writing(work, args.shard_samples, tuple(args.shard_sides), args.shard_distinct, args.repeats,
+                                args.slice_jobs)
         if args.skip_loader:
             return 0
-        manifest = make_loader_shards(work, args.samples, args.source_size)
+        lo, hi = args.source_sides
+        manifest = make_loader_shards(work, args.samples, (lo, hi))
         bench_checksums(manifest, args.repeats)
         print(f"loader: batch {args.batch}, {args.repeats} x {args.batches} timed batches after 3 warm-up, "
-              f"{args.source_size} px JPEG shards")
-        for flavor in ("flava-350m", "vit-base"):
+              f"{lo}-{hi} px JPEG shards, 224 px out; float32 vs uint8 across the process boundary")
+        for flavor in args.flavors:
             for workers in args.workers:
-                bench_loader(manifest, flavor, args.batch, args.batches, workers, args.repeats)
+                for transport in ("float32", "uint8"):
+                    bench_loader(manifest, flavor, args.batch, args.batches, workers, args.repeats, transport=transport)
             for workers in args.workers[:2]:
                 bench_loader(manifest, flavor, args.batch, args.batches, workers, args.repeats, decode="gpu")
     finally:

@@ -9,6 +9,7 @@ runner does not write yet is "n/a", the planner device is picked by chip AND cap
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -244,10 +245,53 @@ def test_every_section_starts_at_a_gpus_start_up_cost(tmp_path: Path, monkeypatc
     searched = [cmd.name.split()[1].split("/")[:2] for cmd in started["maxbatch"] if cmd.rc == 0]  # finished
     assert all([GPU.flavors[r], "ddp"] in searched for r in ROLES), searched
     assert all(cmd.rc == 0 for cmd in started["harness"][:1] + started["loader"][:3] + started["strategies"][:6])
-    assert len(started["loader"]) == 3  # shards, the loader-fed rung and its synthetic twin: the ratio
+    assert len(started["loader"]) >= 3  # shards, the synthetic rung and the first loader-fed twin: the ratio
     # nothing starts after the budget, and the last command ends within a minute of it
     measuring = [(n, t) for n, t in starts if n.split()[0].split("-")[0] in SECTIONS]
     assert measuring and all(t < c.budget_s for _, t in measuring), measuring[-3:]
     assert sum(cmd.seconds for cmd in c.commands if cmd.name.split()[0].split("-")[0] in SECTIONS) <= c.budget_s + 60
     print(f"simulated: {c.elapsed() / 60:.1f} min; per section " +
           ", ".join(f"{k} {v / 60:.1f} min ({len(started.get(k, []))} commands)" for k, v in c.section_s.items()))
+
+
+def test_the_loader_section_runs_both_decoders_and_both_worker_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: `--sections loader` on one GPU (simulated clock, the start-up costs above) shards
+    300-900 px JPEGs and runs the synthetic rung, then CPU and GPU decode with 14 and 6 workers, in
+    under 5 minutes; the report's table has a row each with its ratio to synthetic."""
+    now = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    c = Check(argparse.Namespace(device="cuda", out=str(tmp_path), smoke=False, budget_min=5.0, sections="loader"))
+    c.env_info = _check(tmp_path).env_info
+    c.probe_env = lambda: None
+    c.draw = lambda: None
+
+    def simulated(name: str, argv: list[str], timeout: float) -> Any:
+        took = min(_sim_cost(c, name, argv), timeout)
+        now[0] += took
+        c.logs.mkdir(parents=True, exist_ok=True)
+        cmd = Command(name, argv, 0, took, c.logs / f"{len(c.commands) + 1:03d}.log")
+        cmd.log.write_text("")
+        c.commands.append(cmd)
+        if c.section_name and not name.startswith("plan"):
+            c.section_took.append(took)
+        if "--out" in argv and "run" in argv:
+            import h5py
+
+            data = argv[argv.index("--data") + 1]
+            with h5py.File(argv[argv.index("--out") + 1], "w") as f:
+                f.attrs.update({"status": "ok", "data": data, "items_per_s": 100.0 if data == "synthetic" else 98.0,
+                                "step_time_mean_s": 0.05, "gpus_per_node": 1, "loader_transport": "uint8" if data != "synthetic" else ""})
+        return cmd
+
+    c.sh = simulated
+    c.profile = dataclasses.replace(GPU, shard_samples=16)  # the JPEG folder is written for real: keep it small
+    assert c.run() == 0
+    shard = next(cmd for cmd in c.commands if cmd.name == "loader shard")
+    assert "--images" in shard.argv
+    fed = [(cmd.argv[cmd.argv.index("--decode") + 1], cmd.argv[cmd.argv.index("--workers") + 1])
+           for cmd in c.commands if cmd.name.startswith("loader") and "--decode" in cmd.argv]
+    assert fed == [("cpu", "14"), ("gpu", "14"), ("cpu", "6"), ("gpu", "6")], fed
+    assert c.elapsed() <= 5 * 60
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert "JPEGs of 300-900 px" in md and md.count("| shards, `--decode") == 4 and "| 0.980 |" in md
+    assert report.loader_ratio(c) == pytest.approx(0.98)

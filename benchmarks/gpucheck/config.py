@@ -74,6 +74,10 @@ class DeviceSizes:
 # far from the limit, so every strategy runs. Start-up (python, torch, CUDA context, NCCL,
 # model build) dominates a rung's wall time, so a few tens of steps cost little more than a few.
 GPU = DeviceSizes(
+    # issue 31: the loader-fed rungs' worker counts (each with CPU decode, and --decode gpu on a
+    # GPU), and the sides of the shards' JPEGs: web-sized, not at the model's size
+    loader_workers: tuple[int, ...] = (14, 6)
+    loader_sides: tuple[int, int] = (300, 900)
     flavors={r: r for r in ROLES},
     batches={"vit-base": 128, "vit-huge": 32, "flava-350m": 16},
     steps=40, warmup=10,
@@ -103,6 +107,7 @@ CPU = DeviceSizes(
 @dataclass(frozen=True)
 class Selection:
     """Which rungs each section runs."""
+    loader_workers=(1,), loader_sides=(40, 96),
 
     strategies: tuple[tuple[str, str], ...]  # (role, strategy)
     maxbatch: tuple[tuple[str, str], ...]

@@ -245,21 +245,28 @@ def _md_harness(c: Check) -> list[str]:
 def _md_loader(c: Check) -> list[str]:
     L = ["## Loader against synthetic data", ""]
     lo = c.loader
-    if not lo.get("fed") and not lo.get("synthetic"):
+    if not lo.get("rows") and not lo.get("synthetic"):
         return L + ["Not run.", ""]
     L += [f"`{lo['spec']}`, {c.profile.loader_steps} steps ({c.profile.loader_warmup} warm-up), back to back: "
-          f"shards of {lo['samples']} synthetic samples at {lo['image_size']} px (`scaleladder shard`), "
-          f"{lo['workers']} loader worker{'s' if lo['workers'] != 1 else ''} (the cores the rank does not need).", ""]
+    lo_px, hi_px = lo.get("sides", (lo["image_size"], lo["image_size"]))
+          f"shards of {lo['samples']} JPEGs of {lo_px}-{hi_px} px (`scaleladder shard --images`), cut to "
+          f"{lo['image_size']} px; uint8 across the workers' boundary, normalised on the device (issue 31); "
+          f"{lo.get('cores', '?')} cores on this machine.", ""]
+    syn = lo.get("synthetic")
     body = []
-    for what, key in (("shards (`--data manifest.json`)", "fed"), ("synthetic (`--data synthetic`)", "synthetic")):
-        r = lo.get(key)
-        if r is None:
-            continue
-        wait = fmt(lo.get("wait_ms", math.nan), 2) if key == "fed" else ""
-        body.append([what, _status(r), fmt(r.num("items_per_s")), fmt(1e3 * r.num("step_time_mean_s"), 1),
-                     wait, f"`{r.file.name}`" if r.file else ""])
-    L += table(["data", "status", "items/s", "step (ms)", "loader wait per step (ms)", "file"], body, escape=True)
-    return L + ["", f"loader/synthetic = **{fmt(loader_ratio(c), 3)}** (target ≥ {TARGET_LOADER}).", ""]
+    if syn is not None:
+        body.append(["synthetic (`--data synthetic`)", "", "", _status(syn), fmt(syn.num("items_per_s")),
+                     fmt(1e3 * syn.num("step_time_mean_s"), 1), "", "", "", f"`{syn.file.name}`" if syn.file else ""])
+    for row in lo.get("rows", []):
+        r = row["rung"]
+        ratio = (r.num("items_per_s") / syn.num("items_per_s")) if syn is not None and r.status == "ok" and syn.status == "ok" else math.nan
+        body.append([f"shards, `--decode {row['decode']}`", str(row["workers"]), str(r.attrs.get("loader_transport", "")), _status(r),
+                     fmt(r.num("items_per_s")), fmt(1e3 * r.num("step_time_mean_s"), 1), fmt(row["wait_ms"], 2),
+                     fmt(1e3 * r.num("loader_cpu_s_per_batch"), 1), fmt(ratio, 3), f"`{r.file.name}`" if r.file else ""])
+    L += table(["data", "workers", "transport", "status", "items/s", "step (ms)", "loader wait per step (ms)",
+                "workers' CPU per batch (ms)", "/ synthetic", "file"], body, escape=True)
+    return L + ["", f"loader/synthetic (CPU decode, the most workers) = **{fmt(loader_ratio(c), 3)}** "
+                    f"(target ≥ {TARGET_LOADER}, with CPU decode and with GPU decode).", ""]
 
 
 def _md_precision(c: Check) -> list[str]:

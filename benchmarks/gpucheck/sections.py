@@ -49,35 +49,43 @@ def harness(c: Check) -> None:
 
 
 def loader(c: Check, work: Path) -> None:
-    """Shards written by `scaleladder shard`, then the same rung fed by them and by synthetic batches."""
+    """Shards of web-sized JPEGs (300-900 px on a GPU) written by `scaleladder shard --images`, then
+    the same rung fed by synthetic batches and by the shards: CPU decode and, on a GPU,
+    ``--decode gpu``, each with every count of ``loader_workers`` (issue 31: 14 and 6)."""
     p, role = c.profile, "vit-base"
     flavor = p.flavors[role]
+    from scaleladder.data.synthetic import write_image_folder
     from scaleladder.models.flavors import get_flavor
 
     size = get_flavor(flavor).image_size
-    shards = work / "shards"
+    images, shards = work / "loader-images", work / "shards"
     c.guard("loader", "shard")
-    cmd = c.sh("loader shard", c.scaleladder("shard", "--out", str(shards), "--samples", str(p.shard_samples),
-                                             "--per-shard", str(p.shard_per_shard), "--image-size", str(size),
-                                             "--overwrite", "--quiet"), c.limit(600))
+    shutil.rmtree(images, ignore_errors=True)
+    write_image_folder(images, p.shard_samples, p.loader_sides, distinct=min(p.shard_samples, 128))
+    cmd = c.sh("loader shard", c.scaleladder("shard", "--images", str(images), "--out", str(shards),
+                                             "--per-shard", str(p.shard_per_shard), "--overwrite", "--quiet"), c.limit(600))
     if cmd.rc != 0:
         c.note("loader", f"`scaleladder shard` failed (exit {cmd.rc}): {cmd.last_line()}; no loader rung ran")
         return
-    # Workers = the cores the rank itself does not need: one for the training process, one
-    # for its pin-memory thread and the rest of the machine.
-    workers = max(1, cores() - 2) if c.device == "cuda" else max(1, cores() - 1)
     spec = c.spec(role, "single")
-    c.loader = {"workers": workers, "samples": p.shard_samples, "image_size": size, "spec": spec}
+    decodes = ("cpu", "gpu") if c.device == "cuda" else ("cpu",)  # --decode gpu is refused without a GPU
+    c.loader = {"workers": p.loader_workers, "samples": p.shard_samples, "image_size": size, "sides": p.loader_sides,
+                "spec": spec, "cores": cores(), "rows": []}
     steps = {"steps": p.loader_steps, "warmup": p.loader_warmup}
-    # Back to back, same steps: the two differ only in where the batches come from.
-    c.guard("loader", "the loader-fed rung")
-    fed = c.run_rung("loader", role, spec, ["--data", str(shards / "manifest.json"), "--workers", str(workers)],
-                     tag="-data", **steps)
+    # Back to back, same steps: they differ only in where the batches come from. The synthetic
+    # twin first, then the most workers with each decoder (the ratio's rows), then fewer.
     c.guard("loader", "the synthetic rung")
-    syn = c.run_rung("loader", role, spec, ["--data", "synthetic"], tag="-synthetic", **steps)
-    c.loader.update(fed=fed, synthetic=syn)
-    if fed.file is not None:
-        c.loader["wait_ms"] = _mean_wait_ms(fed.file, int(fed.num("warmup")) if math.isfinite(fed.num("warmup")) else 0)
+    c.loader["synthetic"] = c.run_rung("loader", role, spec, ["--data", "synthetic"], tag="-synthetic", **steps)
+    for workers in p.loader_workers:
+        for decode in decodes:
+            c.guard("loader", f"the loader-fed rung, decode {decode}, {workers} workers")
+            args = ["--data", str(shards / "manifest.json"), "--workers", str(workers), "--decode", decode]
+            r = c.run_rung("loader", role, spec, args, tag=f"-data-{decode}-w{workers}", **steps)
+            warmup = int(r.num("warmup")) if math.isfinite(r.num("warmup")) else 0
+            c.loader["rows"].append({"decode": decode, "workers": workers, "rung": r,
+                                     "wait_ms": _mean_wait_ms(r.file, warmup) if r.file is not None else math.nan})
+            if "fed" not in c.loader and decode == "cpu":  # the target's row: CPU decode, the most workers
+                c.loader["fed"], c.loader["wait_ms"] = r, c.loader["rows"][-1]["wait_ms"]
 
 
 def precision(c: Check) -> None:

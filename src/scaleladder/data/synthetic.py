@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -148,3 +149,25 @@ def make_sample(seed: int, index: int, image_size: int = 64) -> SyntheticSample:
     # Fixed quality, no "optimize"/progressive passes: the same pixels give the same bytes.
     img.save(buf, format="JPEG", quality=JPEG_QUALITY)
     return SyntheticSample(buf.getvalue(), caption, label)
+
+
+def write_image_folder(folder: Path, n: int, sides: tuple[int, int], distinct: int | None = None, seed: int = 0) -> int:
+    """``n`` JPEGs with sidecar captions and labels (``NAME.jpg``, ``.txt``, ``.cls``), the input of
+    ``scaleladder shard --images``; returns their total bytes.
+
+    Sides are spread evenly over ``sides``: 300..900 px gives JPEGs of about 20 to 200 KB,
+    as web images are (the loader's benchmarks and gpu-check: source images not already at
+    the model's size, so decode and resize cost what they do in a real rung). With
+    ``distinct``, only that many images are drawn (~50 ms each at 900 px) and the rest are
+    copies under other names: the loader decodes and crops each all the same."""
+    folder.mkdir(parents=True)
+    total = 0
+    lo, hi = sides
+    k = distinct or n
+    made = [make_sample(seed, i, lo + (hi - lo) * i // max(k - 1, 1)) for i in range(k)]
+    for i in range(n):
+        s = made[i % k]
+        for suffix, data in ((".jpg", s.jpeg), (".txt", s.caption.encode()), (".cls", str(s.label).encode())):
+            (folder / f"{i:06d}{suffix}").write_bytes(data)
+            total += len(data)
+    return total
