@@ -208,3 +208,26 @@ def test_the_report_lists_host_bound_rungs_with_what_to_try() -> None:
     assert len(lines) == 2 and "host_boundness 0.97" in lines[0] and "48.0 ms to issue a 49.0 ms step" in lines[0]
     assert "-compile" in lines[0] and "-sac instead of -ac" in lines[0] and "use_orig_params=False" in lines[0]
     assert "single-compile" in lines[1] and "try a larger batch" in lines[1]
+
+
+def test_bench_data_compares_the_transports(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/bench_data.py's loader lines (issue 31): float32 against uint8 across the
+    workers' boundary, each with the bytes per batch that cross and the host CPU per batch."""
+    import re
+    import sys
+    from pathlib import Path
+
+    from scaleladder.data.cli import main as shard
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_data
+
+    assert shard(["--out", str(tmp_path / "s"), "--samples", "16", "--per-shard", "16", "--image-size", "40", "--quiet"]) == 0
+    capsys.readouterr()
+    sent = {}
+    for transport in ("float32", "uint8"):
+        bench_data.bench_loader(tmp_path / "s", "vit-debug", batch=4, batches=1, workers=0, repeats=1, warmup=1, transport=transport)
+        line = capsys.readouterr().out
+        assert f" {transport} " in line and "samples per worker CPU-second" in line, line
+        sent[transport] = float(re.search(r"([0-9.]+) MB/batch crossing", line).group(1))  # type: ignore[union-attr]
+    assert sent["float32"] > 3.5 * sent["uint8"] > 0
