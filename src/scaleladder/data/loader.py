@@ -254,6 +254,8 @@ def make_loader(
     rung's choice, issue 31). ``worker_cores``: the cores the workers are bound to (the
     rank's own kept free: :mod:`cores`); empty: where the OS puts them.
     """
+    if not isinstance(workers, int):  # "auto" is resolved by the caller, which knows the rank's cores (cores.loader_workers)
+        raise SpecError(f"workers {workers!r}: this caller takes a count (--workers auto is `scaleladder run`'s)")
     for what, value, low in (("local batch", local_batch, 1), ("steps", steps, 1), ("world", world, 1), ("workers", workers, 0)):
         if value < low:
             raise SpecError(f"{what} must be >= {low}, got {value}")
