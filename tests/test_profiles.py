@@ -368,3 +368,26 @@ def test_frontier_writes_the_shards_where_snakemake_runs(wf: Path, tmp_path: Pat
     log = calls.read_text() if calls.exists() else ""
     assert "localrule shard:" in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
     assert "apptainer exec --workdir" in log and "sbatch" not in log
+
+
+def test_a_missing_or_mistyped_profile_names_the_folder_and_the_profiles_there(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: every scaleladder command that takes --profile answers one line naming the folder
+    it looked in, the profiles there and the nearest name; from a subfolder, the checkout above."""
+    from scaleladder.cli import main as cli
+    from scaleladder.errors import SpecError
+    from scaleladder.profiles import find_profile
+
+    assert find_profile("profiles/frontier", REPO) == REPO / "profiles" / "frontier"  # as snakemake's --profile takes it
+    for argv in (["doctor", "--profile", "frontir", "--repo", str(REPO)],
+                 ["budget", "--profile", "profiles/frontir", "--repo", str(REPO)]):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert f"in {REPO / 'profiles'} (a folder with site.yaml); the profiles there: a100, frontier, local" in err
+        assert err.endswith("did you mean 'frontier'?")
+    with pytest.raises(SpecError, match=rf"has no profiles/ folder; the checkout is {re.escape(str(REPO))}: run from there, or pass --repo"):
+        find_profile("local", REPO / "docs")
+    (tmp_path / "lone").mkdir()
+    with pytest.raises(SpecError, match="has no profiles/ folder .run from the checkout's root"):
+        find_profile("local", tmp_path / "lone")

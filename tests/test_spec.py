@@ -199,3 +199,27 @@ def test_the_planner_refuses_what_it_does_not_model_in_one_line() -> None:
         with pytest.raises(SpecError, match="the planner does not model torch.compile yet") as e:
             call()
         assert "\n" not in str(e.value)
+
+
+def test_bf16_is_read_as_bf16_mixed_said_once_and_never_written(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: `--precision bf16` and run-spec paths with bf16 are accepted as bf16-mixed; the
+    paths, file names and records (as_attrs) keep the canonical name; the console says it once."""
+    import argparse
+
+    from scaleladder.rung.run import add_arguments, config_from_args
+    from scaleladder.spec import RunSpec, canonical_precision, parse_precision
+
+    monkeypatch.delenv("SCALELADDER_PRECISION_ALIAS_SAID", raising=False)
+    spec = RunSpec.from_path("vit-debug/single/bf16/pre-lag/n1/b8")
+    assert spec.path == "vit-debug/single/bf16-mixed/pre-lag/n1/b8" and spec.as_attrs()["precision"] == "bf16-mixed"
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = config_from_args(p.parse_args(["--model", "vit-debug", "--strategy", "single", "--precision", "bf16", "--batch", "8",
+                                         "--steps", "3", "--warmup", "1", "--out", "r.h5"]))
+    assert cfg.spec.precision == "bf16-mixed"
+    assert parse_precision("bf16-true") == "bf16-true" and canonical_precision("bf15") is None
+    err = capsys.readouterr().err
+    assert err.count("precision 'bf16' is read as 'bf16-mixed'") == 1, err
+    with pytest.raises(SpecError, match=r"unknown precision 'bf15'; expected one of .*, or bf16 \(= bf16-mixed\)"):
+        parse_precision("bf15")

@@ -77,7 +77,8 @@ def test_lint_is_clean(wf: Path) -> None:
         (["ladders=[{models: [vit-debug], strategies: [zero3], batches: [4]}]"], "config key 'ladders[0].strategies[0]': unknown strategy 'zero3'"),
         (["ladders=[{models: [vit-debug], strategies: [ddp], batches: [0]}]"], "config key 'ladders[0].batches[0]'"),
         (["ladders=[{models: [vit-debug], strategies: [ddp], batches: [4], nodes: [2]}]"], "config key 'ladders[0].nodes': 2 nodes"),
-        (["select={models: [vit-huge]}"], "config key 'select' matches no rung"),
+        (["select={models: [vit-huge]}"], "config key 'select.models[0]': 'vit-huge' matches no rung"),
+        (["select={models: [vit-debg]}"], "'vit-debg' matches no rung of the ladder; did you mean 'vit-debug'?"),
         (["steps=2", "warmup=5"], "config key 'warmup': warmup must be in [0, steps)"),
         (["site={plan_device: rtx4090}"], "config key 'site.plan_device': unknown device 'rtx4090'"),
         (["maxbatch={probe_steps: 0}"], "config key 'maxbatch.probe_steps'"),
@@ -102,9 +103,9 @@ def test_without_a_profile_the_workstation_ladder_lints_and_plans(wf: Path) -> N
     assert "rung_max" in snakemake(wf, "-n").stdout
 
 
-def test_select_narrows_the_targets_to_those_rungs(wf: Path) -> None:
+def test_select_narrows_the_rungs_and_ends_with_their_ladder_and_report(wf: Path) -> None:
     out = snakemake(wf, "-n", *small(wf), "--config", "select={models: [flava-debug]}").stdout
-    assert jobs(out) == {"shard": 1, "rung": 1, "all": 1}
+    assert jobs(out) == {"shard": 1, "rung": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
     assert RUNGS[2] in out and RUNGS[0] not in out
 
 
@@ -164,13 +165,18 @@ def test_rerun_one_rung_by_path_then_reaggregate(done: Path) -> None:
 def test_rerun_one_model_by_config_selection(done: Path) -> None:
     before = mtimes(done)
     out = snakemake(done, *small(done), "--config", "select={models: [flava-debug]}", "--forcerun", "rung")
-    assert "rule aggregate" not in out.stdout  # the selection targets rung files only
     after = mtimes(done)
     assert after[RUNGS[2]] > before[RUNGS[2]]
     assert after[RUNGS[0]] == before[RUNGS[0]] and after[RUNGS[1]] == before[RUNGS[1]]
-    snakemake(done, *small(done))  # re-aggregate
+    # issue 29: the select run ends with the ladder, figures and report of what it selected, and says so
     rungs, _ = read_ladder(str(done / "results/ladder.h5"))
-    assert len(rungs) == 3
+    assert [r["spec"] for r in rungs] == ["flava-debug/ddp/fp32/pre-lag/n1/b4"]
+    assert "flava-debug" in (done / "results/report.md").read_text() and (done / "results/plots/pareto.png").exists()
+    assert "select kept 1 of 3 rungs: results/ladder.h5, results/plots/ and results/report.html hold those only" in out.stderr
+    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    snakemake(done, *small(done))  # a plain run puts every rung back, running none
+    rungs, _ = read_ladder(str(done / "results/ladder.h5"))
+    assert len(rungs) == 3 and mtimes(done) == after
 
 
 def test_forcerun_names_each_rule_a_rung_can_be(wf: Path) -> None:

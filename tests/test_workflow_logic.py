@@ -146,9 +146,12 @@ def test_select_keeps_some_rungs_and_the_targets_follow() -> None:
     block = {"models": ["vit-debug", "flava-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4, "max"]}
     ladder, _ = prepare(cfg(block, select={"models": ["flava-debug"], "batches": "max"}))
     assert [s.path for s in ladder.selected] == ["flava-debug/ddp/fp32/pre-lag/n1/bmax", "flava-debug/fsdp-full/fp32/pre-lag/n1/bmax"]
-    assert wf.final_targets(ladder) == ["results/rungs/flava-debug/ddp/fp32/pre-lag/n1/bmax.h5",
-                                        "results/rungs/flava-debug/fsdp-full/fp32/pre-lag/n1/bmax.h5"]
-    assert len(ladder.rung_files) == 8  # the aggregate still knows the whole ladder
+    # issue 29: a select run ends with the ladder, figures and report of what it selected
+    assert wf.final_targets(ladder) == wf.final_targets(prepare(cfg(block))[0])
+    assert ladder.rung_files == ["results/rungs/flava-debug/ddp/fp32/pre-lag/n1/bmax.h5",
+                                 "results/rungs/flava-debug/fsdp-full/fp32/pre-lag/n1/bmax.h5"]
+    assert "select kept 2 of 8 rungs" in wf.select_note(ladder)
+    assert '"select"' in wf.provenance_json(ladder) and '"select"' not in wf.provenance_json(prepare(cfg(block))[0])
     assert wf.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": "1, 2", "strategies": ["ddp"]})
     assert not wf.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": 1})
 
@@ -213,8 +216,8 @@ def test_repeats_run_each_measured_rung_again_and_keep_the_one_path_without() ->
                                 "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.r2.h5",
                                 "results/predicted/flava-10b/ddp/fp32/pre-lag/n1/b4.h5"]
     selected, _ = prepare(cfg(PLANNED, data={"source": "synthetic"}, repeats=2, select={"models": ["vit-debug"]}))
-    assert wf.final_targets(selected) == ["results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5",
-                                          "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.r1.h5"]
+    assert selected.rung_files == ["results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5",
+                                   "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.r1.h5"]
     assert re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], ".r2")
     assert re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], "")
     assert not re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], ".r0")  # repeat 0 has no suffix
@@ -372,7 +375,9 @@ def test_a_config_given_entirely_as_strings_validates() -> None:
          "config key 'ladders[0].nodes': 4 nodes, but site 'testsite' launches on at most 2 (site.max_nodes)"),
         ({"maxbatch": {"max_retries": "-1"}}, "config key 'maxbatch.max_retries': '-1' is not of type 'integer'"),
         ({"maxbatch": {"probe_steps": 0}}, "config key 'maxbatch.probe_steps': 0 is less than the minimum of 1"),
-        ({"bogus": 1}, "config key '(top level)': Additional properties are not allowed ('bogus' was unexpected)"),
+        ({"bogus": 1}, "config key '(top level)': unknown key 'bogus' (the keys here: "),
+        ({"select": {"model": ["vit-debug"]}}, "config key 'select': unknown key 'model'; did you mean 'models'? (the keys here: "
+                                               "batches, knobs, models, nodes, precisions, strategies)"),
         ({"run_predicted_oom": "maybe"}, "config key 'run_predicted_oom': 'maybe' is not of type 'boolean'"),
     ],
 )
@@ -405,9 +410,29 @@ def test_without_a_site_the_error_points_to_the_profiles() -> None:
     ]
 
 
-def test_a_select_matching_no_rung_fails() -> None:
-    with pytest.raises(wf.ConfigError, match=r"^scaleladder: config key 'select' matches no rung of the ladder$"):
+def test_a_select_matching_no_rung_fails_naming_the_value_and_the_nearest_name() -> None:
+    with pytest.raises(wf.ConfigError, match=r"^scaleladder: config key 'select.models\[0\]': 'vit-huge' matches no rung of the "
+                       r"ladder(; did you mean '[a-z-]+'\?)? \(the ladder's models: "):
         prepare(cfg(select={"models": ["vit-huge"]}))
+    with pytest.raises(wf.ConfigError) as e:  # a typo among good values is not silently dropped
+        prepare(cfg({"models": ["vit-debug", "flava-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4]},
+                    select={"models": ["flava-debug", "vit-debg"]}))
+    assert "'select.models[1]': 'vit-debg' matches no rung of the ladder; did you mean 'vit-debug'?" in str(e.value)
+    with pytest.raises(wf.ConfigError, match=r"'select.strategies\[0\]': 'fsdp-ful' .*did you mean 'fsdp-full'\?"):
+        prepare(cfg({"models": ["vit-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4]}, select={"strategies": "fsdp-ful"}))
+    with pytest.raises(wf.ConfigError, match=r"no rung has all of models: flava-debug; strategies: fsdp-full$"):
+        prepare(cfg({"models": ["vit-debug"], "strategies": ["fsdp-full"], "batches": [4]},
+                    {"models": ["flava-debug"], "strategies": ["ddp"], "batches": [4]},
+                    select={"models": ["flava-debug"], "strategies": ["fsdp-full"]}))
+
+
+def test_bf16_is_bf16_mixed_in_the_ladder_and_in_select(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SCALELADDER_PRECISION_ALIAS_SAID", raising=False)
+    ladder, _ = prepare(cfg({"models": ["vit-debug"], "strategies": ["ddp"], "precisions": ["bf16", "fp32"], "batches": [4]},
+                            select={"precisions": "bf16"}))
+    assert [s.path for s in ladder.selected] == ["vit-debug/ddp/bf16-mixed/pre-lag/n1/b4"]
+    assert ladder.rung_files == ["results/rungs/vit-debug/ddp/bf16-mixed/pre-lag/n1/b4.h5"]
+    assert capsys.readouterr().err.count("precision 'bf16' is read as 'bf16-mixed'") == 1
 
 
 # -- one validation, with the schema's defaults ----------------------------------------------

@@ -10,7 +10,7 @@ an error naming the canonical form. Grammar::
     strategy  <base>[-ac|-ac-reentrant|-sac][-compile]
               base: single | ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>
                     | fsdp2-full | fsdp2-grad-op | fsdp2-hybrid<g>
-    precision fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true
+    precision fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true   (bf16: read as bf16-mixed, said once)
     knobs     FSDP1: <pre|post|none>-<lag|nolag>[-fwd]   FSDP2: pf0 | pf1 | pf2
               others: pre-lag only (:func:`default_knobs`)
     batch     a positive local (per-rank) batch, or max
@@ -20,7 +20,9 @@ What each name runs, and what is refused: docs/strategies.md.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -196,7 +198,7 @@ def _require_canonical(what: str, given: str, canonical: str) -> None:
     """One rung, one name: the name is a file path and an HDF5 key, so a second spelling
     (``fsdp-hybrid02``, ``n01``, ``b+8`` — ``int()`` accepts all of them) would be a
     second result for the same run, and a wildcard that never matches its own output."""
-    if given != canonical:
+    if given != canonical and PRECISION_ALIASES.get(given) != canonical:
         raise SpecError(f"{what} {given!r} is not canonical; write {canonical!r}")
 
 
@@ -258,10 +260,32 @@ def default_knobs(strategy: Strategy) -> AnyKnobs:
     return parse_knobs(DEFAULT_FSDP2_KNOBS if strategy.is_fsdp2 else DEFAULT_KNOBS)
 
 
+#: What users type for a precision -> the canonical name it stands for. ``bf16`` is what most
+#: READMEs (and Lightning's "bf16") mean: bf16 autocast over fp32 weights, our ``bf16-mixed``.
+#: Only the canonical name is ever written: run-spec paths, file names, records.
+PRECISION_ALIASES: dict[str, str] = {"bf16": "bf16-mixed"}
+#: Set once an alias has been said, so a process tree (snakemake -> jobs, launch -> ranks) says it once.
+_ALIAS_SAID = "SCALELADDER_PRECISION_ALIAS_SAID"
+
+
+def canonical_precision(name: str) -> str | None:
+    """The canonical precision ``name`` stands for (an alias resolved), or None if it is none."""
+    name = PRECISION_ALIASES.get(name, name)
+    return name if name in PRECISIONS else None
+
+
 def parse_precision(name: str) -> str:
-    if name not in PRECISIONS:
-        raise SpecError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}")
-    return name
+    """The canonical precision; an alias (``bf16``) is accepted and said once on stderr."""
+    canonical = canonical_precision(name)
+    if canonical is None:
+        aliases = ", ".join(f"{a} (= {c})" for a, c in PRECISION_ALIASES.items())
+        raise SpecError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}, or {aliases}")
+    if canonical != name and not os.environ.get(_ALIAS_SAID):
+        # TRAP: the environment, not a module flag: the children (jobs, torchrun's ranks) inherit it
+        os.environ[_ALIAS_SAID] = "1"
+        print(f"scaleladder: precision {name!r} is read as {canonical!r} (bf16 autocast over fp32 weights; "
+              f"'bf16-true' is bf16 weights); run-spec paths, file names and records say {canonical!r}", file=sys.stderr)
+    return canonical
 
 
 def parse_batch(value: str | int) -> int | Literal["max"]:
@@ -313,7 +337,8 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         get_flavor(self.model)  # raises SpecError for an unknown model
-        parse_precision(self.precision)
+        # an alias (bf16) becomes its canonical name here, so that .path and the records never hold it
+        object.__setattr__(self, "precision", parse_precision(self.precision))
         parse_positive("nodes", self.nodes)
         parse_batch(self.batch)
         strategy, knobs = str(self.strategy), str(self.knobs)

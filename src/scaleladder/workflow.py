@@ -26,6 +26,7 @@ site value comes from the profile's site.yaml.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import itertools
 import json
@@ -52,6 +53,7 @@ from scaleladder.spec import (
     default_knobs,
     parse_batch,
     parse_knobs,
+    canonical_precision,
     parse_precision,
     parse_steps_warmup,
     parse_strategy,
@@ -62,7 +64,7 @@ __all__ = [
     "resolve_ranks_per_node", "ranks_of", "rank_args", "is_selected", "planned_not_to_fit", "rung_path",
     "result_path", "result_paths", "repeats", "rung_data_path", "rung_inputs", "rung_shards", "shards_settled", "data_source", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg",
     "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices", "shard_slice_records", "provenance_json", "wildcard_constraints",
-    "final_targets", "plan_figures", "plan_chart_args", "FIGURES",
+    "final_targets", "select_note", "check_select", "plan_figures", "plan_chart_args", "FIGURES",
 ]
 
 #: The header every config error starts with; tests and users grep for the key after it.
@@ -188,6 +190,13 @@ def _form(sub: Mapping[str, Any]) -> str:
 def _message(e: jsonschema.ValidationError) -> str:
     """jsonschema's message, with the allowed forms named where it says only 'is not valid under
     any of the given schemas' (``batches: [four]``: an integer >= 1, or 'max')."""
+    if e.validator == "additionalProperties" and isinstance(e.instance, Mapping) and isinstance(e.schema.get("properties"), Mapping):
+        known = sorted(e.schema["properties"])
+        extra = [k for k in e.instance if k not in known]
+        if extra:  # name the nearest key a typo meant: select={model: ...} -> 'models'
+            near = difflib.get_close_matches(str(extra[0]), known, n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            return f"unknown key {extra[0]!r}{hint} (the keys here: {', '.join(known)})"
     if e.validator in ("anyOf", "oneOf") and isinstance(e.validator_value, list):
         forms = [_form(sub) for sub in e.validator_value if isinstance(sub, Mapping)]
         if forms:
@@ -403,9 +412,9 @@ def _as_list(value: Any) -> list[str]:
     return [s.strip() for s in str(value).split(",") if s.strip()]
 
 
-def is_selected(spec: RunSpec, select: Mapping[str, Any]) -> bool:
-    """Whether ``spec`` matches every field the config's ``select`` names."""
-    fields = {
+def _select_fields(spec: RunSpec) -> dict[str, str]:
+    """A rung's value of each field ``select`` may name, as a select value reads."""
+    return {
         "models": spec.model,
         "strategies": str(spec.strategy),
         "precisions": spec.precision,
@@ -413,7 +422,33 @@ def is_selected(spec: RunSpec, select: Mapping[str, Any]) -> bool:
         "nodes": str(spec.nodes),
         "batches": str(spec.batch),
     }
-    return all(fields[k] in _as_list(v) for k, v in select.items())
+
+
+def _select_values(key: str, value: Any) -> list[str]:
+    """A select field's values; precisions by their canonical name (``bf16`` is ``bf16-mixed``)."""
+    values = _as_list(value)
+    if key == "precisions":
+        values = [canonical_precision(v) or v for v in values]
+    return values
+
+
+def is_selected(spec: RunSpec, select: Mapping[str, Any]) -> bool:
+    """Whether ``spec`` matches every field the config's ``select`` names."""
+    fields = _select_fields(spec)
+    return all(fields[k] in _select_values(k, v) for k, v in select.items())
+
+
+def check_select(select: Mapping[str, Any], rungs: Sequence[RunSpec]) -> None:
+    """Refuse a ``select`` value that no rung of the ladder has, naming it and the nearest value
+    the ladder does have (difflib): ``select={models: [vit-debg]}`` -> 'did you mean vit-debug?'."""
+    for key, value in select.items():
+        have = sorted({_select_fields(s)[key] for s in rungs})
+        for i, v in enumerate(_select_values(key, value)):
+            if v not in have:
+                near = difflib.get_close_matches(v, have, n=1, cutoff=0.5)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(f"scaleladder: config key 'select.{key}[{i}]': {v!r} matches no rung of the ladder{hint} "
+                                  f"(the ladder's {key}: {', '.join(have) or 'none'})")
 
 
 def data_source(cfg: Mapping[str, Any]) -> str:
@@ -550,8 +585,10 @@ class Ladder:
 
     @property
     def rung_files(self) -> list[str]:
-        """What the aggregate reads: each rung's measurements (every repeat) or predicted-oom record."""
-        return [f for s in self.rungs for f in result_paths(s, self.predicted_oom, repeats(self.config))]
+        """What the aggregate reads: each selected rung's measurements (every repeat) or predicted-oom
+        record; every rung without ``select``. So a ``select`` run ends with the ladder, figures and
+        report of what it selected, and the next plain run (its input set changed) re-aggregates all."""
+        return [f for s in self.selected for f in result_paths(s, self.predicted_oom, repeats(self.config))]
 
 
 def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: TextIO | None = None,
@@ -569,13 +606,15 @@ def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: Te
     apply_profiling(cfg)
     rpn = resolve_ranks_per_node(cfg["site"], gpu_count)
     rungs, skipped = expand_ladder(cfg["ladders"], rpn)
+    check_select(cfg.get("select") or {}, rungs)
     selected = [s for s in rungs if is_selected(s, cfg.get("select") or {})]
     if skipped:
         print(f"scaleladder: {len(skipped)} combination(s) of the ladder do not exist and are skipped:", file=log)
         for line in skipped[:20]:
             print(f"  {line}", file=log)
-    if not selected:
-        raise ConfigError("scaleladder: config key 'select' matches no rung of the ladder")
+    if not selected:  # each value is some rung's (check_select), but no rung has them all
+        given = "; ".join(f"{k}: {', '.join(_select_values(k, v))}" for k, v in cfg["select"].items())
+        raise ConfigError(f"scaleladder: config key 'select' matches no rung of the ladder: no rung has all of {given}")
     predicted = frozenset(s.path for s in rungs if planned_not_to_fit(s, cfg, rpn))
     if predicted:
         print(f"scaleladder: {len(predicted)} rung(s) are predicted not to fit on {cfg['site']['plan_device']} and are "
@@ -615,10 +654,8 @@ def plan_figures(site: Mapping[str, Any]) -> list[str]:
 
 
 def final_targets(ladder: Ladder) -> list[str]:
-    """The ladder file, report and figures; with ``select``, only the selected rung files
-    (re-aggregate afterwards with a plain run)."""
-    if ladder.config.get("select"):
-        return [f for s in ladder.selected for f in result_paths(s, ladder.predicted_oom, repeats(ladder.config))]
+    """The ladder file, report and figures: of the rungs ``select`` keeps, with one
+    (:attr:`Ladder.rung_files`)."""
     figures = FIGURES + plan_figures(ladder.site)
     return (
         ["results/ladder.h5", "results/report.html"]
@@ -797,6 +834,16 @@ def provenance_json(ladder: Ladder) -> str:
             "seed": cfg.get("seed", 0),
             "data": cfg.get("data", {}),
             "skipped": list(ladder.skipped),
+            # only with one: a plain run's provenance (a rule param: a change reruns the aggregate) is as before
+            **({"select": cfg["select"]} if cfg.get("select") else {}),
         },
         sort_keys=True,
     )
+
+
+def select_note(ladder: Ladder, profile: str = "profiles/<site>") -> str:
+    """What a ``select`` run leaves (onsuccess prints it): the ladder, figures and report of the
+    selection, and how to get every rung back."""
+    return (f"scaleladder: select kept {len(ladder.selected)} of {len(ladder.rungs)} rungs: results/ladder.h5, "
+            "results/plots/ and results/report.html hold those only; a plain `snakemake --profile "
+            f"{profile}` puts every rung back (it re-aggregates; no finished rung runs again)")

@@ -53,6 +53,13 @@ onerror:
             workflow.logger_manager.logfile_handlers[_handler] = str(_copy)
     except (AttributeError, TypeError):
         pass
+
+
+# A `select` run ends with the ladder, figures and report of what it selected (Ladder.rung_files):
+# say so, and how to get every rung back.
+onsuccess:
+    if config.get("select"):
+        print(swf.select_note(LADDER), file=sys.stderr)
 SCALELADDER = swf.fill(SITE["scaleladder"], SITE, RPN)  # how a job calls scaleladder
 
 

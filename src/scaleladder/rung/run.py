@@ -117,7 +117,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model")
     g.add_argument("--strategy", default=None,
                    help="single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}|fsdp2-{full,grad-op,hybrid<g>}, then [-ac], then [-compile] (not fsdp-*)")
-    g.add_argument("--precision", default=None, help="fp32|tf32|bf16-mixed|fp16-mixed|bf16-true (default fp32)")
+    g.add_argument("--precision", default=None, help="fp32|tf32|bf16-mixed|fp16-mixed|bf16-true (default fp32; bf16 is read as bf16-mixed)")
     g.add_argument("--knobs", default=None,
                    help="FSDP1: <pre|post|none>-<lag|nolag>[-fwd] (default pre-lag); FSDP2: pf0|pf1|pf2 (default pf0)")
     g.add_argument("--nodes", default=None, help="nodes the run spans (default 1; checked against the launcher)")
