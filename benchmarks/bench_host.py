@@ -14,7 +14,12 @@ in this process, on one gloo rank, one thread):
 - **host ms/step**: the median step time of the rung's UNTRACED measured steps (on the CPU
   the step is all host work), then the median over ``--repeats`` runs of every rung,
   interleaved (A, B, A, B, ...) in one process so that drift and the neighbours' load hit
-  every rung alike. The traced steps carry the profiler's overhead and are left out.
+  every rung alike. The traced steps carry the profiler's overhead and are left out. The
+  step's clock is the training thread's CPU time (``--clock cpu``, the default: the loop's
+  ``perf_counter`` replaced by ``time.thread_time`` in this process), so that on a shared
+  machine the time the thread waited for a core is not counted; ``--clock wall`` keeps the
+  loop's own clock. With one torch thread every op runs on the training thread (CPU
+  autograd included), so its CPU time is the step's host work.
 
 Rungs: the debug flavors, and a *skeleton* of each real flavor (:func:`skeleton`: the
 flavor's depth, token counts, text length, vocabularies, codebook and losses; widths
@@ -130,6 +135,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def use_clock(clock: str) -> None:
+    """The timed loop's step clock in this process: the thread's CPU time, or wall time."""
+    import time
+    import types
+
+    from scaleladder.rung import loop
+
+    loop.time = types.SimpleNamespace(perf_counter=time.thread_time if clock == "cpu" else time.perf_counter)  # type: ignore[assignment]
+
+
 def run_rung(model: str, strategy: str, batch: int, impl: str, out: Path, steps: int, warmup: int, trace: int) -> Path:
     """One `scaleladder run` of the rung in this process, one gloo rank on the CPU."""
     from scaleladder.rung import run
@@ -215,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=7, help="steps per run, warm-up and traced steps included")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--trace-steps", type=int, default=1)
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="the step's clock: the training thread's CPU time (default) or wall time")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     a = ap.parse_args(argv)
     rungs = [r for r in a.rungs.split(",") if r.strip()] if a.rungs else list(QUICK_RUNGS if a.quick else DEFAULT_RUNGS)
@@ -235,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     register_skeletons(rungs)
+    use_clock(a.clock)
     with tempfile.TemporaryDirectory(prefix="bench_host-") as tmp:
         rows = measure(rungs, a.repeats, a.steps, a.warmup, a.trace_steps, Path(tmp))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, 1 gloo rank on the CPU, fp32; "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, 1 gloo rank on the CPU, fp32, {a.clock} clock; "
           f"{a.repeats} interleaved repeats of {a.steps} steps ({a.warmup} warm-up, {a.trace_steps} traced)")
     print("\n".join(table(rows)))
     if a.json:

@@ -242,6 +242,7 @@ def test_every_section_starts_at_a_gpus_start_up_cost(tmp_path: Path, monkeypatc
     for role in ROLES:
         flavor = GPU.flavors[role]
         assert [flavor, "single"] in ran and [flavor, "single-ac"] in ran, ran
+    assert [GPU.flavors["vit-base"], "single-compile"] in ran, ran  # compiled rungs early, not last (issue 30)
     searched = [cmd.name.split()[1].split("/")[:2] for cmd in started["maxbatch"] if cmd.rc == 0]  # finished
     assert all([GPU.flavors[r], "ddp"] in searched for r in ROLES), searched
     assert all(cmd.rc == 0 for cmd in started["harness"][:1] + started["loader"][:3] + started["strategies"][:6])
@@ -295,3 +296,105 @@ def test_the_loader_section_runs_both_decoders_and_both_worker_counts(tmp_path: 
     md = (tmp_path / "gpu-check.md").read_text()
     assert "JPEGs of 300-900 px" in md and md.count("| shards, `--decode") == 4 and "| 0.980 |" in md
     assert report.loader_ratio(c) == pytest.approx(0.98)
+
+
+# -- issue 30: the host section ----------------------------------------------------------------------
+
+
+def test_kernel_busy_merges_overlapping_device_work() -> None:
+    from gpucheck.host import kernel_busy
+
+    k = [{"ph": "X", "cat": "kernel", "ts": 0, "dur": 4}, {"ph": "X", "cat": "kernel", "ts": 2, "dur": 4},  # overlap: 0-6
+         {"ph": "X", "cat": "gpu_memcpy", "ts": 8, "dur": 2}, {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100}]
+    assert kernel_busy(k) == pytest.approx(8 / 10)
+    assert math.isnan(kernel_busy(k[3:]))  # a CPU trace has no device work
+
+
+def _host_rung(row: Any, items: float, mfu: float = math.nan) -> Any:
+    return rows.RungResult("host", row.role, f"{row.role}/{row.strategy}/bf16-mixed/pre-lag/n1/b{row.batch}", "ok", None,
+                           {"gpu_check_row": row, "untraced_items_per_s": items, "untraced_mfu": mfu, "items_per_s": items})
+
+
+def test_host_targets_from_the_section_rows(tmp_path: Path) -> None:
+    """FSDP against single over the interleaved repeats (median), AC costs, MFUs; on the CPU:
+    'not measured' with the command to run on a GPU."""
+    from gpucheck import host
+    from gpucheck.host import HostRow
+
+    c = _check(tmp_path)
+    c.args.sections = "host"
+    vb, vh, fl = "vit-base", "vit-huge", "flava-350m"
+    c.rungs = [_host_rung(HostRow(vb, "single", 128), 2600), _host_rung(HostRow(vb, "fsdp-full", 128), 2400),
+               _host_rung(HostRow(vb, "single", 128, repeat=1), 2400), _host_rung(HostRow(vb, "fsdp-full", 128, repeat=1), 2200),
+               _host_rung(HostRow(vb, "fsdp2-full", 128), 1500),
+               _host_rung(HostRow(vh, "single", 128), 400), _host_rung(HostRow(vh, "single-ac", 128), 300),
+               _host_rung(HostRow(vh, "single-sac", 128), 360), _host_rung(HostRow(fl, "single", 64, "sdpa"), 900, 0.22)]
+    got = {t[0]: t[2:] for t in host.targets(c)}
+    assert got["FSDP1 vs `single`, vit-base b128"] == ["0.92×", "met"]  # 2300 / 2500
+    assert got["FSDP2 vs `single`, vit-base b128"] == ["0.60×", "NOT met"]
+    assert got["`single-ac` cost, vit-huge b128"] == ["25.0%", "met"]
+    assert got["`single-sac` cost, vit-huge b128"] == ["10.0%", "met"]
+    assert got["flava-350m `single` b64 MFU"] == ["22.0%", "met"]
+    assert got["ViT-H/14 `single-compile` b128 MFU"][1].startswith("not measured")
+    md = "\n".join(host.markdown(c))
+    assert "| vit-base fsdp-full b128 (repeat 2) |" in md and "0.92×" in md
+    c.device = "cpu"
+    assert all(t[3].startswith("not measured (no GPU: run `make gpu-check GPU_CHECK_ARGS=\"--sections host")
+               for t in host.targets(c))
+
+
+def simulated_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sections: str, budget_min: float) -> Any:
+    """A cuda Check of ``sections`` whose commands only advance a simulated clock by their
+    _sim_cost (the driver's monotonic clock, for the duration of the test); no record is written."""
+    now = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    c = Check(argparse.Namespace(device="cuda", out=str(tmp_path), smoke=False, budget_min=budget_min, sections=sections))
+    c.env_info = _check(tmp_path).env_info
+    c.probe_env = lambda: None
+    c.draw = lambda: None
+
+    def simulated(name: str, argv: list[str], timeout: float) -> Any:
+        took = min(_sim_cost(c, name, argv), timeout)
+        now[0] += took
+        c.logs.mkdir(parents=True, exist_ok=True)
+        cmd = Command(name, argv, 0, took, c.logs / f"{len(c.commands) + 1:03d}.log")
+        cmd.log.write_text("")
+        c.commands.append(cmd)
+        if c.section_name and not name.startswith("plan"):
+            c.section_took.append(took)
+        return cmd
+
+    c.sh = simulated
+    return c
+
+
+def test_host_section_alone_fits_its_budget_key_rows_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--sections host --budget-min 6` on one GPU (simulated clock, the start-up costs above):
+    the target rows run first, and everything, report included, ends within 9 minutes."""
+    from gpucheck.host import GPU_ROWS
+
+    c = simulated_check(tmp_path, monkeypatch, "host", 6.0)
+    assert c.run() == 0
+    ran = [cmd.argv[cmd.argv.index("--spec") + 1] for cmd in c.commands if cmd.name.startswith("host")]
+    key = [f"{r.role}/{r.strategy}/bf16-mixed/{'pf0' if r.strategy.startswith('fsdp2') else 'pre-lag'}/n1/b{r.batch}"
+           for r in GPU_ROWS[:9]]
+    assert ran[:9] == key and len(ran) < len(GPU_ROWS)  # key rows first; the tail skipped with a note
+    assert any("skipped from" in n for n in c.notes["host"])
+    assert c.elapsed() <= 9 * 60 and all("--trace-steps" in cmd.argv for cmd in c.commands if cmd.name.startswith("host"))
+
+
+@pytest.mark.slow
+def test_host_section_on_the_cpu(tmp_path: Path) -> None:
+    """`--sections host --smoke` under --device cpu: the FSDP pair and FLAVA's two implementations,
+    each in its own file, with a trace read and removed; the host targets 'not measured'."""
+    proc = _run(tmp_path, "--sections", "host", "--smoke", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    md = (tmp_path / "gpu-check.md").read_text()
+    summary = json.loads((tmp_path / "gpu-check.json").read_text())
+    host_rungs = [r for r in summary["rungs"] if r["section"] == "host"]
+    assert [r["status"] for r in host_rungs] == ["ok"] * 4 and len({r["file"] for r in host_rungs}) == 4
+    assert all(r["untraced_items_per_s"] and r["untraced_items_per_s"] > 0 for r in host_rungs)
+    assert not list((tmp_path / "rungs").glob("*.trace.json"))
+    assert "### Host targets" in md and len(summary["host_targets"]) == 6
+    assert all(t["verdict"].startswith("not measured") for t in summary["host_targets"])
+    assert "| strategies | 0.0 s | not asked for" in md

@@ -22,10 +22,12 @@ STRATEGIES = ("single", "single-ac", "ddp", "ddp-ac", "fsdp-full", "fsdp-full-ac
 # marked (rows.same_as) and left out of the AC-cost and planner targets.
 ONE_RANK_SAME = {"fsdp-grad-op": "fsdp-full", "fsdp-grad-op-ac": "fsdp-full-ac",
                  "fsdp-no-shard": "fsdp-full", "fsdp-no-shard-ac": "fsdp-full-ac"}
-# The order the strategies section runs them (issue 22): the rows the targets and the other
-# sections lean on first, for every model (the AC pair, FSDP's pair), the inductor compile last.
-RUN_ORDER = ("single", "single-ac", "fsdp-full", "fsdp-full-ac", "ddp", "ddp-ac", "fsdp2-full", "fsdp2-full-ac",
-             "single-compile")
+# The order the strategies section runs them (issues 22, 30): the rows the targets and the other
+# sections lean on first, for every model: the AC pair, then the compiled rung (it removes most of
+# the host work; last in the order, it never ran on the first H100), then FSDP's pair. Its share
+# of an 18-minute check holds the three AC pairs and one compile at a GPU's start-up cost.
+RUN_ORDER = ("single", "single-ac", "single-compile", "fsdp-full", "fsdp-full-ac", "ddp", "ddp-ac", "fsdp2-full",
+             "fsdp2-full-ac")
 # Each measuring section's share of the budget (issue 22). A section may use what the sections
 # before it left unused, never what the ones after it are owed: at a section's start it gets
 # (time left) x its share / (the shares of it and the sections after it). Without shares, the
@@ -34,6 +36,10 @@ RUN_ORDER = ("single", "single-ac", "fsdp-full", "fsdp-full-ac", "ddp", "ddp-ac"
 SHARES = {"strategies": 0.27, "harness": 0.11, "loader": 0.14, "precision": 0.08, "maxbatch": 0.40}
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 SECTIONS = ("strategies", "harness", "loader", "precision", "maxbatch")  # measuring sections, in run order
+# Only when asked for (`--sections host`: gpucheck/host.py), alone in about 6 minutes on one H100;
+# asked for beside the others it runs last, with this share.
+HOST_SECTION, HOST_SHARE = "host", 0.30
+ALL_SECTIONS = (*SECTIONS, HOST_SECTION)
 PRECISION = "bf16-mixed"
 KNOBS = "pre-lag"  # FSDP1's default; FSDP2 rungs take theirs, pf0 (spec.default_knobs)
 FSDP2_KNOBS = "pf0"
@@ -68,16 +74,16 @@ class DeviceSizes:
     shard_per_shard: int
     loader_steps: int
     loader_warmup: int
+    # issue 31: the loader-fed rungs' worker counts (each with CPU decode, and --decode gpu on a
+    # GPU), and the sides of the shards' JPEGs: web-sized, not at the model's size
+    loader_workers: tuple[int, ...] = (14, 6)
+    loader_sides: tuple[int, int] = (300, 900)
 
 
 # One H100 80GB: batches the planner puts at 10-21 GiB (`scaleladder plan ... --device h100-80gb`),
 # far from the limit, so every strategy runs. Start-up (python, torch, CUDA context, NCCL,
 # model build) dominates a rung's wall time, so a few tens of steps cost little more than a few.
 GPU = DeviceSizes(
-    # issue 31: the loader-fed rungs' worker counts (each with CPU decode, and --decode gpu on a
-    # GPU), and the sides of the shards' JPEGs: web-sized, not at the model's size
-    loader_workers: tuple[int, ...] = (14, 6)
-    loader_sides: tuple[int, int] = (300, 900)
     flavors={r: r for r in ROLES},
     batches={"vit-base": 128, "vit-huge": 32, "flava-350m": 16},
     steps=40, warmup=10,
@@ -101,13 +107,13 @@ CPU = DeviceSizes(
     harness=(("vit-base", 8, 6, 2), ("vit-huge", 4, 6, 2)),
     shard_samples=256, shard_per_shard=32,
     loader_steps=6, loader_warmup=2,
+    loader_workers=(1,), loader_sides=(40, 96),
 )
 
 
 @dataclass(frozen=True)
 class Selection:
     """Which rungs each section runs."""
-    loader_workers=(1,), loader_sides=(40, 96),
 
     strategies: tuple[tuple[str, str], ...]  # (role, strategy)
     maxbatch: tuple[tuple[str, str], ...]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from scaleladder.files import atomic_write_text
 from scaleladder.markdown import table
 
+from . import host
 from .config import (GIB, PRECISION, ROLES, STRATEGIES, TARGET_AC_COST, TARGET_HARNESS, TARGET_LOADER, TARGET_PLANNER,
                      TARGET_VIT_H_MFU)
 from .rows import RungResult, fmt, gib, pct, same_as, seconds_str, verdict
@@ -102,7 +103,7 @@ def markdown(c: Check, status: str) -> str:
     L = _md_head(c, status)
     L += ["## Targets", ""] + table(["target", "goal", "measured", "verdict"], targets(c), escape=True) + [""]
     L += _md_strategies(c) + _md_maxbatch(c) + _md_harness(c) + _md_loader(c) + _md_precision(c)
-    L += _md_planner(c) + _md_figures(c)
+    L += host.markdown(c) + _md_planner(c) + _md_figures(c)
     L += ["## Time per section", ""] + table(
         ["section", "time", "notes"],
         [[s, seconds_str(t), "; ".join(c.notes.get(s, []))] for s, t in c.section_s.items()]
@@ -247,8 +248,8 @@ def _md_loader(c: Check) -> list[str]:
     lo = c.loader
     if not lo.get("rows") and not lo.get("synthetic"):
         return L + ["Not run.", ""]
-    L += [f"`{lo['spec']}`, {c.profile.loader_steps} steps ({c.profile.loader_warmup} warm-up), back to back: "
     lo_px, hi_px = lo.get("sides", (lo["image_size"], lo["image_size"]))
+    L += [f"`{lo['spec']}`, {c.profile.loader_steps} steps ({c.profile.loader_warmup} warm-up), back to back: "
           f"shards of {lo['samples']} JPEGs of {lo_px}-{hi_px} px (`scaleladder shard --images`), cut to "
           f"{lo['image_size']} px; uint8 across the workers' boundary, normalised on the device (issue 31); "
           f"{lo.get('cores', '?')} cores on this machine.", ""]
@@ -334,14 +335,17 @@ def summary(c: Check, status: str) -> dict[str, Any]:
 
     rungs = [{**{k: v for k, v in asdict(r).items() if k != "attrs"},
               **{k: r.num(k) for k in ("items_per_s", "step_time_mean_s", "mfu", "peak_active_gib", "peak_reserved_gib",
-                                      "peak_device_used_gib")}, "max_batch": r.attrs.get("max_batch")}
+                                      "peak_device_used_gib", "untraced_items_per_s", "untraced_mfu", "host_boundness",
+                                      "kernel_busy")}, "max_batch": r.attrs.get("max_batch")}
              for r in c.rungs]
     result: dict[str, Any] = clean({"status": status, "device": c.device, "smoke": c.args.smoke, "env": c.env_info,
                                     "budget_s": c.budget_s, "elapsed_s": c.elapsed(), "sections_s": c.section_s,
                                     "notes": c.notes, "targets": [dict(zip(("target", "goal", "measured", "verdict"), t))
                                                                   for t in targets(c)],
                                     "rungs": rungs, "harness": c.harness, "loader_ratio": loader_ratio(c),
-                                    "ac_costs": ac_costs(c), "planner": c.planner, "figures": [f for f, _ in c.figures],
+                                    "ac_costs": ac_costs(c), "planner": c.planner,
+                                    "host_targets": [dict(zip(("target", "goal", "measured", "verdict"), t))
+                                                     for t in host.targets(c)], "figures": [f for f, _ in c.figures],
                                     "commands": [{"argv": cmd.argv, "rc": cmd.rc, "seconds": cmd.seconds}
                                                  for cmd in c.commands]})
     return result

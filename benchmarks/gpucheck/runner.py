@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import figures, machine, report, sections
-from .config import CPU, FSDP2_KNOBS, FULL, GPU, KNOBS, PRECISION, SECTIONS, SHARES, SMOKE
+from . import figures, host, machine, report, sections
+from .config import ALL_SECTIONS, CPU, FSDP2_KNOBS, FULL, GPU, HOST_SECTION, HOST_SHARE, KNOBS, PRECISION, SECTIONS, SHARES, SMOKE
 from .rows import Command, RungResult, describe, judge, seconds_str
 
 
@@ -83,8 +83,9 @@ class Check:
     def open_section(self, name: str, later: list[str]) -> None:
         """Give section ``name`` its share of what is left: (time left) × its share / (the shares
         of it and of the sections ``later`` still to run)."""
-        owed = SHARES.get(name, 0.0) + sum(SHARES.get(n, 0.0) for n in later)
-        share = SHARES.get(name, 0.0) / owed if owed > 0 else 1.0
+        shares = {**SHARES, HOST_SECTION: HOST_SHARE}
+        owed = shares.get(name, 0.0) + sum(shares.get(n, 0.0) for n in later)
+        share = shares.get(name, 0.0) / owed if owed > 0 else 1.0
         self.section_name = name
         self.section_end = self.elapsed() + max(0.0, self.remaining()) * share
         self.section_took = []
@@ -202,9 +203,11 @@ class Check:
         plan: tuple[tuple[str, Callable[[], None]], ...] = (
             ("strategies", lambda: sections.strategies(self)), ("harness", lambda: sections.harness(self)),
             ("loader", lambda: sections.loader(self, work)), ("precision", lambda: sections.precision(self)),
-            ("maxbatch", lambda: sections.maxbatch(self)))
+            ("maxbatch", lambda: sections.maxbatch(self)), (HOST_SECTION, lambda: host.run(self)))
         for k, (name, fn) in enumerate(plan):
             if name not in wanted:
+                if name == HOST_SECTION:  # opt-in: not a row of every report
+                    continue
                 self.notes.setdefault(name, []).append("not asked for (--sections)")
                 self.section_s[name] = 0.0
                 continue
@@ -264,12 +267,12 @@ def parse_args(argv: list[str] | None = None, description: str = "") -> argparse
     ap.add_argument("--smoke", action="store_true", help="every section, fewest rungs (the test's CPU run)")
     ap.add_argument("--budget-min", type=float, default=18.0,
                     help="minutes after which nothing new starts; the rest is skipped with a note (default 18)")
-    ap.add_argument("--sections", default="", help=f"comma-separated subset of {','.join(SECTIONS)} (default: all); "
-                                                   "the planner comparison and the report always run")
+    ap.add_argument("--sections", default="", help=f"comma-separated subset of {','.join(ALL_SECTIONS)} (default: all but "
+                                                   f"{HOST_SECTION}); the planner comparison and the report always run")
     a = ap.parse_args(argv)
-    unknown = set(filter(None, a.sections.split(","))) - set(SECTIONS)
+    unknown = set(filter(None, a.sections.split(","))) - set(ALL_SECTIONS)
     if unknown:
-        ap.error(f"--sections: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(SECTIONS)}")
+        ap.error(f"--sections: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(ALL_SECTIONS)}")
     if not a.budget_min >= 0:
         ap.error("--budget-min must be >= 0")
     return a

@@ -163,7 +163,7 @@ def planner(c: Check) -> None:
     """Predicted against measured peak for every rung that ran (a rung reused by two sections, once)."""
     seen: set[Path] = set()
     for r in c.rungs:
-        if r.status != "ok" or r.file is None or r.file in seen:
+        if r.status != "ok" or r.file is None or r.file in seen or r.section == "host":  # host: time, not memory
             continue
         seen.add(r.file)
         batch = r.attrs.get("batch", "")
