@@ -42,6 +42,9 @@ def test_the_cause_is_our_error_line_else_the_traceback_end() -> None:
     tb = ("[rank0] step 1\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
           "torch._inductor.exc.InductorError: CppCompileError: inductor needs a C++ compiler\n\n")
     assert failures.cause(tb) == "torch._inductor.exc.InductorError: CppCompileError: inductor needs a C++ compiler"
+    rung = ("[rank1]: scaleladder run: error: InductorError: CppCompileError: C++ compile error (SCALELADDER_DEBUG=1 for a traceback)\n"
+            "scaleladder: vit-debug/ddp-compile/fp32/pre-lag/n1/b4: the run failed with exit code 1; no result written\n")
+    assert failures.cause(rung).startswith("[rank1]: scaleladder run: error: InductorError: CppCompileError")
     assert failures.cause("a\nlast words\n") == "last words"
     assert failures.cause("") == ""
 

@@ -26,8 +26,9 @@ LOG_COPIES = Path("results/logs/snakemake")
 
 _RULE = re.compile(r"^Error in rule (?P<rule>\S+?):\s*$")
 _LOG = re.compile(r"^\s+log: (?P<logs>.+?)(?: \(check log file\(s\) for error details\))?\s*$")
-# "scaleladder: error: ...", "scaleladder shard: error: ...": our own one-line errors (SpecError and the like)
-_OURS = re.compile(r"^scaleladder[\w .-]*: error: ")
+# "scaleladder: error: ...", "scaleladder shard: error: ...": our own one-line errors (SpecError and the
+# like); anywhere in the line: a rank's lines may carry a prefix ("[rank1]: scaleladder run: error: ...")
+_OURS = re.compile(r"\bscaleladder[\w .-]*: error: ")
 # the last line of a traceback: "SpecError: ...", "torch.OutOfMemoryError: ...", "KeyboardInterrupt"
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::.*)?$")
 MAX_CHARS = 400  # one line on the console, even for a cause that runs on
@@ -61,7 +62,7 @@ def cause(log_text: str) -> str:
     """The one line that says why: our own ``scaleladder ...: error:`` line, else the last line
     of the last traceback, else the last line that says error, else the last line ('' if none)."""
     lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
-    for pick in (lambda ln: _OURS.match(ln), lambda ln: _EXCEPTION.match(ln), lambda ln: "error" in ln.lower()):
+    for pick in (lambda ln: _OURS.search(ln), lambda ln: _EXCEPTION.match(ln), lambda ln: "error" in ln.lower()):
         hits = [ln for ln in lines if pick(ln)]
         if hits:
             return _one_line(hits[-1])
