@@ -124,15 +124,18 @@ def lines(snakemake_logs: Iterable[str]) -> Iterator[str]:
             yield "    (the job has no log: see Snakemake's lines above)"
 
 
+def complete_log_line(copies: Iterable[Path]) -> str:
+    """Snakemake's last line, naming the copies in the mounted results/ (relative, as the host sees them)."""
+    return (f"Complete log(s): {', '.join(map(str, copies))} (in the results/ folder mounted from the host: "
+            ".snakemake/ lies inside the container, gone once it exits)")
+
+
 def explain(snakemake_logs: list[str], out: TextIO, container: bool | None = None) -> list[Path]:
     """Print why each failed job failed (:func:`lines`); in a container also copy Snakemake's
-    complete log into the mounted results/ and name the copy. Returns the copies."""
+    complete log into the mounted results/. Returns the copies (the caller names them last:
+    :func:`complete_log_line`)."""
     for line in lines(snakemake_logs):
         print(line, file=out)
     if not (in_container() if container is None else container):
         return []
-    copies = copy_to_results(snakemake_logs)
-    for c in copies:
-        print(f"scaleladder: complete log: {c} (in the results/ folder mounted from the host: "
-              ".snakemake/ lies inside the container, gone once it exits)", file=out)
-    return copies
+    return copy_to_results(snakemake_logs)

@@ -45,14 +45,21 @@ RPN = LADDER.ranks_per_node
 onerror:
     _copies = failures.explain(log, sys.stderr)
     # In a container, Snakemake's last line names its complete log inside the container (gone
-    # after `docker run --rm`); point it at the copy in the mounted results/ instead.
-    # TRAP: logger_manager.logfile_handlers is Snakemake's internals (9.x: handler -> path, read
-    # by logfile_hint after this handler); if it moves, our own line above still names the copy.
-    try:
-        for _handler, _copy in zip(list(workflow.logger_manager.logfile_handlers), _copies):
-            workflow.logger_manager.logfile_handlers[_handler] = str(_copy)
-    except (AttributeError, TypeError):
-        pass
+    # after `docker run --rm`); it names the copy in the mounted results/ instead, relative, as
+    # the host sees it. TRAP: logger_manager.logfile_hint is Snakemake's internals (9.x: called
+    # right after this handler, it prints "Complete log(s): <absolute paths>"); if it moves, the
+    # same line is printed here instead.
+    if _copies:
+        _manager = workflow.logger_manager
+
+        def _hint():
+            _manager.logger.info(failures.complete_log_line(_copies))
+            return _manager.logfile_handlers.values()
+
+        if hasattr(_manager, "logfile_hint") and hasattr(_manager, "logger"):
+            _manager.logfile_hint = _hint
+        else:
+            print(failures.complete_log_line(_copies), file=sys.stderr)
 
 
 # A `select` run ends with the ladder, figures and report of what it selected (Ladder.rung_files):
