@@ -71,7 +71,7 @@ def test_dockerfile_builds_the_same_without_shell(flavor: str) -> None:
     text = (C / f"Dockerfile.{flavor}").read_text()
     assert not re.search(r"^SHELL\b", text, re.M)
     bodies = run_bodies(flavor)
-    assert len(bodies) == 4
+    assert len(bodies) == 5
     for body in bodies:
         cmd = re.sub(r"^(--mount=\S+\s+)+", "", body.replace("\\ ", ""))
         unquoted = re.sub(r"'[^']*'", "''", cmd).replace("||", "")
@@ -143,11 +143,12 @@ def test_rocm_lock_is_the_cuda_lock_without_cuda() -> None:
 
 
 def run_lock_step(tmp_path: Path, index: str) -> tuple[list[list[str]], str, str]:
-    """The ROCm Dockerfile's first RUN line, as the build runs it (dash, TORCH_INDEX_URL set as
+    """The ROCm Dockerfile's torch RUN line (the one with --index-url), as the build runs it (dash, TORCH_INDEX_URL set as
     the build arg sets it, the lock copied in), with `pip` a recorder: the step's own shell
     decides what reaches pip. (pip installing torch takes minutes: `make image-check-rocm`.)
     Returns pip's argument lists, the lock the step left for the later installs, and stdout."""
-    body = re.sub(r"^(--mount=\S+\s+)+", "", run_bodies("rocm")[0].replace("\\ ", ""))
+    torch_step = next(b for b in run_bodies("rocm") if "--index-url" in b)
+    body = re.sub(r"^(--mount=\S+\s+)+", "", torch_step.replace("\\ ", ""))
     (tmp_path / "containers").mkdir(parents=True)
     shutil.copy(C / "constraints-rocm.txt", tmp_path / "containers")
     (tmp_path / "bin").mkdir()
@@ -187,7 +188,7 @@ def test_rocm_standin_replaces_only_the_rocm_index_pins(tmp_path: Path) -> None:
     assert used == "".join(ln + "\n" for ln in lock.splitlines() if ln not in dropped)  # the rest byte for byte
     assert "STAND-IN: ROCm torch NOT installed" in said
     # the project's own install and `pip check` take the same lock the step left
-    assert '-c containers/lock-used.txt ".[workflow]" && pip check' in run_bodies("rocm")[1]
+    assert any('-c containers/lock-used.txt ".[workflow]" && pip check' in b for b in run_bodies("rocm"))
     # wired: the make target, the build arg, the plain words in the output, a tag of its own
     script = (C / "image-check").read_text()
     assert re.search(r"^image-check-rocm:\n\tcontainers/image-check --rocm-standin$", (REPO / "Makefile").read_text(), re.M)
@@ -277,6 +278,61 @@ def test_docker_run_works_as_any_host_user(flavor: str) -> None:
     assert "HOME=/tmp" in env and "XDG_CACHE_HOME=/tmp/" in env and "MPLCONFIGDIR=/tmp/" in env
     assert "chmod -R a+rX /opt/scaleladder" in text and "chmod 0777 results .snakemake" in text
     assert re.search(r"^USER 1000:1000$", text, re.M)  # non-root by default
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_images_carry_what_compile_rungs_build_with(flavor: str) -> None:
+    """Issue 29: the images had no C compiler, so every -compile rung failed in them (inductor's
+    C++ kernels on a CPU; Triton's launcher, driver.c including Python.h, on a GPU). The one
+    stage installs gcc, g++ and libc6-dev, without recommends; Python.h is the base's (checked
+    before the torch layer); and the build itself builds and imports a C and a C++ extension
+    (campaign/toolchain.py). The Apptainer SIF's %test runs the same."""
+    text = (C / f"Dockerfile.{flavor}").read_text()
+    assert len(re.findall(r"^FROM ", text, re.M)) == 1  # one stage: what is installed is what runs
+    bodies = run_bodies(flavor)
+    (apt,) = [b for b in bodies if "apt-get install" in b]
+    assert "apt-get install -y --no-install-recommends gcc g++ libc6-dev;" in apt and "rm -rf /var/lib/apt/lists/*" in apt
+    assert 'os.path.join(sysconfig.get_paths()["include"], "Python.h")' in apt
+    torch_layer = next(i for i, b in enumerate(bodies) if "--index-url" in b)
+    assert bodies.index(apt) < torch_layer  # a missing header fails the build before the 3 GB layer
+    (own,) = [b.replace("\\ ", "") for b in bodies if '".[workflow]"' in b]
+    assert own.endswith("&& pip check && python3 -m scaleladder.campaign.toolchain"), own
+    assert "    python3 -m scaleladder.campaign.toolchain\n" in (C / f"scaleladder-{flavor}.def").read_text()
+    # the stand-in base make image-check builds from carries the headers the python image has
+    script = (C / "image-check").read_text()
+    assert "debootstrap --variant=minbase --include=python3,libpython3.11-dev," in script
+    assert re.search(r'^recipe="standin-v\d+ bookworm \$mirror python3 libpython3.11-dev ', script, re.M)
+
+
+def test_image_check_runs_the_readme_default_line_and_a_compile_rung() -> None:
+    """Issue 29: `make image-check` never ran the image's default command, whose local ladder
+    holds a -compile rung, so CI missed that it produced no report. It runs the README's line
+    with NO command (the image's CMD), requires the ladder, the figures and both reports, and
+    reads the ladder back requiring a -compile rung compiled by inductor with a compile_s."""
+    script = (C / "image-check").read_text()
+    line = 'default_line=(podman run --rm --shm-size 8g --user "$user_id" -v "$PWD/results:/opt/scaleladder/results" "$tag")'
+    assert line in script and '\n"${default_line[@]}" >"$work/default.log" 2>&1 ||' in script
+    readme = (REPO / "README.md").read_text()
+    readme_line = ('mkdir -p results && docker run --rm --gpus all --shm-size 8g --user "$(id -u):$(id -g)" '
+                   '-v "$PWD/results:/opt/scaleladder/results" scaleladder:cuda\n')
+    assert readme_line in readme
+    outputs = script[script.index("outputs() {"):script.index("readback() {")]
+    for f in ("ladder.h5", "report.html", "report.md", "plots/pareto.png", "plots/throughput_by_model.png"):
+        assert f'"$1/{f}"' in outputs, f
+    assert re.search(r"^outputs results\nsay .*\n.*\nreadback results 1 \|\| die", script, re.M)
+    assert 'compile_backend") == "inductor"' in script and 'r.get("compile_s", 0) > 0' in script
+    assert re.search(r"^toolchain \"\$tag\"$", script, re.M) and re.search(r"^  toolchain \"\$tag\"$", script, re.M)
+    # the default ladder holds the -compile rung the read-back requires
+    from scaleladder.spec import parse_strategy
+
+    site = yaml_load(REPO / "profiles/local/site.yaml")
+    assert any(parse_strategy(s).compile for ladder in site["ladders"] for s in ladder["strategies"])
+
+
+def yaml_load(path: Path) -> dict:  # type: ignore[type-arg]
+    import yaml
+
+    return yaml.safe_load(path.read_text())
 
 
 def test_provenance_reads_the_commit_baked_into_an_image(monkeypatch: pytest.MonkeyPatch) -> None:
