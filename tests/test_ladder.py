@@ -94,7 +94,9 @@ def test_every_layer_gets_its_own_unit_and_the_count_is_reported(flavor: str, la
             assert isinstance(w._checkpoint_wrapped_module, FSDP) == reentrant
             assert w.checkpoint_impl == (CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT)
     assert report.fsdp_layer_units == layers  # root (+ FLAVA's codebook) are the other units
-    assert report.fsdp_units == layers + other_units
+    # FSDP1: + FLAVA's 5 unused heads and poolers, each a frozen unit (one FlatParameter each)
+    frozen_units = 5 if flavor == "flava-debug" and strategy.startswith("fsdp-") else 0
+    assert report.fsdp_units == layers + other_units + frozen_units
     assert report.ac_layers == (layers if "-ac" in strategy else 0)
     assert report.compiled_layers == (layers if strategy.endswith("-compile") else 0)
     assert report.compile_backend == ("aot_eager" if strategy.endswith("-compile") else "")
@@ -123,6 +125,25 @@ def test_compile_wraps_each_block_after_ac_and_before_the_wrapper(strategy: str)
         from torch.distributed.fsdp import FSDPModule
 
         assert all(isinstance(b, FSDPModule) for b in blocks)  # then shard: the unit is the compiled block
+
+
+@pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-no-shard-sac", "fsdp-full-ac-reentrant"])
+def test_fsdp1_flat_parameters_as_the_seed_ran_them(strategy: str) -> None:
+    """use_orig_params=False (the FLAVA seed's default; -ac-reentrant excepted, planner.static):
+    the optimizer is handed one FlatParameter per unit, and each unit's parameters are all
+    trainable or all frozen, FLAVA's unused heads and poolers in units of their own."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp._flat_param import FlatParameter
+
+    wrapped, _ = _ladder("flava-debug", strategy)
+    units = [m for m in wrapped.modules() if isinstance(m, FSDP)]
+    orig = strategy.endswith("-reentrant")
+    assert all(u._use_orig_params == orig for u in units)
+    assert all(isinstance(p, FlatParameter) for p in wrapped.parameters()) != orig
+    frozen = {n.replace("_fsdp_wrapped_module.", "") for n, m in wrapped.named_modules()
+              if isinstance(m, FSDP) and m._handle is not None and not m._handle.flat_param.requires_grad}
+    assert frozen == {"flava.image_codebook", "flava.loss.mlm_loss", "flava.loss.mim_loss",
+                      *(f"flava.model.{e}_encoder.pooler" for e in ("image", "text", "mm"))}
 
 
 def test_fsdp1_is_never_compiled() -> None:
@@ -347,3 +368,38 @@ def test_the_record_says_what_sharding_ran_not_what_the_spec_asked(strategy: str
     wrapped, _ = _ladder("vit-debug", strategy)
     got = ladder.sharding_ran(wrapped)
     assert got == {"sharding_ran": ran, "param_shard_fraction": 1.0}, got
+
+
+# -- the optimizer over FSDP2's shards -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_fsdp2_optimizer_steps_the_local_shards_as_adamw_steps_the_dtensors(precision: str) -> None:
+    """rung.optim.LocalShardAdamW (no DTensor dispatch in the step) updates FSDP2's parameters
+    exactly as fused AdamW over the DTensors does; fp16-mixed keeps the DTensors (its scaler's
+    inf check must be a MAX over the mesh)."""
+    from torch.distributed.tensor import DTensor
+
+    from scaleladder.rung.batches import synthetic_batch
+    from scaleladder.rung.optim import LocalShardAdamW, make_optimizer
+
+    flavor, prec = get_flavor("vit-debug"), policy(precision)
+    runs = []
+    for local in (True, False):
+        wrapped, _ = _ladder("vit-debug", "fsdp2-full")
+        params = [p for p in wrapped.parameters() if p.requires_grad]
+        opt = make_optimizer(params, 1e-3, precision) if local else torch.optim.AdamW(params, lr=1e-3, fused=True)
+        assert isinstance(opt, LocalShardAdamW) == local
+        losses = []
+        for step in range(3):
+            with prec.autocast(CPU):
+                loss = wrapped(synthetic_batch(flavor, 4, 0, step, 0))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        runs.append((losses, [p.to_local().clone() for p in params]))
+        assert all(isinstance(p, DTensor) for p in params)
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+    assert not isinstance(make_optimizer(params, 1e-3, "fp16-mixed"), LocalShardAdamW)

@@ -148,8 +148,8 @@ def test_seed_flava_max_batches_exactly() -> None:
     # The planner is deterministic: these are its numbers, asserted exactly (docs/planner.md shows them).
     assert seeds.flava_max_batches(seeds.RUNNER) == {
         "ddp": [90, 24, 4, None, None, None],
-        "fsdp-full": [106, 39, 24, 17, 10, None],
-        "fsdp-full-ac": [615, 256, 178, 135, 97, None]}
+        "fsdp-full": [106, 40, 24, 17, 11, None],  # issue 30: FSDP1's frozen heads left the gathered root
+        "fsdp-full-ac": [616, 257, 179, 135, 98, None]}
     assert seeds.flava_max_batches(seeds.SEED_FLAVA) == {
         "ddp": [90, 24, 5, None, None, None],
         "fsdp-full": [102, 37, 23, 16, None, None],
@@ -203,7 +203,7 @@ def test_seed_flava_fsdp_ac_reaches_4_8b_and_10b() -> None:
     # post-backward hook per pass (torch allows it for exactly this case), so units are resharded
     # between the passes — and 10B fits again, robustly (overheads would have to be 7.3× ours).
     assert seeds.fitting("fsdp-full-ac") == FLAVA[:5]
-    assert seeds.fit("flava-10b", "fsdp-full-ac", 8, A100, 1).margin_gib == pytest.approx(-8.29, abs=0.01)
+    assert seeds.fit("flava-10b", "fsdp-full-ac", 8, A100, 1).margin_gib == pytest.approx(-7.80, abs=0.01)
     assert seeds.fitting("fsdp-full-ac", Variant(gather_across_passes=False)) == FLAVA
     assert seeds.fitting("fsdp-full-ac", seeds.SEED_FLAVA) == FLAVA
     assert seeds.fit("flava-10b", "fsdp-full-ac", 8, A100, 1, seeds.SEED_FLAVA).flip_factor == pytest.approx(8.62, abs=0.01)
@@ -507,11 +507,13 @@ def test_the_seeds_reentrant_ac_as_a_rung_fits_flava_10b_where_non_reentrant_doe
     as_variant = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb",
                          variant=Variant(gather_across_passes=False))
     assert not ours.fits and rung.fits
-    assert rung.peak_bytes == as_variant.peak_bytes and rung.max_batch == as_variant.max_batch
-    # ViT runs each layer once per step: the two AC forms are the same there.
+    # The rung keeps use_orig_params (planner.static.fsdp1_use_orig_params): aligned parameters and
+    # AdamW state over the trainable elements only, a few hundred KB from the flat-parameter Variant.
+    assert rung.peak_bytes == pytest.approx(as_variant.peak_bytes, rel=1e-4) and rung.max_batch == as_variant.max_batch
+    # ViT runs each layer once per step: the two AC forms are the same there (up to that bookkeeping).
     a = predict(spec("vit-15b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
     b = predict(spec("vit-15b/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
-    assert a.peak_bytes == b.peak_bytes
+    assert a.peak_bytes == pytest.approx(b.peak_bytes, rel=1e-4)
     # ... and FSDP2 fits 10B without any AC, at small batches (units reshard between passes anyway).
     assert predict(spec("flava-10b/fsdp2-full/bf16-mixed/pf0/n1/b1"), 8, 8, "a100-40gb").fits
 

@@ -49,6 +49,8 @@ CASES = [
     ("flava-debug", "ddp", "bf16-mixed"), ("flava-debug", "fsdp-full", "fp32"), ("flava-debug", "fsdp-full-ac", "bf16-true"),
     ("flava-debug", "fsdp-grad-op", "bf16-mixed"), ("vit-debug", "fsdp-hybrid1", "fp32"),
     ("flava-debug", "fsdp-hybrid2", "bf16-true"), ("vit-debug", "fsdp-hybrid2-ac", "bf16-mixed"),
+    # -ac-reentrant keeps use_orig_params (planner.static.fsdp1_use_orig_params): aligned, per-parameter state
+    ("flava-debug", "fsdp-full-ac-reentrant", "bf16-mixed"),
 ]
 # FSDP2 (fully_shard): per-parameter padded Shard(0) shards, trainable-only gradients.
 FSDP2_STRATEGIES = ("fsdp2-full", "fsdp2-grad-op", "fsdp2-hybrid1", "fsdp2-hybrid2", "fsdp2-full-ac")
@@ -262,14 +264,18 @@ def test_static_bytes_match_real_tensors_per_rank(measured: list[dict[str, Any]]
 
 def test_static_bytes_differ_between_ranks_and_none_means_the_largest(measured: list[dict[str, Any]]) -> None:
     # The padding sits in the last rank's chunk, so FSDP ranks can differ: the check above
-    # is per rank, and rank=None must give the busiest one.
+    # is per rank, and rank=None must give the busiest one. They differ where AdamW holds the
+    # original parameters' views (use_orig_params: -ac-reentrant), whose state skips the
+    # padding; over FlatParameters (every other FSDP1 rung) every rank's state is a whole chunk.
     from scaleladder.plan import static_bytes_per_rank
     from scaleladder.spec import RunSpec
 
-    spec = RunSpec.from_path("flava-debug/fsdp-full/bf16-mixed/pre-lag/n1/b10")
+    spec = RunSpec.from_path("flava-debug/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b10")
     per_rank = [static_bytes_per_rank(spec, 2, r) for r in (0, 1)]
     assert per_rank[0] != per_rank[1]
     assert static_bytes_per_rank(spec, 2) == max(per_rank, key=lambda d: sum(d.values()))
+    flat = RunSpec.from_path("flava-debug/fsdp-full/bf16-mixed/pre-lag/n1/b10")
+    assert static_bytes_per_rank(flat, 2, 0) == static_bytes_per_rank(flat, 2, 1)
 
 
 @pytest.mark.parametrize("flavor,strategy,precision", CASES_4)

@@ -66,11 +66,12 @@ class Inventory:
     codebook: UnitLayout | None  # FLAVA's frozen DALL-E encoder
     n_layers: int
     buffer_bytes: int  # registered buffers (position ids): never sharded, tiny
+    frozen: tuple[UnitLayout, ...] = ()  # FSDP1 only (fsdp1_units): the unused heads and poolers, a unit each
 
     def units(self) -> list[UnitLayout]:
-        """Every FSDP unit: root, then the layers, then the codebook."""
+        """Every FSDP unit: root, then the layers, then the codebook (then FSDP1's frozen units)."""
         out = [self.root] + [self.layer] * self.n_layers
-        return out + ([self.codebook] if self.codebook is not None else [])
+        return out + ([self.codebook] if self.codebook is not None else []) + list(self.frozen)
 
     @property
     def numel(self) -> int:
@@ -103,6 +104,27 @@ _UNUSED_PREFIXES = {
 
 def is_unused(family: str, name: str) -> bool:
     return name.startswith(_UNUSED_PREFIXES[family])
+
+
+def fsdp1_units(inv: Inventory) -> Inventory:
+    """The units FSDP1 builds: each unused (frozen) head or pooler out of the root, a unit of its own.
+
+    rung.ladder.wrap_fsdp gives every outermost all-frozen module a unit, because a
+    FlatParameter without use_orig_params must be all trainable or all frozen; FLAVA's
+    are exactly the modules named by _UNUSED_PREFIXES (tests/test_plan_exact.py holds the
+    bytes to the real flat parameters). The root keeps its order minus those parameters.
+    """
+    prefixes = _UNUSED_PREFIXES[inv.flavor.family]
+    if not prefixes or inv.frozen:
+        return inv
+    groups: dict[str, list[ParamInfo]] = {}
+    for p in inv.root.params:
+        pre = next((x for x in prefixes if p.name.startswith(x)), None)
+        if pre is not None:
+            groups.setdefault(pre, []).append(p)
+    root = UnitLayout("root", tuple(p for p in inv.root.params if not is_unused(inv.flavor.family, p.name)))
+    frozen = tuple(UnitLayout("frozen", tuple(g)) for g in groups.values())
+    return dataclasses.replace(inv, root=root, frozen=frozen)
 
 
 def _unit_of(name: str, layer_prefixes: list[str], codebook_prefix: str | None) -> str:

@@ -42,10 +42,11 @@ RUNNER = Variant()  # fused AdamW in every precision (scaleladder.rung.optim.mak
 # "PyTorch 1.13 or nightly", whose AdamW then ran the for-loop implementation: foreach became the
 # default on CUDA only in 2023 (pytorch#92306, and for nn.Parameters only with #95862).
 # Which of the three it ran changes none of the seed's verdicts (tests/test_plan.py checks all three).
-SEED_FLAVA = Variant(gather_across_passes=False, gathered_param_bytes=4, bucket_view=True, adamw="for-loop")
+SEED_FLAVA = Variant(gather_across_passes=False, gathered_param_bytes=4, bucket_view=True, adamw="for-loop",
+                     frozen_units=False)
 # Its loader's text-only MLM batches were 512 tokens; pairs of 512 tokens bound them from above.
 SEED_FLAVA_512 = Variant(gather_across_passes=False, gathered_param_bytes=4, bucket_view=True, adamw="for-loop",
-                         text_len=512)
+                         text_len=512, frozen_units=False)
 # ORNL's ViT-FSDP: torch.optim.AdamW(..., fused=cfg.use_fused_optimizer); its measured peaks hold
 # 16 B/param in the step (see the docs), i.e. no foreach temporary: the same optimizer as ours.
 ORNL_VIT = Variant(adamw="fused")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaleladder.planner.inventory import Inventory, ParamInfo, UnitLayout, inventory
+from scaleladder.planner.inventory import Inventory, ParamInfo, UnitLayout, fsdp1_units, inventory
 from scaleladder.spec import RunSpec, SpecError, Strategy
 
 ALIGN_BYTES = 16  # torch.distributed.fsdp._flat_param._get_aligned_numel
@@ -125,8 +125,21 @@ def flat_layout(unit: UnitLayout, aligned_numel: int, pad_to: int) -> FlatLayout
     return FlatLayout(tuple(offsets), total)
 
 
-def aligned_numel(precision: str) -> int:
-    return ALIGN_BYTES // fsdp_param_bytes(precision)
+def aligned_numel(precision: str, orig_params: bool = True) -> int:
+    """FSDP1 starts each parameter on a 16-byte boundary only with use_orig_params
+    (torch ``FlatParamHandle``: ``align_addresses = use_orig_params``); else it packs them."""
+    return ALIGN_BYTES // fsdp_param_bytes(precision) if orig_params else 0
+
+
+def fsdp1_use_orig_params(strategy: Strategy) -> bool:
+    """Does ``rung.ladder.wrap_fsdp`` build this FSDP1 rung with ``use_orig_params=True``?
+
+    No, the FLAVA seed's default, except under ``-ac-reentrant``: there, with bf16-mixed's
+    MixedPrecision and FLAVA's two passes per step, FSDP1's flat-parameter path gave a
+    different loss from the second step on (flava-debug, 2 gloo ranks: 14.24 against
+    14.81 for the same rung without AC); with use_orig_params it matches
+    (docs/strategies.md, "use_orig_params")."""
+    return strategy.reentrant
 
 
 @dataclass(frozen=True)
@@ -161,8 +174,10 @@ def bytes_of(c: LocalCounts, precision: str, counter_bytes: int = STEP_COUNTER_B
 
 
 def local_counts(inv: Inventory, strategy: Strategy, precision: str, world: int, rank: int | None = None,
-                 counter_bytes: int = STEP_COUNTER_BYTES) -> LocalCounts:
-    """What ``rank`` holds (None: the rank with the most bytes, counters at ``counter_bytes``)."""
+                 counter_bytes: int = STEP_COUNTER_BYTES, frozen_units: bool = True) -> LocalCounts:
+    """What ``rank`` holds (None: the rank with the most bytes, counters at ``counter_bytes``).
+    ``frozen_units``: FSDP1 gives FLAVA's frozen heads units of their own (the runner; the
+    FLAVA seed's code kept them in the root, step_setup.Variant)."""
     shard = sharding(strategy, world)
     if not shard.fsdp:
         tensors = sum(1 for u in inv.units() for p in u.params if p.trainable)
@@ -170,7 +185,9 @@ def local_counts(inv: Inventory, strategy: Strategy, precision: str, world: int,
     if shard.fsdp2:
         return _fsdp2_local_counts(inv, shard, precision, rank, counter_bytes)
     ranks = range(shard.group) if rank is None else [rank % shard.group]
-    align = aligned_numel(precision)
+    inv = fsdp1_units(inv) if frozen_units else inv
+    orig = fsdp1_use_orig_params(strategy)
+    align = aligned_numel(precision, orig)
     # Every layer unit has the same layout, hence the same chunk boundaries: count each
     # distinct unit once, times how often it occurs.
     counts: dict[UnitLayout, int] = {}
@@ -184,7 +201,9 @@ def local_counts(inv: Inventory, strategy: Strategy, precision: str, world: int,
             local = layouts[u].chunk(shard)
             params += n * local
             grads += n * local if u.requires_grad else 0
-            t, k = _local_trainable(u, layouts[u], shard, r)
+            # Without use_orig_params the optimizer steps each trainable unit's FlatParameter:
+            # state for its whole local chunk, padding included, and one step counter.
+            t, k = _local_trainable(u, layouts[u], shard, r) if orig else (local, 1) if u.requires_grad else (0, 0)
             trainable, tensors = trainable + n * t, tensors + n * k
         cur = LocalCounts(params, grads, trainable, tensors)
         if best is None or sum(bytes_of(cur, precision, counter_bytes).values()) > sum(bytes_of(best, precision, counter_bytes).values()):

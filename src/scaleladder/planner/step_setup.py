@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from scaleladder.models.batch_layout import SYNTHETIC_POOL
 from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.planner.activations import Call, backward_order, forward_passes
-from scaleladder.planner.inventory import Inventory, inventory
+from scaleladder.planner.inventory import Inventory, fsdp1_units, inventory
 from scaleladder.planner.static import (
     ALLOC_BLOCK_BYTES,
     LocalCounts,
@@ -19,6 +19,7 @@ from scaleladder.planner.static import (
     aligned_numel,
     bytes_of,
     flat_layout,
+    fsdp1_use_orig_params,
     fsdp2_padded,
     fsdp_param_bytes,
     local_counts,
@@ -83,6 +84,10 @@ class Variant:
     # one tensor at a time: `exp_avg_sq.sqrt() / c` holds two temporaries of that tensor, so
     # 2 × 4 bytes × its largest tensor; counters on the host.
     adamw: str = "fused"
+    # FSDP1: FLAVA's unused heads and poolers frozen, each a unit of its own (ours, because a
+    # FlatParameter cannot mix frozen and trained parameters). The FLAVA seed trained them in
+    # the root unit: False keeps them there (its state for them is still not modelled).
+    frozen_units: bool = True
 
     def __post_init__(self) -> None:
         if self.adamw not in ADAMW_IMPLS:
@@ -130,12 +135,14 @@ def step_setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: A
     if variant.text_len is not None:
         flavor = dataclasses.replace(flavor, text_len=variant.text_len)  # activations only: parameters are unchanged
     shard = sharding(strategy, world)
+    if shard.fsdp and not shard.fsdp2 and variant.frozen_units:
+        inv = fsdp1_units(inv)  # FSDP1's frozen heads are units of their own (rung.ladder.wrap_fsdp)
     passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant), strategy.selective)
-    full, chunk, grad_full, grad_chunk = _unit_sizes(inv, shard, precision)
+    full, chunk, grad_full, grad_chunk = _unit_sizes(inv, shard, aligned_numel(precision, fsdp1_use_orig_params(strategy)))
     # Fused AdamW's step counters are device tensors, each a whole allocator block; the
     # other implementations keep them on the host (not device memory at all).
     counter = ALLOC_BLOCK_BYTES if variant.adamw == "fused" else 0
-    local = local_counts(inv, strategy, precision, world, counter_bytes=counter)
+    local = local_counts(inv, strategy, precision, world, counter_bytes=counter, frozen_units=variant.frozen_units)
     return StepSetup(inv, strategy, precision, knobs, world, passes, backward_order(flavor, passes),
                      bytes_of(local, precision, counter), local, full, chunk, grad_full, grad_chunk, variant, inputs)
 
@@ -144,8 +151,9 @@ SizesByKind = dict[str, int]
 
 
 def _unit_sizes(inv: Inventory, shard: Sharding,
-                precision: str) -> tuple[SizesByKind, SizesByKind, SizesByKind, SizesByKind]:
-    """Per unit kind, in elements: (unsharded parameters, local chunk, unsharded gradient, its chunk)."""
+                align: int) -> tuple[SizesByKind, SizesByKind, SizesByKind, SizesByKind]:
+    """Per unit kind, in elements: (unsharded parameters, local chunk, unsharded gradient, its chunk).
+    ``align``: FSDP1's per-parameter alignment in elements (static.aligned_numel)."""
     full: SizesByKind = {}
     chunk: SizesByKind = {}
     grad_full: SizesByKind = {}
@@ -161,7 +169,7 @@ def _unit_sizes(inv: Inventory, shard: Sharding,
             full[u.kind], grad_full[u.kind] = chunk[u.kind] * shard.group, grad_chunk[u.kind] * shard.group
             continue
         if shard.fsdp:
-            lay = flat_layout(u, aligned_numel(precision), shard.pad_to)
+            lay = flat_layout(u, align, shard.pad_to)
             full[u.kind], chunk[u.kind] = lay.total, lay.chunk(shard)
         else:
             full[u.kind] = chunk[u.kind] = u.numel

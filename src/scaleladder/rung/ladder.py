@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaleladder.models.build import TrainModule
+from scaleladder.planner.static import fsdp1_use_orig_params
 from scaleladder.rung.precision import PrecisionPolicy
 from scaleladder.spec import COMPILE_BACKENDS, AnyKnobs, Fsdp2Knobs, Knobs, SpecError, Strategy
 
@@ -173,7 +174,7 @@ def wrap_fsdp(
 ) -> nn.Module:
     from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.distributed.fsdp.wrap import CustomPolicy
 
     sharding = {
         "full": ShardingStrategy.FULL_SHARD,
@@ -196,6 +197,8 @@ def wrap_fsdp(
         extra["device_mesh"] = _hybrid_mesh(dist.get_world_size(), strategy.group or 1, device)
     if param_init_fn is not None:
         extra["param_init_fn"] = param_init_fn
+    classes = tuple(_unit_classes(model, strategy.ac and not strategy.reentrant))
+    frozen = {id(m) for _, _, m in _outermost(model, _all_frozen)}
     return FSDP(
         model,
         sharding_strategy=sharding,
@@ -205,12 +208,19 @@ def wrap_fsdp(
         # first pass's nested backward reshards the unit (post-backward hook), the pre-backward hook
         # runs once per backward, so the other pass recomputes on freed parameters ("weight of
         # shape [0]"). Inside the wrapper, every recompute is a call of the FSDP unit, which gathers.
-        auto_wrap_policy=ModuleWrapPolicy(_unit_classes(model, strategy.ac and not strategy.reentrant)),
+        # A unit per layer class, plus one per outermost module whose parameters are all frozen
+        # (FLAVA: the codebook, the unused heads and poolers). TRAP: without use_orig_params a
+        # unit's FlatParameter must be all trainable or all frozen ("FlatParameter requires
+        # uniform requires_grad"), and freeze_unused froze heads that sit in the root unit.
+        auto_wrap_policy=CustomPolicy(lambda m: isinstance(m, classes) or id(m) in frozen),
         mixed_precision=prec.fsdp_mixed_precision(),
         backward_prefetch=prefetch,
         forward_prefetch=knobs.forward_prefetch,
         limit_all_gathers=knobs.limit_all_gathers,
-        use_orig_params=True,  # plain parameter names/grad access for the optimizer and the planner checks
+        # The FLAVA seed's call (its default): the optimizer steps one FlatParameter per unit,
+        # and FSDP's hooks keep no per-parameter views in sync (less host work per step).
+        # Not under -ac-reentrant: why in planner.static.fsdp1_use_orig_params.
+        use_orig_params=fsdp1_use_orig_params(strategy),
         device_id=device,
         **extra,
     )
@@ -283,6 +293,12 @@ def wrap_fsdp2(
     _set_prefetch([[u for p, _, u in units if p is parent and isinstance(_block_layer(u), model.layer_cls)]
                    for parent in _unique(p for p, _, _ in units)], knobs.prefetch_layers)
     return model
+
+
+def _all_frozen(m: nn.Module) -> bool:
+    """Has parameters, and none of them trains (FSDP1 gives such a module a unit of its own)."""
+    params = list(m.parameters())
+    return bool(params) and not any(p.requires_grad for p in params)
 
 
 def _unique(items: Iterator[nn.Module]) -> list[nn.Module]:
