@@ -216,7 +216,9 @@ def test_a_rung_on_shards_records_its_input_pipeline(shards: dict[int, Path], tm
     with h5py.File(out) as f:
         a = f.attrs
         assert a["decode_path"] == "cpu" and a["loader_samples_per_s"] > 0 and a["loader_transport"] == "uint8"
-        assert a["loader_workers"] == min(cores - 1, 18) and a["loader_cpu_s_per_batch"] > 0
+        from scaleladder.data.cores import auto_workers
+
+        assert a["loader_workers"] == auto_workers(cores) and a["loader_cpu_s_per_batch"] > 0
         assert a["loader_worker_cores"] == (cores - 1 if cores > 1 else 0) and "--workers auto:" in a["loader_workers_auto"]
         assert 0 <= a["loader_wait_fraction"] and bool(a["input_bound"]) == (a["loader_wait_fraction"] > 0.03)
     if not torch.cuda.is_available():

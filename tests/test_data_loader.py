@@ -203,7 +203,8 @@ def test_vocabulary_must_fit_the_model(tmp_path: Path, capsys: pytest.CaptureFix
     vocab.write_text("\n".join(words[:FLAVA.vocab_size]) + "\n")
     _make(tmp_path / "exact", 4, 4, "--vocab", str(vocab))
     capsys.readouterr()
-    assert _load(tmp_path / "exact").record_attrs() == {"tokenizer_vocab_size": FLAVA.vocab_size, "decode_path": "cpu", "loader_workers": 0}
+    assert _load(tmp_path / "exact").record_attrs() == {"tokenizer_vocab_size": FLAVA.vocab_size, "decode_path": "cpu", "loader_workers": 0,
+                                                         "loader_transport": "float32"}
     assert capsys.readouterr().err == ""  # equal sizes: nothing to say
 
 

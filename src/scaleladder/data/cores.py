@@ -31,11 +31,12 @@ _log = get_logger(__name__)
 
 RANK_CORES = 1  # the rank's own: its launch thread (the pin-memory thread is light with uint8 batches)
 
-# Samples/s one CPU worker delivers at 224 px from 300-900 px JPEG shards, vit-base transforms,
-# uint8 transport; per decode path. Measured with benchmarks/bench_data.py on the dev VM
-# (docs/performance.md, "The loader's own rate"; a busy 2-core AMD EPYC VM, so a floor: a
-# quiet server core is faster). "gpu": the workers only parse the tar and the JPEG header.
-PER_WORKER_SAMPLES_PER_S = {"cpu": 150.0, "gpu": 2000.0}
+# Samples one loader worker makes per CPU-second at 224 px from 300-900 px JPEG shards, vit-base
+# transforms, uint8 transport; per decode path. Measured with benchmarks/bench_data.py on dev-cpu
+# (docs/performance.md, "The loader's own rate": 135-147 with CPU decode, 573-641 for the workers'
+# part of GPU decode: tar, JPEG header, crop draw), the lower figure of each, rounded down: CPU
+# time, so it holds on that busy VM; a quiet server core is faster, so this is a floor.
+PER_WORKER_SAMPLES_PER_S = {"cpu": 135.0, "gpu": 570.0}
 # What one rank may ask of its loader: vit-base b128 on one H100 ran 2,603 samples/s on
 # synthetic data (docs/gpu-check-h100/), the fastest per-GPU rate any rung measured.
 DEMAND_SAMPLES_PER_S = 2600.0
