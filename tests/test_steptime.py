@@ -52,6 +52,24 @@ def test_one_fsdp_unit() -> None:
     assert (hidden.total_s, waits.total_s) == pytest.approx((2.3, 2.6))
 
 
+def test_one_fsdp_unit_from_its_sizes() -> None:
+    """vit-debug FULL_SHARD on 2 ranks, fp32: a layer unit's gather moves (2-1)/2 of its flat
+    parameter (4 B each), its reduce-scatter the same of its gradient; the backward regathers."""
+    from scaleladder.planner.step_setup import step_setup
+    from scaleladder.planner.steptime import _fsdp_stages
+
+    spec = RunSpec.from_path("vit-debug/fsdp-full/fp32/pre-lag/n1/b1")
+    setup = step_setup(spec.model, spec.strategy, spec.precision, spec.knobs, 2)
+    link = Link(0.0, 1e9)
+    stages = _fsdp_stages(setup, Links(link, link), 2, 1.0, 2.0)
+    gather = 0.5 * setup.unit_full["layer"] * 4 / 1e9
+    layers = [st for st in stages if st.compute_s > 0]
+    assert len(layers) == 2 * 2  # vit-debug: 2 layers, forward and backward
+    assert [st.before_s for st in layers] == pytest.approx([gather] * 4)
+    assert [st.after_s for st in layers[2:]] == pytest.approx([0.5 * setup.grad_full["layer"] * 4 / 1e9] * 2)
+    assert sum(st.compute_s for st in layers) == pytest.approx(3.0)
+
+
 def test_one_ddp_bucket() -> None:
     # 1,000 fp32 gradients = 4,000 bytes: one bucket (under DDP's 1 MiB first bucket), all-reduced over
     # 2 ranks once the backward (2 s) ends: ring 2 alpha + S/beta = 20 us + 4 us, all of it exposed
