@@ -169,11 +169,16 @@ def _full_fp32() -> Iterator[None]:
 
 
 def pad_batch(images: list[Tensor]) -> Tensor:
-    """Images of different sizes -> one zero-padded ``[B, C, Hmax, Wmax]`` tensor: two calls
-    (a nested tensor, then its padded form), not a copy per image from Python."""
+    """uint8 images of different sizes -> one zero-padded float32 ``[B, C, Hmax, Wmax]`` tensor in
+    three calls (a nested tensor: one copy into its flat buffer; its conversion; its padded
+    form), not a copy per image from Python. TRAP: converted BEFORE padding: CUDA's
+    ``to_padded_tensor`` has its one-kernel path for float, half and double only, and pads
+    any other dtype image by image (NestedTensorTransformerFunctions.cpp). Not measured on a
+    GPU: that path copies its offsets to the device from pageable memory, a copy ordered after
+    the decode this stream waits for (torchvision's decode call has itself waited for it)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
-        return torch.nested.as_nested_tensor(images).to_padded_tensor(0)
+        return torch.nested.as_nested_tensor(images).to(torch.float32).to_padded_tensor(0.0)
 
 
 def resample(img: Tensor, box: tuple[int, int, int, int], size: int, kind: str) -> Tensor:
@@ -364,7 +369,7 @@ class DeviceDecoder:
         for lo in range(0, len(images), CHUNK):
             part = images[lo:lo + CHUNK]
             sizes = [(int(img.shape[-2]), int(img.shape[-1])) for img in part]  # host metadata: no sync
-            x = pad_batch(part).to(torch.float32)
+            x = pad_batch(part)
             main.append(resample_padded(x, sizes, boxes[lo:lo + CHUNK], flips[lo:lo + CHUNK], self.size, "bicubic"))
             if self.family == "flava":
                 codebook.append(resample_padded(x, sizes, boxes[lo:lo + CHUNK], [False] * len(part), self.codebook_size, "lanczos"))
