@@ -87,6 +87,9 @@ def test_record_schema(tmp_path: Path) -> None:
         (["--spec", "vit-debug/fsdp-full-compile/fp32/pre-lag/n1/b4"], "not offered with FSDP1"),
         (["--spec", "vit-debug/single-compile/fp32/pre-lag/n1/b4", "--steps", "3", "--warmup", "0"], "--warmup >= 1"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--compile-backend", "aot_eager"], "--compile-backend applies"),
+        # issue 30: -sac where it cannot go, a knob the wrapper does not have
+        (["--spec", "vit-debug/ddp-ac-sac/fp32/pre-lag/n1/b4"], "one form of activation checkpointing at most"),
+        (["--spec", "vit-debug/single-sac/fp32/pf1/n1/b4"], "FSDP knobs 'pf1' given for non-FSDP strategy 'single-sac'"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_and_no_file(tmp_path: Path, args: list[str], culprit: str) -> None:
