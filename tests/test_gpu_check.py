@@ -259,22 +259,7 @@ def test_the_loader_section_runs_both_decoders_and_both_worker_counts(tmp_path: 
     """Issue 31: `--sections loader` on one GPU (simulated clock, the start-up costs above) shards
     300-900 px JPEGs and runs the synthetic rung, then CPU and GPU decode with 14 and 6 workers, in
     under 5 minutes; the report's table has a row each with its ratio to synthetic."""
-    now = [0.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    c = Check(argparse.Namespace(device="cuda", out=str(tmp_path), smoke=False, budget_min=5.0, sections="loader"))
-    c.env_info = _check(tmp_path).env_info
-    c.probe_env = lambda: None
-    c.draw = lambda: None
-
-    def simulated(name: str, argv: list[str], timeout: float) -> Any:
-        took = min(_sim_cost(c, name, argv), timeout)
-        now[0] += took
-        c.logs.mkdir(parents=True, exist_ok=True)
-        cmd = Command(name, argv, 0, took, c.logs / f"{len(c.commands) + 1:03d}.log")
-        cmd.log.write_text("")
-        c.commands.append(cmd)
-        if c.section_name and not name.startswith("plan"):
-            c.section_took.append(took)
+    def record(argv: list[str]) -> None:
         if "--out" in argv and "run" in argv:
             import h5py
 
@@ -282,9 +267,8 @@ def test_the_loader_section_runs_both_decoders_and_both_worker_counts(tmp_path: 
             with h5py.File(argv[argv.index("--out") + 1], "w") as f:
                 f.attrs.update({"status": "ok", "data": data, "items_per_s": 100.0 if data == "synthetic" else 98.0,
                                 "step_time_mean_s": 0.05, "gpus_per_node": 1, "loader_transport": "uint8" if data != "synthetic" else ""})
-        return cmd
 
-    c.sh = simulated
+    c = simulated_check(tmp_path, monkeypatch, "loader", 5.0, record)
     c.profile = dataclasses.replace(GPU, shard_samples=16)  # the JPEG folder is written for real: keep it small
     assert c.run() == 0
     shard = next(cmd for cmd in c.commands if cmd.name == "loader shard")
@@ -343,9 +327,11 @@ def test_host_targets_from_the_section_rows(tmp_path: Path) -> None:
                for t in host.targets(c))
 
 
-def simulated_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sections: str, budget_min: float) -> Any:
+def simulated_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sections: str, budget_min: float,
+                    record: Any = None) -> Any:
     """A cuda Check of ``sections`` whose commands only advance a simulated clock by their
-    _sim_cost (the driver's monotonic clock, for the duration of the test); no record is written."""
+    _sim_cost (the driver's monotonic clock, for the duration of the test); ``record(argv)``, when
+    given, writes what a command that finished would leave (its rung's record)."""
     now = [0.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     c = Check(argparse.Namespace(device="cuda", out=str(tmp_path), smoke=False, budget_min=budget_min, sections=sections))
@@ -362,6 +348,8 @@ def simulated_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sections: s
         c.commands.append(cmd)
         if c.section_name and not name.startswith("plan"):
             c.section_took.append(took)
+        if record is not None:
+            record(argv)
         return cmd
 
     c.sh = simulated
