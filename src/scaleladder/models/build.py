@@ -13,7 +13,7 @@ Traps handled here (see ``shared/anchors.md``):
   with a 1-element parameter: the same value, broadcast identically.
 * The codebook encoder is a fixed tokenizer for the MIM targets, so it is frozen
   (no gradients, no optimizer state) and kept in eval mode.
-* ``flava_impl="sdpa"`` (the default, models/flava_impl.py) switches FLAVA's layers to fused
+* ``flava_impl="sdpa"`` (what a rung builds by default, models/flava_impl.py) switches FLAVA's layers to fused
   attention and its losses to sync-free ones after the package has built them: same modules,
   same parameters, a different ``forward`` (models/flava_attention.py, flava_norm.py,
   flava_losses.py). ``"torchmultimodal"`` keeps the package's own.
@@ -28,8 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from scaleladder.models.flava_impl import DEFAULT as DEFAULT_FLAVA_IMPL
-from scaleladder.models.flava_impl import SDPA, parse_flava_impl
+from scaleladder.models.flava_impl import SDPA, TORCHMULTIMODAL, parse_flava_impl
 from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
 
@@ -66,7 +65,7 @@ class ViTClassifier(TrainModule):
 
 
 class FLAVAPretrainer(TrainModule):
-    def __init__(self, flavor: Flavor, codebook_weights: str | Path | None = None, flava_impl: str = DEFAULT_FLAVA_IMPL) -> None:
+    def __init__(self, flavor: Flavor, codebook_weights: str | Path | None = None, flava_impl: str = TORCHMULTIMODAL) -> None:
         super().__init__()
         from torchmultimodal.models.flava.model import DalleVAEEncoder, FLAVAForPreTraining, flava_model
         from torchmultimodal.models.flava.model import DalleEncoder
@@ -159,9 +158,12 @@ def read_codebook_state(codebook: nn.Module, path: Path) -> dict[str, Tensor]:
 
 
 def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_weights: str | Path | None = None,
-                flava_impl: str = DEFAULT_FLAVA_IMPL) -> TrainModule:
+                flava_impl: str = TORCHMULTIMODAL) -> TrainModule:
     """Build ``flavor`` on ``device``. ``device="meta"`` allocates nothing (for counting).
-    ``flava_impl`` (models/flava_impl.py) is ignored for ViT."""
+
+    ``flava_impl`` (models/flava_impl.py) is ignored for ViT. Its default here is the package's
+    own FLAVA, which the planner models and the ladder's wrapper tests count gathers of; a rung
+    builds what ``scaleladder run --flava-impl`` says (default ``sdpa``, flava_impl.DEFAULT)."""
     with torch.device(device):
         if flavor.family == "vit":
             if codebook_weights is not None:
