@@ -116,6 +116,24 @@ def test_calibration_reproduces_its_own_rung() -> None:
     assert st.step_time_s == pytest.approx(48.8e-3, rel=0.005) and st.bound == "gpu"
 
 
+def test_wide_debug_flavor_is_communication_bound_on_the_ci_cluster() -> None:
+    """vit-debug-wide exists for 4(b): with the CI cluster's measured links and the calibration
+    solved from its one-rank rung (which it gives back), the 2-node rungs must be predicted to
+    spend at least 30% of the step communicating, or part (b) tests nothing."""
+    from scaleladder.planner.rates import read_calibration
+    from scaleladder.profiles import load_profile
+
+    cal = read_calibration(REPO / "src/scaleladder/planner/calibration/cpu_wide.json")
+    check_calibration(cal, "cpu", "2.14.1", "cpu_wide.json")
+    r = rates("cpu", "fp32", cal, "cpu_wide.json")
+    one = predict_step(RunSpec.from_path("vit-debug-wide/single/fp32/pre-lag/n1/b1"), 1, 1, 1, r)
+    assert one.step_time_s * 1e3 == pytest.approx(float(cal["compute"]["fp32"]["from"].split(": ")[1].split()[0]), rel=0.005)
+    site = site_from_config(load_profile("slurm-localhost", REPO).config, "slurm-localhost")
+    for s in ("ddp", "fsdp-full", "fsdp-hybrid2"):
+        st = predict_step(RunSpec.from_path(f"vit-debug-wide/{s}/fp32/pre-lag/n2/b1"), 4, 2, 1, r, site)
+        assert st.comm_s >= 0.3 * st.step_time_s, s
+
+
 def test_datasheet_matches_the_runner_peaks() -> None:
     pytest.importorskip("torch")
     from scaleladder.rung.devices import PEAKS
