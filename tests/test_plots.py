@@ -105,7 +105,7 @@ def test_report_html_and_markdown(seed_ladder: tuple[Path, list[Path]]) -> None:
     assert h.count("<tr class='oom'>") == 8  # 6 oom + 2 predicted-oom rungs, all in the table
     assert "max = 60" in m  # a max-batch rung shows the batch it settled on
     rows = {w["model"]: w for w in report.winners(read_ladder(str(ladder))[0])}
-    assert rows["flava-10b"]["fastest"].startswith("FSDP FULL_SHARD + AC")
+    assert rows["flava-10b"]["fastest at the fixed batch"].startswith("FSDP FULL_SHARD + AC: 700.0 items/s at batch 8")
     assert "DDP" in rows["flava-10b"]["out of memory"]
     assert cli(["report", "--ladder", str(ladder), "--plots", "x"]) == 2  # no output asked for
 
@@ -159,16 +159,17 @@ def test_throughput_bars_and_scaling_lines_carry_their_intervals(tmp_path: Path)
 def test_the_report_flags_a_fastest_claim_within_noise(tmp_path: Path) -> None:
     rungs = _ci_ladder(tmp_path / "a", (104.0, 96.0, 112.0), (100.0, 92.0, 108.0))
     (row, _) = report.winners(rungs)
-    assert row["fastest"].startswith("HYBRID 1 GPU") and "HYBRID 1 GPU vs FSDP NO_SHARD: not distinguishable at this noise" in row["fastest"]
+    fastest = row["fastest at the fixed batch"]
+    assert fastest.startswith("HYBRID 1 GPU") and "HYBRID 1 GPU vs FSDP NO_SHARD: not distinguishable at this noise" in fastest
     assert report.within_noise(rungs)[0] == ("vit-debug, 1 node(s), batch 4, fp32, pre-lag: "
                                              "HYBRID 1 GPU vs FSDP NO_SHARD: not distinguishable at this noise")
     md = report.render_markdown(rungs, {}, "plots", figures=())
     assert "## Differences within noise" in md and "| [96.00, 112.0] |" in md
     apart = _ci_ladder(tmp_path / "b", (130.0, 125.0, 135.0), (100.0, 95.0, 105.0))
-    assert "noise" not in report.winners(apart)[0]["fastest"] and report.within_noise(apart) == []
+    assert "noise" not in report.winners(apart)[0]["fastest at the fixed batch"] and report.within_noise(apart) == []
     bare = [write_rung(tmp_path / "c", f"vit-debug/{s}/fp32/pre-lag/n1/b4", items_per_s=v) for s, v in (("ddp", 537.3), ("fsdp-full", 439.1))]
     (row,) = report.winners(read_ladder(str(_ladder(tmp_path / "c", bare)))[0])
-    assert "DDP vs FSDP FULL_SHARD: no interval to tell them apart" in row["fastest"]  # 4 measured steps: no interval
+    assert "DDP vs FSDP FULL_SHARD: no interval to tell them apart" in row["fastest at the fixed batch"]  # 4 measured steps
 
 
 def test_a_rung_with_repeats_shows_each_run_beside_its_interval(tmp_path: Path) -> None:
@@ -191,4 +192,52 @@ def test_a_rung_with_repeats_shows_each_run_beside_its_interval(tmp_path: Path) 
     assert sorted(dots.get_offsets()[:, 1]) == [439.1, 480.0, 537.3]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "one run (repeats)" in labels and "95% interval (docs/metrics.md)" in labels  # t(2) over the runs
+    plt.close("all")
+
+
+# -- issue 29: every generation in the figures, labels that can be read ----------------------
+
+
+def test_fsdp2_and_compiled_rungs_are_in_the_throughput_and_max_batch_figures(tmp_path: Path) -> None:
+    from scaleladder.figures.max_batch import fig_max_batch
+
+    specs = {"vit-debug/ddp/fp32/pre-lag/n1/b4": 500.0, "vit-debug/fsdp-full/fp32/pre-lag/n1/b4": 400.0,
+             "vit-debug/fsdp-full/fp32/post-nolag/n1/b4": 390.0,  # another FSDP1 knob: not this figure's
+             "vit-debug/fsdp2-full/fp32/pf0/n1/b4": 410.0, "vit-debug/fsdp2-full/fp32/pf1/n1/b4": 420.0,
+             "vit-debug/fsdp2-full-compile/fp32/pf0/n1/b4": 450.0, "vit-debug/fsdp2-full-ac/fp32/pf0/n1/bmax": 300.0}
+    files = [write_rung(tmp_path, s, items_per_s=v, **({"max_batch": 4, "batch": "4"} if s.endswith("bmax") else {}))
+             for s, v in specs.items()]
+    rungs = read_ladder(str(_ladder(tmp_path, files)))[0]
+    fig = fig_throughput_by_model(rungs, Palette(rungs))
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"DDP", "FSDP FULL_SHARD", "FSDP2 FULL_SHARD", "FSDP2 FULL_SHARD + compile", "FSDP2 FULL_SHARD + AC"} <= set(legend)
+    heights = sorted(round(p.get_height(), 1) for p in fig.axes[0].patches)
+    assert heights == [400.0, 410.0, 450.0, 500.0]  # FSDP1 at pre-lag, FSDP2 at pf0: one knob setting per generation
+    assert [round(p.get_height()) for p in fig.axes[1].patches] == [300]
+    fig = fig_max_batch(rungs, Palette(rungs))
+    assert [round(p.get_height()) for p in fig.axes[0].patches] == [4]
+    plt.close("all")
+
+
+@pytest.mark.parametrize("strategies", [
+    # the local profile's FSDP rungs at batch 4 (profiles/local/site.yaml): issue 29 saw their names overlap
+    ["fsdp-full", "fsdp-grad-op", "fsdp-full-ac", "fsdp2-full", "fsdp2-full-ac", "fsdp-full-ac-reentrant",
+     "fsdp2-full-compile"],
+    ["fsdp-no-shard", "fsdp-grad-op", "fsdp-full", "fsdp-hybrid1", "fsdp-hybrid2", "fsdp-full-ac", "fsdp-full-ac-reentrant",
+     "fsdp2-grad-op", "fsdp2-full", "fsdp2-full-ac", "fsdp2-hybrid2-ac", "fsdp2-full-ac-compile"],
+])
+def test_fsdp_knobs_axis_labels_do_not_overlap(tmp_path: Path, strategies: list[str]) -> None:
+    from scaleladder.figures.fsdp_knobs import fig_fsdp_knobs
+
+    files = [write_rung(tmp_path, f"vit-debug/{s}/fp32/{k}/n1/b4", items_per_s=100.0 + i)
+             for i, s in enumerate(strategies) for k in (("pf0", "pf1") if s.startswith("fsdp2") else ("pre-lag", "post-nolag"))]
+    rungs = read_ladder(str(_ladder(tmp_path, files)))[0]
+    fig = fig_fsdp_knobs(rungs, Palette(rungs))
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(boxes) == len(strategies)
+    for a, b in zip(boxes, boxes[1:]):
+        assert a.x1 <= b.x0 or not a.overlaps(b), (a, b)
+    fig_box = fig.bbox
+    assert all(fig_box.x0 <= b.x0 and b.x1 <= fig_box.x1 for b in boxes)  # inside the figure, not cut off
     plt.close("all")

@@ -38,7 +38,7 @@ from scaleladder.planner.memory import (
     predict,
     resolve_device,
 )
-from scaleladder.planner.fits import TABLE_STRATEGIES, FitsCell, fits_table
+from scaleladder.planner.fits import TABLE_STRATEGIES, FitsCell, fits_table, seed_differences
 from scaleladder.planner.static import static_bytes_per_rank
 from scaleladder.spec import (
     DEFAULT_KNOBS,
@@ -131,7 +131,14 @@ def _print_prediction(p: Prediction) -> None:
     print(f"  max local batch: {mb}")
 
 
-def _print_table(cells: list[FitsCell], title: str, steps: list[str] | None = None) -> None:
+SEED_DOCS = "docs/planner.md, \"Seed claims, recomputed\""
+
+
+def _print_table(cells: list[FitsCell], title: str, steps: list[str] | None = None,
+                 differ: dict[tuple[str, str], str] | None = None) -> None:
+    """The table, every number in it a prediction (said in its title and last line); a cell
+    where a seed claimed otherwise ends in '*', and each is named under it with where to read why."""
+    differ = differ or {}
     strategies = list(dict.fromkeys(c.strategy for c in cells))
     models = list(dict.fromkeys(c.model for c in cells))
     print(title)
@@ -143,10 +150,17 @@ def _print_table(cells: list[FitsCell], title: str, steps: list[str] | None = No
         for s in strategies:
             c = by[(m, s)]
             cell = "n/a" if c.fits is None else ("-" if not c.fits else (f"max {c.max_batch}" if c.max_batch else "fits"))
+            cell += "*" if (m, s) in differ else ""
             row.append(cell + (f" {step[(m, s)]}" if step[(m, s)] and c.fits else ""))
         print(f"{m:12s} " + " ".join(f"{x:>14s}" for x in row))
     print("cells: 'max N' = fits, largest local batch N; '-' = predicted OOM; n/a = strategy impossible on this world"
           + ("; then the predicted step time at that batch (scaleladder plan --spec ... for its parts)" if steps else ""))
+    print("every cell is the planner's prediction, not a measurement (docs/planner.md; measured against it: "
+          "scaleladder plan --vs-measured)")
+    if differ:
+        print(f"* differs from a seed's claim; {SEED_DOCS} says why:")
+        for (m, s), why in differ.items():
+            print(f"  {m} {s}: {why}")
 
 
 def _vs_measured(args: argparse.Namespace, device: Device) -> int:
@@ -235,7 +249,8 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([{**c.__dict__, **f} for c, f in zip(cells, steps)], indent=1))
         elif args.fits_table or chart is None:
-            _print_table(cells, f"what fits on {what}", [cell_step(f) for f in steps])
+            _print_table(cells, f"what fits on {what} (predicted)", [cell_step(f) for f in steps],
+                         seed_differences(cells, device, nodes * gpus, precision, batch))
         return 0
     if not args.spec:
         raise SpecError("give --spec (or --fits-table / --fits-chart / --vs-measured / --time-chart)")

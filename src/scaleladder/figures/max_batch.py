@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from scaleladder.figures.bars import families, grouped_bars, strategy_legend
-from scaleladder.figures.rungs import RungAttrs, family, is_max, model_order, num, reference, select
+from scaleladder.figures.rungs import RungAttrs, at_reference, family, is_max, model_order, num
 from scaleladder.figures.style import Palette, held_fixed, max_batch_label, note, strategy_sort_key
 from scaleladder.results.record import MaxBatch, Record, Spec
 
@@ -18,8 +18,7 @@ def fig_max_batch(rungs: list[RungAttrs], palette: Palette) -> Figure:
     for row, fam in enumerate(fams):
         ax = axes[row][0]
         rs_fam = [r for r in rungs if family(r[Spec.model]) == fam and is_max(r)]
-        ref = reference(rs_fam) if rs_fam else {}
-        rs = select(rs_fam, **ref) if rs_fam else []
+        rs = at_reference(rs_fam)
         held = held_fixed(rs, (Spec.precision, Spec.nodes))
         ax.set_title(f"{fam.upper()}: largest local batch that trains" + (f"  ({held})" if held else ""), fontsize=10)
         if not rs:

@@ -23,12 +23,13 @@ from scaleladder import markdown as md
 from scaleladder.files import atomic_write_text
 from scaleladder.results.aggregate import read_ladder
 from scaleladder.figures.plots import FIGURES
-from scaleladder.figures.rungs import RungAttrs, interval, is_ok, is_oom, model_order, num
-from scaleladder.results.record import (Build, Compile, Corrupt, FailedAttempt, Ladder, Loader, MaxBatch, Memory, Oom, Placement, Provenance,
+from scaleladder.figures.rungs import (RungAttrs, batch_of, fixed_batch, interval, is_max, is_ok, is_oom, memory_measured,
+                                      model_order, num, on_cpu)
+from scaleladder.results.record import (Build, Compile, Corrupt, FailedAttempt, Interval, Ladder, Loader, MaxBatch, Memory, Oom, Placement, Provenance,
                                         Read, Record, Repeats, Spec, Startup, Throughput)
 from scaleladder.results.record import Host
 from scaleladder.results.stats import overlap
-from scaleladder.figures.style import knobs_label, strategy_label
+from scaleladder.figures.style import knobs_label, max_batch_label, strategy_label
 
 TITLES = {
     "throughput_by_model": "Throughput per model size and strategy (fixed batch and max batch)",
@@ -118,13 +119,22 @@ def placement_cell(r: RungAttrs) -> str:
     return "; ".join(parts) + master
 
 
+MEMORY_COLUMNS = (Memory.peak_reserved_gib, Memory.peak_active_gib, Memory.alloc_retries)
+
+
 def _cell(r: RungAttrs, key: str) -> str:
     if key == Placement.rank_placement:
         return placement_cell(r)
     if key == CI_COLUMN:
         ci = interval(r)
         reps = f" ({r[Repeats.repeats]} runs)" if num(r.get(Repeats.repeats)) and r[Repeats.repeats] > 1 else ""
-        return f"[{_fmt(Throughput.items_per_s, ci[0])}, {_fmt(Throughput.items_per_s, ci[1])}]{reps}" if ci else "-"
+        if not ci:
+            return "-"
+        # a step-time interval reaching 0 bounds the rate from below only (results/stats.py)
+        hi = f"no upper bound ({r.get(Interval.ci_steps, '?')} steps)" if math.isinf(ci[1]) else _fmt(Throughput.items_per_s, ci[1])
+        return f"[{_fmt(Throughput.items_per_s, ci[0])}, {hi}]{reps}"
+    if key in MEMORY_COLUMNS and not memory_measured(r):
+        return "-"  # a CPU rung records 0 bytes: no allocator statistics, not an empty device
     if key == Spec.batch and str(r.get(Read.spec_batch)) == "max":
         return f"max = {r.get(MaxBatch.max_batch, r.get(Spec.batch, '?'))}"
     if key == Record.status and r.get(Record.status) != "ok":
@@ -165,11 +175,30 @@ INPUT_NOTE = ("These rungs trained on shards (--data) and their steps waited for
               "model. More loader workers per rank, or --decode gpu, in the site profile's loader block (docs/data.md).")
 
 
+def _loader_could_help(r: RungAttrs) -> bool:
+    """False for a CPU rung with no loader workers: its ranks decode their own batches on the
+    cores they train on, so the wait is the decode itself and the advice (more workers, GPU
+    decode) has no spare cores or GPU to use. Issue 29: 20 such rungs buried the report."""
+    return not on_cpu(r) or bool(num(r.get(Loader.loader_workers)))
+
+
+def input_note(rungs: list[RungAttrs]) -> str:
+    """The advice above the input-bound lines, only where some rung could take it."""
+    return INPUT_NOTE if any(_loader_could_help(r) for r in rungs if bool(r.get(Loader.input_bound, False))) else ""
+
+
 def input_bound(rungs: list[RungAttrs]) -> list[str]:
-    """The rungs whose record says ``input_bound`` (loader wait > 3% of the timed step time), one line each."""
+    """The rungs whose record says ``input_bound`` (loader wait > 3% of the timed step time), one
+    line each where a loader could have helped; the CPU rungs with no workers in one line."""
+    bound = [r for r in _sorted_rungs(rungs) if is_ok(r) and bool(r.get(Loader.input_bound, False))]
     lines = []
-    for r in _sorted_rungs(rungs):
-        if not is_ok(r) or not bool(r.get(Loader.input_bound, False)):
+    if cpu := [r for r in bound if not _loader_could_help(r)]:
+        waits = [100 * w for r in cpu if (w := num(r.get(Loader.loader_wait_fraction))) is not None]
+        span = f" ({min(waits):.0f}-{max(waits):.0f}% of their step time)" if waits else ""
+        lines.append(f"{len(cpu)} rung(s) ran on the CPU with no loader workers and waited for batches{span}: expected "
+                     "there, since each rank decodes its own batches on the cores it trains on; not listed one by one.")
+    for r in bound:
+        if not _loader_could_help(r):
             continue
         rate = r.get(Loader.loader_samples_per_s)
         lines.append(f"{r.get(Spec.spec, r.get(Spec.model))}: waited {100 * float(r.get(Loader.loader_wait_fraction, math.nan)):.1f}% of "
@@ -178,9 +207,52 @@ def input_bound(rungs: list[RungAttrs]) -> list[str]:
     return lines
 
 
+WINNERS_NOTE = ("Per model and node count: the fastest strategy at the fixed local batch the ladder compares them at, "
+                "and the fastest at its own max batch (each rung's max-batch search), each with its peak reserved memory "
+                "per GPU (what decides an out-of-memory); the largest batch any strategy reached. '-' for memory: not "
+                "measured (a CPU keeps no allocator peaks).")
+
+
+def memory_cell(r: RungAttrs | None) -> str:
+    """A rung's peak reserved memory per GPU, or '-' where there is none to show: no rung, a
+    CPU rung (it records 0 bytes: no allocator statistics), an OOM."""
+    x = num(r.get(Memory.peak_reserved_gib)) if r is not None and memory_measured(r) else None
+    return "-" if x is None else f"{x:.1f} GiB"
+
+
+def _fastest(rs: list[RungAttrs], batch: str) -> str:
+    """"DDP: 350.6 items/s at batch 4 (knobs)" for the fastest of ``rs``, with the noise caveat
+    against the best other strategy; '-' when none trained. ``batch`` says which batch."""
+    fastest = max(rs, key=lambda r: r[Throughput.items_per_s], default=None)
+    if fastest is None:
+        return "-"
+    others = [r for r in rs if r[Spec.strategy] != fastest[Spec.strategy]]
+    runner_up = max(others, key=lambda r: r[Throughput.items_per_s], default=None)
+    caveat = distinguishable(fastest, runner_up) if runner_up else ""
+    knobs = str(fastest.get(Spec.knobs))
+    extra = "" if knobs in ("pre-lag", "pf0") else f" ({knobs_label(knobs)})"  # each generation's default knobs go unsaid
+    return (f"{strategy_label(fastest[Spec.strategy])}{extra}: {_fmt(Throughput.items_per_s, fastest[Throughput.items_per_s])} "
+            f"items/s at batch {batch or max_batch_label(fastest)}" + (f"; {caveat}" if caveat else ""))
+
+
+def _largest(rs: list[RungAttrs]) -> str:
+    """The largest max batch of ``rs``'s searches, and every strategy that reached it (on a CPU
+    all of them stop at the search cap: a tie, not a winner)."""
+    found = [r for r in rs if is_max(r) and r.get(Record.status) == "ok" and num(r.get(MaxBatch.max_batch))]
+    top = max((num(r.get(MaxBatch.max_batch)) or 0 for r in found), default=None)
+    if top is None:
+        return "-"
+    tied = [r for r in found if num(r.get(MaxBatch.max_batch)) == top]
+    capped = any(r.get(MaxBatch.maxbatch_capped) for r in tied)
+    names = ", ".join(sorted({strategy_label(r[Spec.strategy]) for r in tied}))
+    return f"{int(top)}{' (the search cap: a lower bound)' if capped else ''}: {names}"
+
+
 def winners(rungs: list[RungAttrs]) -> list[dict[str, str]]:
-    """Per model and node count: the fastest measured strategy, and the one that fits the
-    largest batch; plus which strategies ran out of memory."""
+    """The report's first table: per model and node count, the fastest strategy at the fixed
+    batch and the fastest at its max batch, never mixed (issue 29: a max-batch rung's rate was
+    shown with the fixed batch), each with its peak memory per GPU; the largest batch; which
+    strategies ran out of memory."""
     groups: dict[tuple[str, int], list[RungAttrs]] = defaultdict(list)
     for r in rungs:
         groups[(r[Spec.model], int(r.get(Spec.nodes, 1)))].append(r)
@@ -188,24 +260,20 @@ def winners(rungs: list[RungAttrs]) -> list[dict[str, str]]:
     order = model_order(rungs)
     for model, nodes in sorted(groups, key=lambda k: (order.index(k[0]), k[1])):
         rs = groups[(model, nodes)]
-        ok = [r for r in rs if is_ok(r)]
-        fastest = max(ok, key=lambda r: r[Throughput.items_per_s], default=None)
-        # the claim "fastest" holds only if it is apart from the best other strategy
-        others = [r for r in ok if fastest and r[Spec.strategy] != fastest[Spec.strategy]]
-        runner_up = max(others, key=lambda r: r[Throughput.items_per_s], default=None)
-        caveat = distinguishable(fastest, runner_up) if fastest and runner_up else ""
-        maxb = [r for r in rs if r.get(Record.status) == "ok" and num(r.get(MaxBatch.max_batch))]
-        biggest = max(maxb, key=lambda r: num(r.get(MaxBatch.max_batch)) or 0, default=None)
-        oom = sorted({strategy_label(r[Spec.strategy]) for r in rs if is_oom(r)})
+        b = fixed_batch(rs)
+        at_b = [r for r in rs if is_ok(r) and batch_of(r) == b]
+        at_max = [r for r in rs if is_ok(r) and is_max(r)]
+        best_b = max(at_b, key=lambda r: r[Throughput.items_per_s], default=None)
+        best_max = max(at_max, key=lambda r: r[Throughput.items_per_s], default=None)
         rows.append({
             "model": model,
             "nodes": str(nodes),
-            "fastest": (f"{strategy_label(fastest[Spec.strategy])} ({_fmt(Throughput.items_per_s, fastest[Throughput.items_per_s])} items/s, "
-                        f"batch {fastest.get(MaxBatch.max_batch, fastest.get(Spec.batch))}, {fastest.get(Spec.knobs)})"
-                        + (f"; {caveat}" if caveat else "")) if fastest else "-",
-            "largest batch": (f"{strategy_label(biggest[Spec.strategy])} ({int(num(biggest[MaxBatch.max_batch]) or 0)}"
-                              f"{', the search cap' if biggest.get(MaxBatch.maxbatch_capped) else ''})" if biggest else "-"),
-            "out of memory": ", ".join(oom) or "-",
+            "fastest at the fixed batch": _fastest(at_b, str(b)) if b is not None else "-",
+            "its peak memory per GPU": memory_cell(best_b),
+            "fastest at its max batch": _fastest(at_max, ""),
+            "its peak memory per GPU (max batch)": memory_cell(best_max),
+            "largest batch": _largest(rs),
+            "out of memory": ", ".join(sorted({strategy_label(r[Spec.strategy]) for r in rs if is_oom(r)})) or "-",
         })
     return rows
 
@@ -283,7 +351,7 @@ def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str,
     out += md.table(None, _summary(rungs, root)) + [""]
     if bad := corrupt(rungs):
         out += ["## Corrupt rung files", "", CORRUPT_NOTE, ""] + [f"- {line}" for line in bad] + [""]
-    out += ["## Which strategy for which model", ""]
+    out += ["## Which strategy for which model", "", WINNERS_NOTE, ""]
     w = winners(rungs)
     if w:
         out += md.dict_table(w)
@@ -292,7 +360,7 @@ def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str,
     if noise:
         out += ["## Differences within noise", "", NOISE_NOTE, ""] + [f"- {line}" for line in noise] + [""]
     if slow := input_bound(rungs):
-        out += ["## Input-bound rungs", "", INPUT_NOTE, ""] + [f"- {line}" for line in slow] + [""]
+        out += ["## Input-bound rungs", "", *([input_note(rungs), ""] if input_note(rungs) else [])] + [f"- {line}" for line in slow] + [""]
     if busy := host_bound(rungs):
         out += ["## Host-bound rungs", "", HOST_NOTE, ""] + [f"- {line}" for line in busy] + [""]
     for name in figures:
@@ -318,7 +386,7 @@ def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, fig
         parts.append(f"<h2>Corrupt rung files</h2><p>{e(CORRUPT_NOTE)}</p><ul>")
         parts += [f"<li>{e(line)}</li>" for line in bad]
         parts.append("</ul>")
-    parts.append("<h2>Which strategy for which model</h2>")
+    parts.append(f"<h2>Which strategy for which model</h2><p>{e(WINNERS_NOTE)}</p>")
     w = winners(rungs)
     if w:
         keys = list(w[0])
@@ -331,7 +399,7 @@ def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, fig
         parts += [f"<li>{e(line)}</li>" for line in noise]
         parts.append("</ul>")
     if slow := input_bound(rungs):
-        parts.append(f"<h2>Input-bound rungs</h2><p>{e(INPUT_NOTE)}</p><ul>")
+        parts.append(f"<h2>Input-bound rungs</h2><p>{e(input_note(rungs))}</p><ul>")
         parts += [f"<li>{e(line)}</li>" for line in slow]
         parts.append("</ul>")
     if busy := host_bound(rungs):

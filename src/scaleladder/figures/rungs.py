@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from scaleladder.models.flavors import FLAVORS
-from scaleladder.results.record import OOM_STATUSES, Build, Interval, Read, Record, Repeats, Spec, Throughput
+from scaleladder.results.record import OOM_STATUSES, Build, Interval, Placement, Read, Record, Repeats, Spec, Throughput
 
 RungAttrs = dict[str, Any]  # one rung of read_ladder: its record's attributes
 
@@ -40,6 +40,18 @@ def repeat_values(r: RungAttrs) -> list[float]:
     """Each run's throughput of a rung run with ``repeats`` (empty for a single run)."""
     reps = r.get(Repeats.items_per_s_repeats)
     return [x for v in reps if (x := num(v)) is not None] if isinstance(reps, list) else []
+
+
+def on_cpu(r: RungAttrs) -> bool:
+    """Ran on the CPU: ``gpus_per_node`` is 0 there (older records without it name a ``cpu (...)`` device)."""
+    gpus = num(r.get(Placement.gpus_per_node))
+    return gpus == 0 if gpus is not None else str(r.get(Placement.device_name, "")).startswith("cpu")
+
+
+def memory_measured(r: RungAttrs) -> bool:
+    """Whether the rung's allocator peaks mean anything: not on a CPU, whose rungs record 0
+    bytes (torch.cuda's allocator statistics are all there is), which is no measurement."""
+    return not on_cpu(r)
 
 
 def is_ok(r: RungAttrs) -> bool:
@@ -82,6 +94,13 @@ def batch_of(r: RungAttrs) -> int | None:
     return int(b) if b.isdigit() else None
 
 
+def fixed_batch(rungs: Iterable[RungAttrs]) -> int | None:
+    """The fixed local batch a figure or table compares strategies at: 8 when the ladder has
+    it (the FLAVA seed's Figure 1), else the smallest it has; None without fixed-batch rungs."""
+    batches = sorted({b for r in rungs if (b := batch_of(r)) is not None})
+    return 8 if 8 in batches else (batches[0] if batches else None)
+
+
 def select(rungs: list[RungAttrs], **fixed: Any) -> list[RungAttrs]:
     """The rungs whose attributes equal ``fixed``, compared as text so that 8 and "8" match."""
     return [r for r in rungs if all(str(r.get(k)) == str(v) for k, v in fixed.items())]
@@ -104,3 +123,24 @@ def reference(rungs: list[RungAttrs]) -> dict[str, Any]:
         Spec.knobs: _most_common((r.get(Spec.knobs) for r in rungs), prefer="pre-lag"),
         Spec.nodes: min((int(r.get(Spec.nodes, 1)) for r in rungs), default=1),
     }
+
+
+def is_fsdp2(r: RungAttrs) -> bool:
+    return str(r.get(Spec.strategy, "")).startswith("fsdp2")
+
+
+def at_reference(rungs: list[RungAttrs], keys: tuple[str, ...] = (Spec.precision, Spec.knobs, Spec.nodes)) -> list[RungAttrs]:
+    """The rungs at the :func:`reference` values of ``keys``.
+
+    TRAP: the knobs are referenced per FSDP generation. FSDP2 rungs take ``pf0..pf2`` and
+    every other rung FSDP1's ``pre-lag``-style knobs, so one knobs value for all would drop
+    a whole generation (FSDP2 and its compiled rungs) from the figure (issue 29)."""
+    ref = reference(rungs)
+    ref[Spec.knobs] = _most_common((r.get(Spec.knobs) for r in rungs if not is_fsdp2(r)), prefer="pre-lag")
+    knobs2 = _most_common((r.get(Spec.knobs) for r in rungs if is_fsdp2(r)), prefer="pf0")
+    out = []
+    for r in rungs:
+        want = {k: (knobs2 if k == Spec.knobs and is_fsdp2(r) else ref[k]) for k in keys}
+        if all(str(r.get(k)) == str(v) for k, v in want.items()):
+            out.append(r)
+    return out

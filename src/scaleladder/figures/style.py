@@ -60,15 +60,24 @@ def strategy_label(s: str) -> str:
     return text + ac + (" + compile" if st.compile else "")
 
 
+def stacked_label(text: str) -> str:
+    """A strategy's name in short lines, for a tick: "FSDP2 FULL_SHARD + AC + compile" becomes
+    FSDP2 / FULL_SHARD / + AC / + compile, so that the widest line is one word (SHARD_GRAD_OP)."""
+    head, *tail = text.split(" + ")
+    if len(head) > 10 and " " in head:
+        head = head.replace(" ", "\n", 1)
+    return "\n".join([head, *(f"+ {t}" for t in tail)])
+
+
+#: Inches a tick's slot needs for a :func:`stacked_label` at 9 pt (SHARD_GRAD_OP, with a gap).
+LABEL_SLOT_IN = 1.3
+
+
 def axis_labels(ax: Axes, labels: list[str], fontsize: float = 9) -> None:
-    """Strategy names under an axis's ticks, readable however many there are (issue 29: they
-    overlapped): each " + " part on its own line, and tilted when a row of them would still
-    be too crowded (more than 8 ticks)."""
+    """Strategy names under an axis's ticks in short lines (issue 29: one line each, they
+    overlapped); the figure must give each :data:`LABEL_SLOT_IN` inches."""
     ax.set_xticks(range(len(labels)))
-    crowded = len(labels) > 8
-    ax.set_xticklabels([t.replace(" + ", "\n+ ") for t in labels], fontsize=fontsize if not crowded else fontsize - 1,
-                       rotation=30 if crowded else 0, ha="right" if crowded else "center",
-                       rotation_mode="anchor" if crowded else "default", linespacing=1.0)
+    ax.set_xticklabels([stacked_label(t) for t in labels], fontsize=fontsize, linespacing=1.1)
 
 
 def knobs_label(k: str) -> str:

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from scaleladder.figures.bars import families, grouped_bars, strategy_legend
-from scaleladder.figures.rungs import RungAttrs, batch_of, family, interval, is_max, model_order, num, reference, select
+from scaleladder.figures.rungs import RungAttrs, at_reference, batch_of, family, fixed_batch, interval, is_max, model_order, num
 from scaleladder.figures.style import Palette, held_fixed, max_batch_label, note, throughput_label
 from scaleladder.results.record import MaxBatch, Spec, Throughput
 
@@ -18,10 +18,8 @@ def fig_throughput_by_model(rungs: list[RungAttrs], palette: Palette) -> Figure:
     shown: list[RungAttrs] = []
     for row, fam in enumerate(fams):
         rs_fam = [r for r in rungs if family(r[Spec.model]) == fam]
-        ref = reference(rs_fam)
-        rs_fam = select(rs_fam, precision=ref[Spec.precision], knobs=ref[Spec.knobs], nodes=ref[Spec.nodes])
-        fixed_batches = sorted({b for r in rs_fam if (b := batch_of(r)) is not None})
-        b_ref = 8 if 8 in fixed_batches else (fixed_batches[0] if fixed_batches else None)
+        rs_fam = at_reference(rs_fam)  # FSDP2 (and compiled) rungs at their own knobs, beside FSDP1's
+        b_ref = fixed_batch(rs_fam)
         models = model_order(rs_fam)
         strategies = [s for s in palette.order if any(r[Spec.strategy] == s for r in rs_fam)]
         panels = [

@@ -10,20 +10,19 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from scaleladder.figures.rungs import (RungAttrs, batch_of, family, interval, is_fixed, is_ok, is_oom,
-                                       model_order, num, reference, select)
+                                       at_reference, model_order, num)
 from scaleladder.figures.style import Palette, held_fixed, note, oom_handles, oom_style, strategy_label, throughput_label
 from scaleladder.results.record import Memory, Spec, Throughput
 
 
 def fig_weak_scaling(rungs: list[RungAttrs], palette: Palette) -> Figure:
     fixed = [r for r in rungs if is_fixed(r)]
-    ref = reference(fixed) if fixed else {}
     # The batch the scaling study uses: the fixed batch with the most node counts.
     by_batch: dict[int | None, set[int]] = defaultdict(set)
     for r in fixed:
         by_batch[batch_of(r)].add(int(r.get(Spec.nodes, 1)))
     batch = max(by_batch, key=lambda b: (len(by_batch[b]), b or 0)) if by_batch else None
-    rs = [r for r in select(fixed, precision=ref.get(Spec.precision), knobs=ref.get(Spec.knobs)) if batch_of(r) == batch]
+    rs = [r for r in at_reference(fixed, (Spec.precision, Spec.knobs)) if batch_of(r) == batch]
     models = model_order(rs)
     fig, axes = plt.subplots(max(1, len(models)), 2, figsize=(12, 3.4 * max(1, len(models)) + 1), squeeze=False)
     if not rs:
