@@ -52,6 +52,9 @@ PREFETCH = ["fsdp2-full:pf2", "fsdp2-full-ac:pf1"]
 # through the unit. FLAVA is the case that matters: its encoders run twice per step, and the
 # other nesting recomputes one pass on freed parameters (rung/ladder.py wrap_fsdp).
 REENTRANT = ["fsdp-full-ac-reentrant", "fsdp-grad-op-ac-reentrant", "fsdp-hybrid2-ac-reentrant"]
+# Selective AC (-sac, rung/sac.py) on each wrapper: the recompute of LayerNorm, GELU and softmax
+# around the kept matmul outputs must give the same losses as -ac and as no AC.
+SAC = ["ddp-sac", "fsdp-full-sac", "fsdp-hybrid2-sac", "fsdp2-full-sac"]
 BACKEND = {"vit-debug": "inductor", "flava-debug": "aot_eager"}
 STEPS = 4
 RTOL = 1e-5
@@ -59,7 +62,8 @@ COMPILE_RTOL = 1e-4
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(flavor: str, global_batch: int, strategies: tuple[str, ...] = ("single", "single-ac", "single-ac-reentrant", "single-compile")) -> dict[str, list[float]]:
+def _reference(flavor: str, global_batch: int, strategies: tuple[str, ...] = ("single", "single-ac", "single-ac-reentrant", "single-sac",
+                                                                             "single-compile")) -> dict[str, list[float]]:
     return _torchrun(1, flavor, global_batch, list(strategies))
 
 
@@ -95,9 +99,10 @@ def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_b
     assert not np.allclose(ref, ref[0]), "the loss never changed: the optimizer is not stepping"
     np.testing.assert_allclose(reference["single-ac"], ref, rtol=RTOL)
     np.testing.assert_allclose(reference["single-ac-reentrant"], ref, rtol=RTOL)
+    np.testing.assert_allclose(reference["single-sac"], ref, rtol=RTOL)
     np.testing.assert_allclose(reference["single-compile"], ref, rtol=COMPILE_RTOL)
-    got = _torchrun(2, flavor, global_batch, ALL + COMPILED + PREFETCH + REENTRANT + ["raw-hybrid1"])
-    assert set(got) == {*ALL, *COMPILED, *PREFETCH, *REENTRANT, "raw-hybrid1"}
+    got = _torchrun(2, flavor, global_batch, ALL + COMPILED + PREFETCH + REENTRANT + SAC + ["raw-hybrid1"])
+    assert set(got) == {*ALL, *COMPILED, *PREFETCH, *REENTRANT, *SAC, "raw-hybrid1"}
     _check(got, ref, f"{flavor} on 2 ranks:")
     # Why fsdp-hybrid1 runs as NO_SHARD: upstream HYBRID_SHARD with 1-rank shard groups never
     # synchronises gradients, so its loss leaves the reference after the first update.
