@@ -24,6 +24,20 @@ inductor's code generation, which costs 60-90 s per FLAVA variant on the 2-core 
 with a cold cache (its three encoders are three graphs per batch size); inductor's numerics
 are covered on ViT, and a FLAVA rung compiled with inductor ran once by hand (docs/strategies.md).
 
+FLAVA's two implementations (models/flava_impl.py): the ladder builds ``sdpa``, so every strategy
+above runs it and is held to the single process at RTOL. ``sdpa`` itself must reproduce
+TorchMultimodal's own FLAVA (``torchmultimodal``) over IMPL_STEPS = 20 steps of a single process
+within IMPL_RTOL = 1e-5, and every 2-rank strategy's losses must match the torchmultimodal
+reference within its own tolerance plus IMPL_RTOL. Why 1e-5: the two compute the same function in
+another order (SDPA's fused softmax against matmul, divide and softmax; a cross entropy over every
+token with ignore labels against one over the selected tokens; one batched pass per encoder
+against two), which moves each loss by about fp32's epsilon: measured at most 1.7e-7 relative over
+the 20 steps (2-core VM, 2026-11-27), so 1e-5 leaves a 60-fold margin, while a wrong mask, label
+or pass moves the loss by far more (an ITM negative's tokens left in the MMM losses: 4.6e-3 at the
+first step, planted by hand). Running 20 steps of EVERY strategy under
+both implementations would add about six minutes on the 2-core VM (0.8 s a strategy-step under
+load, measured); chaining the two checks costs one 1-rank launch of 40 steps.
+
 Cost, 2-core VM (2026-11-23): this file 184 s with a warm inductor cache (/tmp/torchinductor_$USER),
 about 250 s cold (the ViT tests 121 s instead of 59 s); the FSDP1-only file it grew from took 79 s.
 """
@@ -75,10 +89,14 @@ def _torchrun(nproc: int, flavor: str, global_batch: int, strategies: list[str])
     line = next(l for l in out.stdout.splitlines() if l.startswith("PARITY "))
     groups = next(l for l in out.stdout.splitlines() if l.startswith("GROUPS "))
     GROUPS[(nproc, flavor)] = json.loads(groups[len("GROUPS "):])
-    return json.loads(line[len("PARITY "):])
+    RUNS[(nproc, flavor, global_batch)] = json.loads(line[len("PARITY "):])
+    return RUNS[(nproc, flavor, global_batch)]
 
 
 GROUPS: dict[tuple[int, str], dict[str, list[int]]] = {}  # (ranks, flavor) -> hybrid strategy -> [replicas, shard size]
+RUNS: dict[tuple[int, str, int], dict[str, list[float]]] = {}  # (ranks, flavor, global batch) -> the last launch's losses
+IMPL_RTOL = 1e-5  # sdpa FLAVA against TorchMultimodal's own (module docstring)
+IMPL_STEPS = 20
 
 
 def _check(got: dict[str, list[float]], ref: np.ndarray, what: str) -> None:
@@ -110,6 +128,21 @@ def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_b
     # (FSDP2's fsdp2-hybrid1, a (world, 1) mesh, needs no workaround: it is in ALL above.)
     raw = np.array(got["raw-hybrid1"])
     assert raw[0] == pytest.approx(ref[0], rel=1e-5) and not np.allclose(raw[1:], ref[1:], rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_flava_implementations_agree_on_every_strategy() -> None:
+    impls = _torchrun(1, "flava-debug", 20, [f"single*{IMPL_STEPS}", f"single@torchmultimodal*{IMPL_STEPS}"])
+    original, fused = np.array(impls[f"single@torchmultimodal*{IMPL_STEPS}"]), np.array(impls[f"single*{IMPL_STEPS}"])
+    assert len(original) == IMPL_STEPS and not np.allclose(original, original[0])
+    np.testing.assert_allclose(fused, original, rtol=IMPL_RTOL, err_msg="sdpa FLAVA against TorchMultimodal's, single process")
+    # The 2-rank launch of the test above (run here if that test did not run in this session).
+    if (2, "flava-debug", 20) not in RUNS:
+        test_every_strategy_reproduces_the_single_process_loss("flava-debug", 20)
+    for s, losses in RUNS[(2, "flava-debug", 20)].items():
+        if s != "raw-hybrid1":
+            rtol = (COMPILE_RTOL if "-compile" in s else RTOL) + IMPL_RTOL
+            np.testing.assert_allclose(losses, original[:STEPS], rtol=rtol, err_msg=f"flava-debug on 2 ranks: {s} against TorchMultimodal")
 
 
 # 4 ranks on 2 cores are slow: ViT carries both generations and a compiled HSDP rung; FLAVA

@@ -8,6 +8,9 @@ from the same seed, so the only difference between runs is the wrapper.
 argv: flavor, global batch, steps, strategies (comma-separated), and the torch.compile
 backend of the -compile strategies (default inductor). Each strategy runs with its
 generation's default knobs (spec.default_knobs); ``name:knobs`` names others (pf2).
+A FLAVA strategy builds the default implementation (models/flava_impl.py) unless
+``name@impl`` names one (``single@torchmultimodal``), and runs the given steps unless
+``name*N`` gives its own (``single@torchmultimodal*20``); the suffixes come in that order.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from scaleladder.rung import launch
 from scaleladder.rung.batches import SyntheticBatches
 from scaleladder.rung.loop import train_loop
 from scaleladder.models.build import build_model
+from scaleladder.models.flava_impl import DEFAULT as DEFAULT_FLAVA_IMPL
 from scaleladder.models.flavors import get_flavor
 from scaleladder.rung.ladder import apply_strategy
 from scaleladder.rung.precision import policy
@@ -44,12 +48,15 @@ def _groups(wrapped: torch.nn.Module) -> list[int]:
 
 
 def losses(flavor_name: str, name: str, local_batch: int, steps: int, backend: str) -> list[float]:
+    name, _, own_steps = name.partition("*")
+    steps = int(own_steps) if own_steps else steps
+    name, _, impl = name.partition("@")
     strategy_name, _, knobs = name.partition(":")
     flavor = get_flavor(flavor_name)
     prec = policy("fp32")
     device = torch.device("cpu")
     torch.manual_seed(0)
-    model = build_model(flavor, device)
+    model = build_model(flavor, device, flava_impl=impl or DEFAULT_FLAVA_IMPL)
     if strategy_name == "raw-hybrid1":
         # Upstream FSDP1 HYBRID_SHARD with 1-rank shard groups, bypassing our fix.
         from torch.distributed.device_mesh import init_device_mesh
