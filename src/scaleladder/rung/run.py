@@ -625,8 +625,11 @@ def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
 def _flops(flavor: Any, spec: RunSpec, global_batch: int, first: dict[str, torch.Tensor], flava_impl: str) -> Any:
     from scaleladder.models.flops import flava_flops, vit_flops
 
+    # HFU counts a recomputed forward under -ac/-ac-reentrant; -sac keeps every matmul's output
+    # and recomputes only elementwise work, which no FLOP count here includes.
+    recompute = spec.strategy.ac and not spec.strategy.selective
     if flavor.family == "vit":
-        return vit_flops(flavor, spec.strategy.ac)
+        return vit_flops(flavor, recompute)
     # FLAVA's heads' useful work is on the masked tokens of matched pairs: count them on the
     # first batch (one host sync, before the timed loop).
     pos = first["itm_labels"].ne(0)
@@ -634,4 +637,4 @@ def _flops(flavor: Any, spec: RunSpec, global_batch: int, first: dict[str, torch
     text = float(first["mlm_labels"][pos].ne(-1).sum()) / n
     patches = float(first["image_patches_mask"][pos].sum()) / n
     # The sync-free (sdpa) heads run on every token: HFU counts that, MFU the useful work.
-    return flava_flops(flavor, global_batch, text, patches, n / len(pos), spec.strategy.ac, heads_on_all_tokens=flava_impl == "sdpa")
+    return flava_flops(flavor, global_batch, text, patches, n / len(pos), recompute, heads_on_all_tokens=flava_impl == "sdpa")
