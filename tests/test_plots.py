@@ -241,3 +241,15 @@ def test_fsdp_knobs_axis_labels_do_not_overlap(tmp_path: Path, strategies: list[
     fig_box = fig.bbox
     assert all(fig_box.x0 <= b.x0 and b.x1 <= fig_box.x1 for b in boxes)  # inside the figure, not cut off
     plt.close("all")
+
+
+def test_the_pareto_panel_names_a_max_batch_rung_as_one(tmp_path: Path) -> None:
+    from scaleladder.figures.pareto import fig_pareto
+
+    files = [write_rung(tmp_path, "vit-debug/ddp/fp32/pre-lag/n1/b4", items_per_s=350.6, peak_reserved_gib=0.0),
+             write_rung(tmp_path, "vit-debug/ddp/fp32/pre-lag/n1/bmax", items_per_s=564.9, max_batch=4, batch="4",
+                        maxbatch_capped=True, peak_reserved_gib=0.0)]
+    rungs = read_ladder(str(_ladder(tmp_path, files)))[0]
+    texts = _texts(fig_pareto(rungs, Palette(rungs)))
+    assert "fastest: DDP, max batch ≥4 (cap)" in texts  # it read "fastest: DDP, batch 4": the fixed batch's words
+    plt.close("all")

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from scaleladder.figures.rungs import RungAttrs, family, is_max, is_ok, is_oom, model_order, num, reference, select
-from scaleladder.figures.style import OOM_COLOR, Palette, note, strategy_label, strategy_sort_key, throughput_label
-from scaleladder.results.record import MaxBatch, Memory, Read, Record, Spec, Throughput
+from scaleladder.figures.style import OOM_COLOR, Palette, max_batch_label, note, strategy_label, strategy_sort_key, throughput_label
+from scaleladder.results.record import Memory, Read, Record, Spec, Throughput
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -48,7 +48,9 @@ def fig_pareto(rungs: list[RungAttrs], palette: Palette) -> Figure:
             ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", linewidth=1, alpha=0.6,
                     zorder=2)
             best = max(ok, key=lambda r: r[Throughput.items_per_s])
-            ax.text(0.02, 0.97, f"fastest: {strategy_label(best[Spec.strategy])}, batch {best.get(MaxBatch.max_batch, best.get(Spec.batch))}",
+            # a max-batch rung says so: its batch is its search's, not the fixed batch (issue 29)
+            batch = f"max batch {max_batch_label(best)}" if is_max(best) else f"batch {best.get(Spec.batch)}"
+            ax.text(0.02, 0.97, f"fastest: {strategy_label(best[Spec.strategy])}, {batch}",
                     transform=ax.transAxes, ha="left", va="top", fontsize=7,
                     bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
         if ok and max(r[Memory.peak_reserved_gib] for r in ok) <= 0:
