@@ -301,8 +301,12 @@ def test_flava_layer_units_stay_gathered_between_the_two_passes(measured: list[d
     f = get_flavor("flava-debug")
     g = measured[0]["gathered"][strategy]
     # The root, plus every image and text layer unit (both encoders' layers have been
-    # reached by the masked pass's backward, none released by the unmasked pass's yet).
-    assert g["max_gathered_in_backward"] == 1 + 2 * f.layers
+    # reached by the masked pass's backward, none released by the unmasked pass's yet), plus
+    # the two encoders' poolers: frozen units of their own under use_orig_params=False. TRAP:
+    # FSDP1 registers a frozen unit's reshard-only hook once per FlatParameter, at its first
+    # forward, so the second pass's backward regathers the pooler and only the first pass's
+    # backward frees it again: it piles up between the passes as a layer does.
+    assert g["max_gathered_in_backward"] == 1 + 2 * f.layers + 2
     assert g["after_backward"] == 0
 
 

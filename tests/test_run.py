@@ -266,7 +266,9 @@ def test_meta_init_with_codebook_weights_runs(tmp_path: Path) -> None:
            "--codebook-weights", str(weights), "--out", str(out))
     assert p.returncode == 0, p.stderr
     with h5py.File(out) as f:
-        assert f.attrs["init"] == "meta" and f.attrs["fsdp_layer_units"] == 5 and f.attrs["fsdp_units"] == 7
+        # 5 layer units, the codebook's, the root, and FLAVA's 5 frozen heads and poolers (FSDP1,
+        # use_orig_params=False: each an all-frozen unit of its own, rung/ladder.py)
+        assert f.attrs["init"] == "meta" and f.attrs["fsdp_layer_units"] == 5 and f.attrs["fsdp_units"] == 12
 
 
 def test_a_rung_on_shards_records_its_tokenizer(tmp_path: Path) -> None:

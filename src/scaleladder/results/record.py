@@ -246,12 +246,12 @@ class Loader(Section):
     decode_images = attr("count", "--decode gpu: images the device decoder was given")
     decode_cpu_fallbacks = attr("count", "of them, decoded on the host")
     decode_cpu_fallback_fraction = attr("fraction", "decode_cpu_fallbacks / decode_images")
-
-
     loader_transport = attr("", "what crosses from the workers to the rank: `uint8`, `jpeg` (--decode gpu) or `float32`")
     loader_cpu_s_per_batch = attr("s", "the loader's host cost: the workers' CPU seconds per batch, timed steps' mean")
     loader_workers_auto = attr("", "--workers auto: what the count was chosen from (cores per rank, per-worker rate)")
     loader_worker_cores = attr("count", "cores the workers were bound to, the rank's own kept free (0: unbound)")
+
+
 class Profiling(Section):
     title = "Profiling files written next to the record (only when asked for: rung/profiling.py)"
     trace_file = attr("", "the torch.profiler Chrome trace, relative to the record's folder")
