@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from scaleladder.models.flavors import FLAVORS
 from scaleladder.planner.memory import Device, predict
+# The seeds' claims live beside the seeds' other facts (their hardware is named there only).
+from scaleladder.planner.seeds import SEED_CLAIMS as SEED_CLAIMS
+from scaleladder.planner.seeds import SeedClaim as SeedClaim
 from scaleladder.spec import RunSpec, SpecError, default_knobs, parse_strategy
 
 # The ladder a fits table shows, cheapest-memory last.
@@ -56,41 +59,6 @@ def fits_table(device: str | Device, nodes: int, gpus_per_node: int, precision: 
 
 
 # -- the seeds' claims, for a fits table to be held against ----------------------------------------
-
-
-@dataclass(frozen=True)
-class SeedClaim:
-    """What a seed said fits, on one machine shape: the models of ``models`` that ``fit`` (the
-    rest do not) under each of ``strategies`` at each local batch of ``batches``. Worded and
-    recomputed in docs/planner.md, "Seed claims, recomputed" (planner/seeds.py, tests/test_plan.py)."""
-
-    seed: str
-    claim: str
-    device: str
-    world: int
-    strategies: tuple[str, ...]
-    models: tuple[str, ...]
-    fit: frozenset[str]
-    batches: tuple[int, ...]
-    precision: str = "bf16-mixed"
-
-
-_FLAVA = ("flava-350m", "flava-900m", "flava-1.8b", "flava-2.7b", "flava-4.8b", "flava-10b")
-_VIT = ("vit-3b", "vit-5b", "vit-15b")
-# The FLAVA seed: 8 x A100 40GB, its Figure 1 at local batch 8, "could not be trained" read at batch 1 too.
-# FSDP + AC was reentrant in its code: the runner's fsdp-full-ac-reentrant is that rung, fsdp-full-ac is not.
-# The ViT seed: local batch 32, AC on (ORNL's default); its "HYBRID over g GCDs" on g ranks shards over all
-# of them, as fsdp-full-ac does on a world of g.
-SEED_CLAIMS = (
-    SeedClaim("FLAVA seed", "DDP fits 350M and 900M only", "a100-40gb", 8, ("ddp",), _FLAVA, frozenset(_FLAVA[:2]), (1, 8)),
-    SeedClaim("FLAVA seed", "FSDP adds 1.8B and 2.7B", "a100-40gb", 8, ("fsdp-full",), _FLAVA, frozenset(_FLAVA[:4]), (1, 8)),
-    SeedClaim("FLAVA seed", "FSDP + AC reaches 4.8B and 10B", "a100-40gb", 8, ("fsdp-full-ac", "fsdp-full-ac-reentrant"),
-              _FLAVA, frozenset(_FLAVA), (1, 8)),
-    SeedClaim("ViT seed", "ViT-3B fits one GCD; 5B needs sharding over 2", "mi250x-gcd", 1, ("fsdp-full-ac",), _VIT,
-              frozenset(_VIT[:1]), (32,)),
-    SeedClaim("ViT seed", "ViT-15B needs 4 GCDs", "mi250x-gcd", 2, ("fsdp-full-ac",), _VIT, frozenset(_VIT[:2]), (32,)),
-    SeedClaim("ViT seed", "ViT-15B needs 4 GCDs", "mi250x-gcd", 4, ("fsdp-full-ac",), _VIT, frozenset(_VIT), (32,)),
-)
 
 
 def seed_differences(cells: list[FitsCell], device: str | Device, world: int, precision: str,

@@ -19,7 +19,23 @@ from torch import Tensor
 from scaleladder.spec import Strategy
 
 
-class MasterWeightAdamW:
+class _InnerAdamW:
+    """An optimizer that steps a fused ``torch.optim.AdamW`` of its own (``self.inner``).
+
+    torch's FSDPMemTracker (``plan --check``, campaign/plan_check.py) hooks the optimizer's step
+    to tell optimizer state from other memory: the hooks go on the inner AdamW, whose step is
+    the real one and whose state is what the rank keeps."""
+
+    inner: torch.optim.AdamW
+
+    def register_step_pre_hook(self, hook: Any) -> Any:
+        return self.inner.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Any) -> Any:
+        return self.inner.register_step_post_hook(hook)
+
+
+class MasterWeightAdamW(_InnerAdamW):
     """AdamW for bf16 parameters that keeps fp32 master weights and fp32 moments.
 
     The fault it fixes: with bf16 weights and a bf16 AdamW state an update of lr 1e-4
@@ -79,7 +95,7 @@ class MasterWeightAdamW:
                 p.grad.zero_()
 
 
-class LocalShardAdamW:
+class LocalShardAdamW(_InnerAdamW):
     """Fused AdamW over the local shards of FSDP2's DTensor parameters (not fp16-mixed).
 
     The same update as ``torch.optim.AdamW(dtensor_params, fused=True)``, elementwise on
