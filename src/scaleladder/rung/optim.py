@@ -27,12 +27,28 @@ class _InnerAdamW:
     the real one and whose state is what the rank keeps."""
 
     inner: torch.optim.AdamW
+    params: list[Tensor]  # what the rung trains (the optimizer's own tensors may be others)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.inner.state
 
     def register_step_pre_hook(self, hook: Any) -> Any:
         return self.inner.register_step_pre_hook(hook)
 
     def register_step_post_hook(self, hook: Any) -> Any:
         return self.inner.register_step_post_hook(hook)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
 
 
 class MasterWeightAdamW(_InnerAdamW):
@@ -66,14 +82,6 @@ class MasterWeightAdamW(_InnerAdamW):
         self.masters = [_local(p).detach().float() for p in self.params]
         self.inner = torch.optim.AdamW(self.masters, lr=lr, fused=True)
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.inner.state
-
     @torch.no_grad()
     def step(self) -> None:
         live = [(p, g, m) for p, m in zip(self.params, self.masters) if (g := p.grad) is not None]
@@ -86,13 +94,6 @@ class MasterWeightAdamW(_InnerAdamW):
         torch._foreach_copy_([_local(p) for p in params], list(masters))  # rounds fp32 -> bf16 in one launch
         for m in masters:
             m.grad = None  # the fp32 gradient copies live only for the step
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
 
 
 class LocalShardAdamW(_InnerAdamW):
@@ -116,14 +117,6 @@ class LocalShardAdamW(_InnerAdamW):
         self.params = list(params)
         self.inner = torch.optim.AdamW([_local(p) for p in self.params], lr=lr, fused=True)
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.inner.state
-
     @torch.no_grad()
     def step(self) -> None:
         group = self.inner.param_groups[0]
@@ -137,12 +130,6 @@ class LocalShardAdamW(_InnerAdamW):
         for shard in group["params"]:
             shard.grad = None  # the DTensor gradient keeps the storage; no second reference
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
 
 
 def _local(t: Tensor) -> Tensor:
