@@ -338,9 +338,13 @@ def test_link_cut_mid_rung_ends_node_fail_and_the_rung_reruns(jobdir: Path, two_
         subprocess.run(["ip", "link", "set", veth, "up"], check=True, timeout=30)
         _cancel_long_rung()
         _heal(two_nodes)  # the node is back; ReturnToService=2 returns it to idle once it registers
-    assert proc.returncode != 0 and took < 120, took
+    assert took < 120, took
     # NODE_FAIL; or still COMPLETING for the node that was lost (its epilog never ran) with the reason NodeDown
     assert "JobState=NODE_FAIL" in state or ("JobState=COMPLETING" in state and "Reason=NodeDown" in state), state
+    # TRAP: sbatch --wait's own exit code after a node failure races Slurm's bookkeeping: seen 0
+    # once (2-core VM, 2026-11-27) with the job CANCELLED DUE TO NODE FAILURE in its log and
+    # NODE_FAIL as its state. The state is the verdict; a 0 is accepted only beside NODE_FAIL.
+    assert proc.returncode != 0 or "JobState=NODE_FAIL" in state, (proc.returncode, state)
     _no_leftovers(jobdir, out)
     t1 = time.monotonic()
     while _node_state(two_nodes[1]) != "idle":
