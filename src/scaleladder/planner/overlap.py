@@ -18,6 +18,15 @@ ready. A stage's ``depth`` is how far ahead its gather may be issued:
   became ready at the same moment (BACKWARD_POST issues the next gather before the reduce).
 
 What is exposed is the makespan less the compute: ``exposed_s = total_s - compute_s``.
+
+Whether the device can overlap at all is the calibration's ``overlap`` (``rates.Rates``): the
+share of what the replay hides that really hides, 1 on a GPU (its compute stream and the
+NCCL/RCCL channel run side by side), 0 on a CPU rank with gloo. TRAP (measured,
+``benchmarks/bench_comm.py --overlap``, docs/planner.md "(b) Two nodes"): on the 2-core VM an
+async gloo all-reduce beside a matmul loop took as long as the two one after the other, since
+gloo's thread copies and sums on the same cores; and FSDP1 on a CPU issues its gathers and
+reduce-scatters synchronously (no streams) anyway. ``total_s`` is then the replay's makespan
+moved towards ``compute_s + comm_s`` by ``1 - overlap``.
 """
 
 from __future__ import annotations
@@ -54,8 +63,9 @@ def _gather_ready(i: int, depth: int | None, starts: list[float], ends: list[flo
     return starts[i - depth] if i - depth >= 0 else 0.0
 
 
-def schedule(stages: Sequence[Stage]) -> Schedule:
-    """Replay ``stages`` on one compute stream and one channel (see the module docstring)."""
+def schedule(stages: Sequence[Stage], overlap: float = 1.0) -> Schedule:
+    """Replay ``stages`` on one compute stream and one channel (see the module docstring); with
+    ``overlap`` < 1 only that share of what the replay hides stays hidden."""
     channel = gpu = 0.0
     starts: list[float] = []
     ends: list[float] = []
@@ -83,4 +93,7 @@ def schedule(stages: Sequence[Stage]) -> Schedule:
     drain(float("inf"))
     compute = sum(s.compute_s for s in stages)
     comm = sum(s.before_s + s.after_s for s in stages)
-    return Schedule(max(gpu, channel), compute, comm)
+    replay, serial = max(gpu, channel), compute + comm
+    if overlap >= 1.0:  # a GPU: the replay as it is (not the blend's rounding of it)
+        return Schedule(replay, compute, comm)
+    return Schedule(serial - max(overlap, 0.0) * (serial - replay), compute, comm)

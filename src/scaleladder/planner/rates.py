@@ -53,6 +53,9 @@ class Rates:
     compute_source: str
     host_source: str
     startup_s: float | None = None
+    # the share of what the overlap replay hides that really hides (overlap.py): 1 unless the
+    # calibration measured less (a CPU rank with gloo: 0, calibration/cpu*.json)
+    overlap: float = 1.0
 
     def flops_per_s(self, hidden: int) -> float:
         return self.peak_flops * self.ceiling * hidden / (hidden + self.h_half)
@@ -112,4 +115,5 @@ def rates(device: str, precision: str, calibration: dict[str, Any] | None = None
         ref = _read(BY_DEVICE["h100-80gb"])["host"]
         us, hsrc = float(ref["us_per_op"]), f"the H100 host's {ref['us_per_op']} us per op (stated for {device}, not measured)"
     startup = (cal or {}).get("startup_s")
-    return Rates(device, peak, ceiling, h_half, hbm, us, csrc, hsrc, None if startup is None else float(startup))
+    return Rates(device, peak, ceiling, h_half, hbm, us, csrc, hsrc, None if startup is None else float(startup),
+                 overlap=float((cal or {}).get("overlap", 1.0)))

@@ -217,7 +217,7 @@ def predict_step(spec: RunSpec, world: int, ranks_per_node: int, batch: int, rat
                              ranks_per_node, fwd_s, bwd_s)
     elif w in ("fsdp", "fsdp2") and links is not None:
         stages = _fsdp_stages(setup, links, ranks_per_node, fwd_s, bwd_s)
-    sched: Schedule = schedule(stages + [Stage(opt_s)])
+    sched: Schedule = schedule(stages + [Stage(opt_s)], rates.overlap)
     device_s = sched.total_s
     if rates.device == "cpu":
         step, bound = host + device_s, "cpu"
