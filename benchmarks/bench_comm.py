@@ -9,7 +9,7 @@ Run it under the launcher whose link you want, e.g. on the 2-node CI Slurm
     srun -N2 -n4 -c1 python benchmarks/bench_comm.py --out four.json    # the 2-node rungs' placement
 
 Every rank times, for fp32 tensors from 4 KiB to ``--max-mib`` MiB (default 64: FSDP gathers a
-whole 1,024-wide layer, 34 MB, and DDP all-reduces 25 MiB buckets):
+whole 1,024-wide layer, 34 MB, and DDP all-reduces 25 MiB buckets; x4 steps to 4 MiB, x2 above):
 
 * ``all_reduce(x)`` (DDP's buckets, NO_SHARD, HYBRID's replicate group),
 * ``all_gather_single(out, shard)`` (torch 2.14's name for ``all_gather_into_tensor``: FSDP1's
@@ -17,9 +17,14 @@ whole 1,024-wide layer, 34 MB, and DDP all-reduces 25 MiB buckets):
 * ``reduce_scatter_single(shard, x)`` (``reduce_scatter_tensor``: FSDP's gradient reduction),
 
 ``--repeats`` each after 2 untimed, a barrier before each, and keeps the fastest and the
-median. Rank 0 fits each collective with the formula the backend runs (``planner/comm.py``
-``terms``: on gloo a reduce-scatter is an all-reduce of the whole tensor) by least squares on
-relative error, and writes the figures as a profile's ``timing.links`` entry reads them.
+median. Rank 0 fits each collective (alpha from the messages up to 64 KiB, beta from 16 MiB up:
+``figures``) with the formula the backend runs (``planner/comm.py`` ``terms``: on gloo a reduce-scatter is an all-reduce of the whole
+tensor) by least squares on relative error, and writes the figures as a profile's ``timing.links`` entry reads them.
+
+Every run also times a memory-bound loop (and an in-cache matmul) on every rank at once against
+rank 0 alone (the others in a barrier): ``contention.factor``, how much slower a rank works under
+this placement and the load of the moment (a CPU rung's ranks share the 2 cores and their memory
+with each other and with everyone's).
 
 ``--overlap``: each rank times a compute loop alone (C), an async all-reduce alone (M), and
 both at once (T: ``all_reduce(async_op=True)``, compute, ``wait()``); the overlap is
@@ -43,22 +48,24 @@ from collections.abc import Callable
 from scaleladder.planner.comm import COLLECTIVES, terms
 
 
-def _fit(sizes: list[float], times: list[float]) -> tuple[float, float]:
-    """Least squares t = a + b·S on RELATIVE error (weights 1/t²) -> (a, b). TRAP: plain least
-    squares lets the largest message set the intercept (its noise is milliseconds, alpha is
-    microseconds), and on a shared machine the intercept then comes out at any value."""
-    w = [1 / t**2 for t in times]
-    sw, sx, sy = sum(w), sum(wi * x for wi, x in zip(w, sizes)), sum(wi * y for wi, y in zip(w, times))
-    sxx, sxy = sum(wi * x * x for wi, x in zip(w, sizes)), sum(wi * x * y for wi, x, y in zip(w, sizes, times))
-    b = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
-    return (sy - b * sx) / sw, b
+ALPHA_UP_TO, BETA_FROM = 64 << 10, 16 << 20  # beta: the rungs' sizes (25 MiB DDP buckets, 34 MB FSDP units)
 
 
 def figures(collective: str, n: int, sizes: list[float], times: list[float], backend: str = "gloo") -> dict[str, float]:
-    """The link figures (alpha_us, gbps) that make ``terms(collective, n)`` fit ``times``."""
-    a, b = _fit(sizes, times)
+    """The link figures (alpha_us, gbps) of ``terms(collective, n)``: alpha from the messages up
+    to 64 KiB (the median of their times over the latency terms), beta from those of 16 MiB and
+    more (least squares on relative error of what alpha leaves). TRAP: gloo's time per byte is
+    not one figure from 4 KiB to 64 MiB (an all-gather or a reduce-scatter allocates a fresh
+    output or clone of the whole tensor, and from ~16 MiB on the first touch and the caches
+    cost more per byte): one line through every size lets the small messages set a beta that
+    FSDP's 34 MB units never see; the rungs move 1-64 MiB."""
     k_alpha, k_beta = terms(collective, n, backend)
-    return {"alpha_us": round(max(a, 0.0) / k_alpha * 1e6, 1), "gbps": round(k_beta / b / 1e9, 4)}
+    small = [t for s, t in zip(sizes, times) if s <= ALPHA_UP_TO] or [min(times)]
+    alpha = statistics.median(small) / k_alpha
+    big = [(s, t - k_alpha * alpha) for s, t in zip(sizes, times) if s >= BETA_FROM and t > k_alpha * alpha]
+    big = big or [(s, t) for s, t in zip(sizes, times)]
+    per_byte = sum(s / y for s, y in big) / sum((s / y) ** 2 for s, y in big)  # y = per_byte * s, relative error
+    return {"alpha_us": round(alpha * 1e6, 1), "gbps": round(k_beta / per_byte / 1e9, 4)}
 
 
 def _time(op: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -87,35 +94,96 @@ def _ops(size: int, n: int, rank: int) -> dict[str, Callable[[], object]]:
             "reduce_scatter": lambda: dist.reduce_scatter_single(reduced, whole)}
 
 
-def overlap(repeats: int, nbytes: int = 16 << 20) -> dict[str, float]:
-    """Does an async all-reduce hide behind compute on this device? (module docstring)"""
+def _compute_loop(kind: str = "matmul") -> Callable[[], None]:
+    """A loop of at least 100 ms as rank 0 timed it, the same count on every rank: ``matmul``
+    (256x256 fp32, in cache) or ``stream`` (x = 0.5x + y over two 64 MiB tensors: what a b1 rung
+    of a wide flavor mostly does, streaming its weights, gradients and AdamW state)."""
     import torch
     import torch.distributed as dist
 
-    a, x = torch.randn(256, 256), torch.ones(nbytes // 4)
+    if kind == "matmul":
+        a = torch.randn(256, 256)
+
+        def once() -> None:
+            a @ a
+    else:
+        x, y = torch.ones(16 << 20), torch.ones(16 << 20)
+
+        def once() -> None:
+            x.mul_(0.5).add_(y)
     reps = 1
-    while True:  # a compute loop of about the all-reduce's length
+    for _ in range(3):  # warm first; under contention the first pass runs slow
+        once()
+    while True:
         t0 = time.perf_counter()
         for _ in range(reps):
-            a @ a
-        took = time.perf_counter() - t0
-        if took > 0.05:
+            once()
+        if time.perf_counter() - t0 > 0.1:
             break
         reps *= 2
+    n = torch.tensor([reps])
+    dist.broadcast(n, 0)
+    count = int(n)
 
     def compute() -> None:
-        for _ in range(reps):
-            a @ a
+        for _ in range(count):
+            once()
+
+    return compute
+
+
+def _together_and_alone(compute: Callable[[], None], repeats: int) -> dict[str, float]:
+    import torch.distributed as dist
+
+    _, together = _time(compute, repeats)
+    alone = []
+    for _ in range(repeats):
+        dist.barrier()
+        if dist.get_rank() == 0:
+            t0 = time.perf_counter()
+            compute()
+            alone.append(time.perf_counter() - t0)
+        dist.barrier()
+    a = statistics.median(alone) if alone else float("nan")
+    return {"alone_s": a, "together_s": together, "factor": round(together / a, 3) if alone else float("nan")}
+
+
+def contention(repeats: int) -> dict[str, float | dict[str, float]]:
+    """How much slower a rank works when every rank of this placement works at once than when
+    rank 0 works alone (the others wait in a barrier): the share of the shared cores and memory
+    a rung's rank gets, under the load of the moment. ``factor`` is the memory-bound loop's (a b1
+    step of vit-debug-wide streams ~0.7 GB and computes ~0.5 GFLOP: memory-bound); the in-cache
+    matmul's is kept beside it."""
+    stream = _together_and_alone(_compute_loop("stream"), repeats)
+    return {**stream, "matmul": _together_and_alone(_compute_loop("matmul"), repeats)}
+
+
+def overlap(repeats: int, nbytes: int = 16 << 20) -> dict[str, float]:
+    """Does an async all-reduce hide behind compute on this device? (module docstring) Each of
+    ``3 x repeats`` rounds times the three back to back (C, M, T), so that the load's drift
+    falls on all three alike; the median of the rounds' overlaps."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(nbytes // 4)
+    compute = _compute_loop()
 
     def both() -> None:
         work = dist.all_reduce(x, async_op=True)
         compute()
         work.wait()
 
-    _, c = _time(compute, repeats)
-    _, m = _time(lambda: dist.all_reduce(x, async_op=True).wait(), repeats)
-    _, t = _time(both, repeats)
-    return {"compute_s": c, "comm_s": m, "both_s": t, "overlap": round((c + m - t) / min(c, m), 3), "bytes": nbytes}
+    rounds = []
+    for _ in range(3 * repeats):
+        c = _time(compute, 1)[0]
+        m = _time(lambda: dist.all_reduce(x, async_op=True).wait(), 1)[0]
+        t = _time(both, 1)[0]
+        rounds.append((c, m, t, (c + m - t) / min(c, m)))
+    med = statistics.median(r[3] for r in rounds)
+    return {"compute_s": statistics.median(r[0] for r in rounds), "comm_s": statistics.median(r[1] for r in rounds),
+            "both_s": statistics.median(r[2] for r in rounds), "overlap": round(med, 3),
+            "overlap_quartiles": [round(q, 3) for q in statistics.quantiles([r[3] for r in rounds], n=4)],
+            "bytes": nbytes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             fastest[c].append(f)
             median[c].append(m)
         sizes.append(float(size))
-        size *= 4
+        size *= 4 if size < 4 << 20 else 2  # x2 from 4 MiB: the rungs' sizes (25 MiB buckets, 34 MB units)
     ov = overlap(args.repeats) if args.overlap else None
+    cont = contention(args.repeats)
     dist.barrier()
     if env.rank == 0:
         out = {
@@ -159,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
             "fit_fastest": {c: figures(c, n, sizes, fastest[c]) for c in COLLECTIVES},
             "fit_median": {c: figures(c, n, sizes, median[c]) for c in COLLECTIVES},
         }
+        out["contention"] = cont
         if ov is not None:
             out["overlap"] = ov
         atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
-        print(json.dumps({k: out[k] for k in ("ranks", "nodes", "load_average", "fit_fastest", "fit_median", *(
+        print(json.dumps({k: out[k] for k in ("ranks", "nodes", "load_average", "fit_fastest", "fit_median", "contention", *(
             ["overlap"] if ov else []))}))
     dist.destroy_process_group()
     return 0

@@ -1,15 +1,30 @@
 """The planner's step time against DDP, FSDP and HYBRID rungs run on the 2-node CI Slurm (issue 32, 4b).
 
-    python benchmarks/steptime_two_nodes.py --records DIR [--write-calibration FILE]
+    python benchmarks/steptime_two_nodes.py --bench DIR --records DIR [--write-calibration FILE] [--links-yaml]
 
-DIR holds one record per rung, named by its spec path with '/' -> '_' (as
-``scaleladder run --out DIR/<path with _>.h5`` under srun wrote them; docs/planner.md, "Two
-nodes", has the commands). The compute rate is solved from ONE rung, ``vit-debug-wide/single``
-b1 (one rank, no communication): the ceiling stays the datasheet's 0.80 and ``h_half`` is what
-makes that rung come back; the host's us per op stays ``calibration/cpu.json``'s. Every other
-rung is predicted with the profile's measured links (``profiles/slurm-localhost``) and the
-stated ``cpu_factor`` of ranks per core (1 on one node, 2 with 4 ranks on the 2 cores), both
-fixed before these rungs ran. Needs h5py to read the records; the model itself is torch-free.
+Everything the prediction uses is fixed BEFORE the multi-rank rungs run:
+
+* the links, per collective, from ``benchmarks/bench_comm.py``'s files in ``--bench``:
+  ``intra.json`` (``srun -N1 -n2``: two ranks in one node) gives ``intra_node``; ``four.json``
+  (``srun -N2 -n4``: the 2-node rungs' placement, 2 ranks per node) gives ``inter_node`` (the
+  node's figure: the fitted per-rank bandwidth x the node's 2 ranks, which ``comm.py`` shares
+  out again); the median of each size, since a rung's step is a median under the same load,
+  refitted here with bench_comm's ``figures`` (alpha up to 64 KiB, beta from 16 MiB);
+  ``backend: gloo`` (a reduce-scatter is an all-reduce; ``comm.py``). ``--links-yaml`` prints
+  them as ``profiles/slurm-localhost/site.yaml``'s ``timing.links`` reads;
+* the overlap: ``intra.json``'s measured ``--overlap`` (0 when the two add up);
+* the compute rate from ONE rung, ``vit-debug-wide/single`` b1 (one rank, no communication,
+  in ``--records``): the ceiling stays the datasheet's 0.80 and ``h_half`` is what makes that
+  rung come back; the host's us per op stays ``calibration/cpu.json``'s;
+* the CPU share: how much slower a rank computes when all the ranks of a placement compute at
+  once than one rank alone, as bench_comm measured it (``contention.factor``: ``intra.json`` for
+  the 2-rank rungs, ``four.json`` for the 4-rank ones), applied to a rank's host work AND its
+  compute (a CPU rank computes on the shared cores; under the other engineers' load the factor is
+  nearer 1 than ranks / cores); the links measured under their rungs' placement already carry it.
+
+Then the six rungs (``ddp``, ``fsdp-full``, ``fsdp-hybrid2`` at 1 and 2 nodes, b1) in
+``--records`` are read and compared. A rung not yet run is predicted and marked "not run"
+(the table printed before the rungs run is the prediction). Needs h5py to read the records.
 """
 
 from __future__ import annotations
@@ -19,26 +34,28 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-
-import h5py
+from typing import Any
 
 from scaleladder.files import atomic_file
-from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates, datasheet, rates
-from scaleladder.planner.steptime import Site, StepTime, flops_per_sample, host_seconds, predict_step, site_from_config
-from scaleladder.planner.step_setup import step_setup
 from scaleladder.models.flavors import get_flavor
-from scaleladder.profiles import load_profile
+from scaleladder.planner.comm import COLLECTIVES, links_from_profile
+from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates, datasheet, rates
+from scaleladder.planner.step_setup import step_setup
+from scaleladder.planner.steptime import Site, StepTime, flops_per_sample, host_seconds, predict_step, site_from_config
 from scaleladder.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_comm import figures  # noqa: E402  (one fit for the bench and this table)
 MODEL = "vit-debug-wide"
 CALIBRATION_RUNG = f"{MODEL}/single/fp32/pre-lag/n1/b1"
 RUNGS = [f"{MODEL}/{s}/fp32/pre-lag/n{n}/b1" for s in ("ddp", "fsdp-full", "fsdp-hybrid2") for n in (1, 2)]
-RANKS_PER_NODE, CORES = 2, 2
-RESOLVE_RUNG = f"{MODEL}/ddp/fp32/pre-lag/n1/b1"
+RANKS_PER_NODE, CORES = 2, 2  # CORES: the VM's, named in the sources
 
 
 def measured(records: Path, path: str) -> float | None:
+    import h5py
+
     f = records / (path.replace("/", "_") + ".h5")
     if not f.exists():
         return None
@@ -46,78 +63,104 @@ def measured(records: Path, path: str) -> float | None:
         return float(h.attrs["step_time_median_s"])
 
 
+def links_block(bench: Path) -> dict[str, Any]:
+    """``timing.links`` from bench_comm's files (the module docstring)."""
+    def link(name: str, node_ranks: int) -> dict[str, Any]:
+        b = json.loads((bench / name).read_text())
+        fit = {c: figures(c, int(b["ranks"]), b["sizes_bytes"], b["median_s"][c]) for c in COLLECTIVES}
+        one = {c: {"alpha_us": fit[c]["alpha_us"], "gbps": round(fit[c]["gbps"] * node_ranks, 4)} for c in COLLECTIVES}
+        return {**one["all_reduce"], **{c: one[c] for c in ("all_gather", "reduce_scatter")}}
+
+    return {"backend": "gloo", "intra_node": link("intra.json", 1), "inter_node": link("four.json", RANKS_PER_NODE)}
+
+
 def solve_compute(step_s: float) -> dict[str, float | str]:
     """``h_half`` (ceiling fixed at the datasheet's) that gives the one-rank rung back."""
     spec = RunSpec.from_path(CALIBRATION_RUNG)
     flavor, r = get_flavor(MODEL), rates("cpu", "fp32")
-    host, _ = host_seconds(spec, r, site_from_config({}, "none"))
+    host, _ = host_seconds(spec, r, Site())
     opt = step_setup(spec.model, spec.strategy, spec.precision, spec.knobs, 1).local.trainable * OPT_BYTES_PER_PARAM / r.hbm_bps
-    flops = flops_per_sample(flavor, False, 1).hardware
-    rate = flops / (step_s - host - opt)
+    rate = flops_per_sample(flavor, False, 1).hardware / (step_s - host - opt)
     ceiling = float(datasheet()["stated_efficiency"]["ceiling"])
     h_half = flavor.hidden * (r.peak_flops * ceiling / rate - 1)
     return {"ceiling": ceiling, "h_half": round(h_half, 1), "from": f"{CALIBRATION_RUNG}: {step_s * 1e3:.1f} ms"}
 
 
-def _predict(path: str, r: Rates, site: Site) -> StepTime:
+def shares(bench: Path) -> dict[int, float]:
+    """Ranks of a placement -> how much slower each computes (the module docstring)."""
+    out = {1: 1.0}
+    for name in ("intra.json", "four.json"):
+        b = json.loads((bench / name).read_text())
+        out[int(b["ranks"])] = max(1.0, float(b["contention"]["factor"]))
+    return out
+
+
+def predict(path: str, r: Rates, site: Site, share: dict[int, float]) -> StepTime:
     spec = RunSpec.from_path(path)
     world = 1 if spec.strategy.wrapper == "single" else RANKS_PER_NODE * spec.nodes
-    return predict_step(spec, world, min(world, RANKS_PER_NODE), 1, r, replace(site, cpu_factor=max(1.0, world / CORES)))
-
-
-def resolve_on(path: str, step_s: float, r: Rates, site: Site) -> Rates:
-    """The second column: ``h_half`` re-solved (bisection) so that ``path`` -- a 2-rank rung, whose
-    ranks share the 2 cores as every other rung's do -- comes back."""
-    lo, hi = 1.0, 1e9
-    for _ in range(200):
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if _predict(path, replace(r, h_half=mid), site).step_time_s < step_s else (lo, mid)
-    return replace(r, h_half=lo)
+    k = share[world]  # the host work and the compute both slow by it
+    return predict_step(spec, world, min(world, RANKS_PER_NODE), 1, replace(r, peak_flops=r.peak_flops / k),
+                        replace(site, cpu_factor=k, cpu_source=f"{world} ranks on {CORES} shared cores, measured"))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Long because it is the whole of part (b)'s procedure in order: links, calibration, table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench", type=Path, required=True, help="bench_comm's intra.json and four.json")
     p.add_argument("--records", type=Path, required=True)
     p.add_argument("--write-calibration", type=Path, help="write the solved calibration here (JSON)")
+    p.add_argument("--links-yaml", action="store_true", help="print the links as site.yaml's timing.links")
     args = p.parse_args(argv)
     cal_step = measured(args.records, CALIBRATION_RUNG)
     if cal_step is None:
         print(f"steptime_two_nodes: no record of the calibration rung {CALIBRATION_RUNG} in {args.records}", file=sys.stderr)
         return 2
+    block, share = links_block(args.bench), shares(args.bench)
+    intra = json.loads((args.bench / "intra.json").read_text())
+    ov = max(0.0, min(1.0, float(intra["overlap"]["overlap"])))
     base = json.loads((REPO / "src/scaleladder/planner/calibration/cpu.json").read_text())
     cal = {**base, "about": base["about"] + f" Compute (fp32) solved from {CALIBRATION_RUNG} alone by "
            "benchmarks/steptime_two_nodes.py, on the 2-node CI Slurm (docs/planner.md, 'Two nodes').",
-           "compute": {"fp32": solve_compute(cal_step)}}
+           "compute": {"fp32": solve_compute(cal_step)},
+           "overlap": round(ov, 2),
+           "overlap_from": "benchmarks/bench_comm.py --overlap, 2 ranks in one node ({}): compute alone {:.0f} ms, an async "
+           "16 MiB all-reduce alone {:.0f} ms, both at once {:.0f} ms (medians); overlap median {} (quartiles {})".format(
+               "load average " + str(intra["load_average"][0]), intra["overlap"]["compute_s"] * 1e3,
+               intra["overlap"]["comm_s"] * 1e3, intra["overlap"]["both_s"] * 1e3, intra["overlap"]["overlap"],
+               intra["overlap"].get("overlap_quartiles"))}
     if args.write_calibration:
         with atomic_file(args.write_calibration) as tmp:
             Path(tmp).write_text(json.dumps(cal, indent=2) + "\n")
+    if args.links_yaml:
+        import yaml
+
+        print(yaml.safe_dump({"timing": {"links": block}}, sort_keys=False, default_flow_style=None))
     r = rates("cpu", "fp32", cal, "the solved calibration")
-    site = site_from_config(load_profile("slurm-localhost", REPO).config, "slurm-localhost")
+    links, _ = links_from_profile(block, "timing.links")
+    site = replace(site_from_config({}, "bench"), links=links)
+    profile = site_from_config(__import__("scaleladder.profiles", fromlist=["x"]).load_profile("slurm-localhost", REPO).config,
+                               "slurm-localhost")
+    if profile.links != links:
+        print("NOTE: profiles/slurm-localhost's timing.links differ from these bench files (--links-yaml prints them)\n")
     print(f"calibration: h_half {cal['compute']['fp32']['h_half']} (ceiling {cal['compute']['fp32']['ceiling']}) "
-          f"from {cal['compute']['fp32']['from']}\n")
-    r2 = resolve_on(RESOLVE_RUNG, measured(args.records, RESOLVE_RUNG) or cal_step, r, site)
-    print(f"re-solved on {RESOLVE_RUNG}: h_half {r2.h_half:.1f}\n")
+          f"from {cal['compute']['fp32']['from']};\noverlap {cal['overlap']} ({cal['overlap_from']});\nCPU share "
+          f"(ranks: factor) {share}\n")
     print("| rung | ranks (nodes) | measured (ms) | predicted (ms) | error | compute / host / comm / exposed (ms) "
-          "| predicted comm share | re-solved on ddp n1 (ms) | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    errs: dict[str, list[float]] = {"one-rank": [], "ddp n1": []}
+          "| predicted comm share |")
+    print("|---|---|---|---|---|---|---|")
+    errs = []
     for path in [CALIBRATION_RUNG, *RUNGS]:
-        st, st2, m = _predict(path, r, site), _predict(path, r2, site), measured(args.records, path)
-        world, n = (1 if "/single/" in path else RANKS_PER_NODE * RunSpec.from_path(path).nodes), RunSpec.from_path(path).nodes
-        e1 = e2 = ""
-        if m is not None:
-            e1, e2 = f"{st.step_time_s / m - 1:+.1%}", f"{st2.step_time_s / m - 1:+.1%}"
-            if path != CALIBRATION_RUNG:
-                errs["one-rank"].append(st.step_time_s / m - 1)
-            if path not in (CALIBRATION_RUNG, RESOLVE_RUNG):
-                errs["ddp n1"].append(st2.step_time_s / m - 1)
-        e1 += " (calibration rung)" if path == CALIBRATION_RUNG else ""
-        e2 += " (calibration rung)" if path == RESOLVE_RUNG else ""
-        print(f"| `{path}` | {world} ({n}) | {'not run' if m is None else f'{m * 1e3:.1f}'} | {st.step_time_s * 1e3:.1f} | "
-              f"{e1} | {st.compute_s * 1e3:.1f} / {st.host_s * 1e3:.1f} / {st.comm_s * 1e3:.1f} / {st.exposed_comm_s * 1e3:.1f} | "
-              f"{st.comm_s / st.step_time_s:.0%} | {st2.step_time_s * 1e3:.1f} | {e2} |")
-    for k, e in errs.items():
-        print(f"\ncalibrated on {k}: {sum(abs(x) <= 0.25 for x in e)} of {len(e)} within 25%")
+        st, m = predict(path, r, site, share), measured(args.records, path)
+        spec = RunSpec.from_path(path)
+        world = 1 if spec.strategy.wrapper == "single" else RANKS_PER_NODE * spec.nodes
+        e = "" if m is None else f"{st.step_time_s / m - 1:+.1%}"
+        if m is not None and path != CALIBRATION_RUNG:
+            errs.append(st.step_time_s / m - 1)
+        print(f"| `{path}` | {world} ({spec.nodes}) | {'not run' if m is None else f'{m * 1e3:.1f}'} | "
+              f"{st.step_time_s * 1e3:.1f} | {e}{' (calibration rung)' if path == CALIBRATION_RUNG else ''} | "
+              f"{st.compute_s * 1e3:.1f} / {st.host_s * 1e3:.1f} / {st.comm_s * 1e3:.1f} / {st.exposed_comm_s * 1e3:.1f} | "
+              f"{st.comm_s / st.step_time_s:.0%} |")
+    print(f"\n{sum(abs(x) <= 0.25 for x in errs)} of {len(errs)} multi-rank rungs within 25%")
     return 0
 
 
