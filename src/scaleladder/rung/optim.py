@@ -120,9 +120,9 @@ class LocalShardAdamW(_InnerAdamW):
     @torch.no_grad()
     def step(self) -> None:
         group = self.inner.param_groups[0]
-        locals_ = [_local(p) for p in self.params]
-        if not self.inner.state and any(a is not b for a, b in zip(locals_, group["params"])):
-            group["params"] = locals_  # FSDP2's lazy init may re-point a shard before the first step
+        if not self.inner.state:
+            # FSDP2's lazy init (the first forward) may re-point a shard; no state yet to move.
+            group["params"] = [_local(p) for p in self.params]
         for p, shard in zip(self.params, group["params"]):
             g = p.grad
             shard.grad = None if g is None else _local(g)
@@ -131,13 +131,16 @@ class LocalShardAdamW(_InnerAdamW):
             shard.grad = None  # the DTensor gradient keeps the storage; no second reference
 
 
-
 def _local(t: Tensor) -> Tensor:
     """This rank's shard of a DTensor (FSDP2's parameters and gradients), else ``t``.
-    ``_local_tensor`` is the shard itself: writing into it updates the parameter."""
-    from torch.distributed.tensor import DTensor
+    ``_local_tensor`` is the shard itself: writing into it updates the parameter.
 
-    return t._local_tensor if isinstance(t, DTensor) else t
+    Read as DTensor's slot, not ``isinstance(t, DTensor)``: that needs the import inside the
+    function (rung.optim imports no torch.distributed at load), which cost ~4 Python calls
+    per tensor, 2 tensors per parameter every step (issue 30: ~250 calls a vit-debug step).
+    """
+    local = getattr(t, "_local_tensor", None)
+    return t if local is None else local
 
 
 def make_optimizer(params: Iterable[Tensor], lr: float, precision: str) -> Any:
