@@ -11,7 +11,9 @@ Why: docs/strategies.md (the table, "FSDP2 against FSDP1", "Traps we hit").
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -164,6 +166,46 @@ def _hybrid_mesh(world: int, group: int, device: torch.device) -> Any:
     return init_device_mesh(device.type, (world // group, group), mesh_dim_names=("replicate", "shard"))
 
 
+#: torch's FSDP1 switch (torch/distributed/fsdp/_flat_param.py), read by each FlatParamHandle
+#: when it is made: "1" sets the unit's parameter views with plain attribute writes.
+FSDP1_UNSAFE_SETATTR = "FSDP_USE_UNSAFE_SETATTR"
+
+
+@contextmanager
+def _fsdp1_plain_setattr(model: nn.Module) -> Iterator[None]:
+    """FSDP1 units made inside set their views by plain attribute writes (issue 30, part 3).
+
+    Each forward, FSDP1 re-makes every parameter of a unit as a view of its flat parameter and
+    sets it on its module, by default with ``delattr`` + ``nn.Module.__setattr__`` (a few
+    Parameter/Buffer/Module checks per parameter): a quarter of the Python calls FSDP1 adds to
+    a step (vit-debug, one rank: 3,008 calls a step against 2,432 with the switch; single 873;
+    tests/test_host_fsdp1.py). Torch's own switch for this overhead writes the same view into
+    the module's ``__dict__`` and drops it from ``_parameters``, where the safe path leaves it
+    too (a ``Parameter``, for state dicts, goes into ``_parameters`` as there, and into
+    ``__dict__`` as well): the same tensors, the same numerics. Rank-local Python bookkeeping,
+    no collective, so it holds at any world size and on NCCL as on gloo.
+    TRAP: it bypasses ``__setattr__``/``__delattr__`` overrides and global parameter-registration
+    hooks; where the model has either, the safe path stays. The variable is set only while the
+    units are made (torch reads it then, once per handle) and restored, so nothing else in the
+    process (another rung, a child process) sees it.
+    """
+    from torch.nn.modules import module as nn_module
+
+    plain = not nn_module._global_parameter_registration_hooks and all(
+        type(m).__setattr__ is nn.Module.__setattr__ and type(m).__delattr__ is nn.Module.__delattr__
+        for m in model.modules())
+    before = os.environ.get(FSDP1_UNSAFE_SETATTR)
+    if plain:
+        os.environ[FSDP1_UNSAFE_SETATTR] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(FSDP1_UNSAFE_SETATTR, None)
+        else:
+            os.environ[FSDP1_UNSAFE_SETATTR] = before
+
+
 def wrap_fsdp(
     model: TrainModule,
     strategy: Strategy,
@@ -199,31 +241,32 @@ def wrap_fsdp(
         extra["param_init_fn"] = param_init_fn
     classes = tuple(_unit_classes(model, strategy.ac and not strategy.reentrant))
     frozen = {id(m) for _, _, m in _outermost(model, _all_frozen)}
-    return FSDP(
-        model,
-        sharding_strategy=sharding,
-        # Under REENTRANT AC the unit goes INSIDE the checkpoint wrapper, CheckpointWrapper(FSDP(layer)),
-        # as in the FLAVA seed (AC applied first, then a wrap policy on the layer class). TRAP:
-        # FSDP(CheckpointWrapper(layer)) with reentrant AC breaks on FLAVA's second encoder pass: the
-        # first pass's nested backward reshards the unit (post-backward hook), the pre-backward hook
-        # runs once per backward, so the other pass recomputes on freed parameters ("weight of
-        # shape [0]"). Inside the wrapper, every recompute is a call of the FSDP unit, which gathers.
-        # A unit per layer class, plus one per outermost module whose parameters are all frozen
-        # (FLAVA: the codebook, the unused heads and poolers). TRAP: without use_orig_params a
-        # unit's FlatParameter must be all trainable or all frozen ("FlatParameter requires
-        # uniform requires_grad"), and freeze_unused froze heads that sit in the root unit.
-        auto_wrap_policy=CustomPolicy(lambda m: isinstance(m, classes) or id(m) in frozen),
-        mixed_precision=prec.fsdp_mixed_precision(),
-        backward_prefetch=prefetch,
-        forward_prefetch=knobs.forward_prefetch,
-        limit_all_gathers=knobs.limit_all_gathers,
-        # The FLAVA seed's call (its default): the optimizer steps one FlatParameter per unit,
-        # and FSDP's hooks keep no per-parameter views in sync (less host work per step).
-        # Not under -ac-reentrant: why in planner.static.fsdp1_use_orig_params.
-        use_orig_params=fsdp1_use_orig_params(strategy),
-        device_id=device,
-        **extra,
-    )
+    with _fsdp1_plain_setattr(model):
+        return FSDP(
+            model,
+            sharding_strategy=sharding,
+            # Under REENTRANT AC the unit goes INSIDE the checkpoint wrapper, CheckpointWrapper(FSDP(layer)),
+            # as in the FLAVA seed (AC applied first, then a wrap policy on the layer class). TRAP:
+            # FSDP(CheckpointWrapper(layer)) with reentrant AC breaks on FLAVA's second encoder pass: the
+            # first pass's nested backward reshards the unit (post-backward hook), the pre-backward hook
+            # runs once per backward, so the other pass recomputes on freed parameters ("weight of
+            # shape [0]"). Inside the wrapper, every recompute is a call of the FSDP unit, which gathers.
+            # A unit per layer class, plus one per outermost module whose parameters are all frozen
+            # (FLAVA: the codebook, the unused heads and poolers). TRAP: without use_orig_params a
+            # unit's FlatParameter must be all trainable or all frozen ("FlatParameter requires
+            # uniform requires_grad"), and freeze_unused froze heads that sit in the root unit.
+            auto_wrap_policy=CustomPolicy(lambda m: isinstance(m, classes) or id(m) in frozen),
+            mixed_precision=prec.fsdp_mixed_precision(),
+            backward_prefetch=prefetch,
+            forward_prefetch=knobs.forward_prefetch,
+            limit_all_gathers=knobs.limit_all_gathers,
+            # The FLAVA seed's call (its default): the optimizer steps one FlatParameter per unit,
+            # and FSDP's hooks keep no per-parameter views in sync (less host work per step).
+            # Not under -ac-reentrant: why in planner.static.fsdp1_use_orig_params.
+            use_orig_params=fsdp1_use_orig_params(strategy),
+            device_id=device,
+            **extra,
+        )
 
 
 def wrap_fsdp2(
