@@ -26,9 +26,27 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
 
 
+# The groups that take longest, longest first (LPT). xdist's loadgroup hands the groups out in
+# the order the workers collected them, and by default reorders them by their NUMBER of tests
+# (--loadscope-reorder, turned off in pytest_configure): that queued these few-test, long files
+# LAST (a run on the 2-core VM, 2026-11-27, had begun 13 of 55 files after 41 min, test_workflow
+# and test_parity not among them), so one worker ran them alone at the end (in CI the Slurm
+# group's ~14 min among them) while the other idled. Longest first, the many short groups even
+# out the two workers' ends.
+# Order from CI's slowest tests (docs/workflow.md, "CI time"): the Slurm group 835 s alone, then
+# test_workflow's e2e, the parity launches, plan_exact's torchrun, the compiled rungs, ...
+# A group not named here goes after these, in file order; a renamed file only loses its place.
+COSTLIEST_FIRST = ("slurm", "tests/test_workflow.py", "tests/test_parity.py", "tests/test_plan_exact.py",
+                   "tests/test_run.py", "tests/test_faults.py", "tests/test_gpu_check.py")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # xdist registers it itself; without xdist (TEST_WORKERS=0, -p no:xdist) the mark is inert
     config.addinivalue_line("markers", "xdist_group(name): tests an xdist worker runs together (loadgroup)")
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        # The groups go out in COSTLIEST_FIRST's order (see there), not xdist's default, which
+        # queues them by their number of tests (--loadscope-reorder).
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -39,11 +57,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     group, whatever its file: they would otherwise run at the same time on two workers and
     meet on the same srun MASTER_PORT (the slurm-localhost profile's), and queue on the
     node's CPUs (slurm.conf OverSubscribe=NO) past their timeouts. Without xdist the marks
-    do nothing."""
+    do nothing.
+
+    On an xdist worker the items are also sorted group by group, COSTLIEST_FIRST first (a
+    stable sort: a file's tests keep their order); the scheduler takes the groups in the
+    order the workers collected them."""
     # (on a worker `dist` reads 'no'; xdist keeps the mode in its own `loadgroup` option)
     on_loadgroup_worker = hasattr(config, "workerinput") and bool(config.getvalue("loadgroup"))
+    group_of: dict[int, str] = {}
     for item in items:
         group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
+        group_of[id(item)] = group
         item.add_marker(pytest.mark.xdist_group(group))
         node_id = getattr(item, "_id", None)  # pytest >= 9 (a NodeId); older pytest reads _nodeid
         if on_loadgroup_worker and hasattr(node_id, "parse"):
@@ -53,6 +77,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # cluster, one srun port) ran on both workers at once. Set the suffixed id here;
             # xdist's own suffix after it is then harmless (the scheduler reads the last '@').
             item._id = type(node_id).parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
+    if on_loadgroup_worker:
+        rank = {group: i for i, group in enumerate(COSTLIEST_FIRST)}
+        items.sort(key=lambda item: rank.get(group_of[id(item)], len(rank)))
 
 
 def write_rung(root: Path, spec_path: str, status: str = "ok", **metrics: Any) -> Path:
