@@ -193,7 +193,7 @@ def test_seed_flava_fsdp_adds_1_8b_and_2_7b() -> None:
     assert f.margin_gib == pytest.approx(-0.76, abs=0.01) and f.flip_factor == pytest.approx(0.73, abs=0.01) and f.borderline
     assert f.peak / GIB == pytest.approx(37.48, abs=0.01) and f.phase.startswith("backward:image_masked")
     assert seeds.fitting("fsdp-full", seeds.SEED_FLAVA, batch=8) == FLAVA[:4]
-    assert seeds.fitting("fsdp-full", Variant(gathered_param_bytes=4)) == FLAVA[:4]  # that one switch suffices
+    assert seeds.fitting("fsdp-full", Variant(gathered_param_bytes=4, flava_impl="torchmultimodal")) == FLAVA[:4]  # that one switch suffices
 
 
 def test_seed_flava_fsdp_ac_reaches_4_8b_and_10b() -> None:
@@ -235,7 +235,8 @@ def test_seed_flava_max_batch_ratios_and_10b() -> None:
     assert (r350, r900, ten) == (pytest.approx(108 / 23), pytest.approx(42 / 6), 7)
     assert seeds.batch_ratios(seeds.SEED_FLAVA, CALIBRATED.scaled(1.0)) == seeds.batch_ratios(seeds.SEED_FLAVA)
     # Bucket views leave DDP's max batch where it was (it is set at forward end, not in the step).
-    assert seeds.flava_max_batches(Variant(gather_across_passes=False, gathered_param_bytes=4))["ddp"][:2] == [90, 24]
+    assert seeds.flava_max_batches(Variant(gather_across_passes=False, gathered_param_bytes=4,
+                                           flava_impl="torchmultimodal"))["ddp"][:2] == [90, 24]
     # The ratios hardly move with the overhead estimates: not what keeps them off the seed's.
     for k in (0.5, 1.5):
         a, b, t = seeds.batch_ratios(seeds.SEED_FLAVA, CALIBRATED.scaled(k))
@@ -280,14 +281,15 @@ def test_sensitivity_names_the_verdicts_the_overhead_estimates_decide() -> None:
 # block by default (fsdp_activation_checkpointing=True), so "-ac" is the seed's configuration.
 # Optimizer: ours is fused AdamW (scaleladder.rung.optim), ORNL's is torch.optim.AdamW(fused=...), and
 # ORNL's measured peaks (mem_alloc_1G.py: 3B NO_SHARD 47.3 GB, DDP 59.8 GB) fit 16 B/param in the step,
-# i.e. no foreach temporary: the same optimizer (seeds.ORNL_VIT == seeds.RUNNER). The foreach AdamW our
+# i.e. no foreach temporary: the same optimizer (seeds.ORNL_VIT == seeds.RUNNER_SDPA, the runner's defaults;
+# seeds.RUNNER differs only in building TorchMultimodal's FLAVA, which ViT ignores). The foreach AdamW our
 # runner used before issue 10 (20 B/param in the step, seeds.FOREACH) is asserted alongside.
 
 GCD = "mi250x-gcd"
 
 
 def test_the_vit_seed_ran_our_optimizer() -> None:
-    assert seeds.ORNL_VIT == seeds.RUNNER and not seeds.RUNNER.foreach_temp and seeds.FOREACH.foreach_temp
+    assert seeds.ORNL_VIT == seeds.RUNNER_SDPA and not seeds.RUNNER.foreach_temp and seeds.FOREACH.foreach_temp
 
 
 def test_seed_vit_3b_fits_one_gcd() -> None:
@@ -490,22 +492,29 @@ def test_fsdp2_prefetch_and_grad_op_cost_memory_and_compile_is_refused() -> None
 
 
 def test_fsdp2_fits_flava_10b_on_a100_40gb_with_non_reentrant_ac_where_fsdp1_does_not() -> None:
-    # FSDP2 reshards FLAVA's layers between the two passes (only the first pass's unsharded
-    # gradients pile up); FSDP1 keeps parameters and gradients gathered (docs/planner.md).
-    f1 = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b1"), 8, 8, "a100-40gb")
-    f2 = predict(spec("flava-10b/fsdp2-full-ac/bf16-mixed/pf0/n1/b1"), 8, 8, "a100-40gb")
+    # TorchMultimodal's FLAVA runs each encoder twice: FSDP2 reshards the layers between the two
+    # passes (only the first pass's unsharded gradients pile up); FSDP1 keeps parameters and
+    # gradients gathered (docs/planner.md).
+    tm = Variant(flava_impl="torchmultimodal")
+    f1 = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b1"), 8, 8, "a100-40gb", variant=tm)
+    f2 = predict(spec("flava-10b/fsdp2-full-ac/bf16-mixed/pf0/n1/b1"), 8, 8, "a100-40gb", variant=tm)
     assert not f1.fits and f2.fits
     assert f1.peak_bytes - f2.peak_bytes > 10 * 2**30
+    # The sdpa FLAVA (a rung's default) runs each encoder once, on both inputs batched: nothing
+    # piles up between passes, and FSDP1 fits it too.
+    assert predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b1"), 8, 8, "a100-40gb").fits
 
 
 def test_the_seeds_reentrant_ac_as_a_rung_fits_flava_10b_where_non_reentrant_does_not() -> None:
     # fsdp-full-ac-reentrant is the seed's AC form run by our runner (units inside the checkpoint
     # wrappers, resharded after each pass's nested backward): the planner models it as the seed's
     # Variant(gather_across_passes=False) and no other switch, so the same mechanism decides both.
-    ours = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
-    rung = predict(spec("flava-10b/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb")
+    # (TorchMultimodal's FLAVA, whose two passes per encoder the two AC forms treat differently.)
+    tm = Variant(flava_impl="torchmultimodal")
+    ours = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb", variant=tm)
+    rung = predict(spec("flava-10b/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb", variant=tm)
     as_variant = predict(spec("flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"), 8, 8, "a100-40gb",
-                         variant=Variant(gather_across_passes=False))
+                         variant=Variant(gather_across_passes=False, flava_impl="torchmultimodal"))
     assert not ours.fits and rung.fits
     # The rung keeps use_orig_params (planner.static.fsdp1_use_orig_params): aligned parameters and
     # AdamW state over the trainable elements only, a few hundred KB from the flat-parameter Variant.

@@ -5,7 +5,9 @@ sample: ``saved`` (autograd keeps it for backward), ``held`` (the forward's Pyth
 keep it until ``forward`` returns), ``fwd_transient`` / ``bwd_transient`` (extra memory at
 the peak inside its forward / backward). Every coefficient comes from reading the forward
 code op by op (torchmultimodal nightly 2024.4.1, torch 2.14); tests/test_plan_activations.py
-checks the saved bytes against autograd's saved-tensor hooks.
+checks the saved bytes against autograd's saved-tensor hooks. FLAVA comes in the implementation
+the rung builds (models/flava_impl.py): ``sdpa`` (the default: :func:`flava_sdpa_calls`) or
+TorchMultimodal's own (:func:`flava_calls`).
 Why and the dtype traps behind the numbers: docs/planner.md, "2. Activations, call by call".
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaleladder.models.batch_layout import masked_counts
+from scaleladder.models.flava_impl import SDPA
 from scaleladder.models.flavors import Flavor
 
 STATS = 8  # LayerNorm saves mean and rstd, fp32, per token
@@ -79,6 +82,7 @@ class Call:
     fwd_transient: float = 0.0
     bwd_transient: float = 0.0
     is_layer: bool = False
+    releases: float = 0.0  # what earlier calls' ``held`` stops holding here (an encoder's output object dropped)
 
 
 # -- transformer layers ------------------------------------------------------------------
@@ -144,6 +148,37 @@ def vit_layer(T: int, f: Flavor, d: Dtypes) -> tuple[float, float, float, float]
     return saved, held, fwd, _bwd_transient(Th, Tm, d, attn_grads=qkv + 4 * Th, attn_freed=0.0)
 
 
+def sdpa_lse_bytes(T: int, f: Flavor, d: Dtypes, masked: bool = False, target: str = "cuda") -> float:
+    """Per sample: what fused attention saves beside q, k, v and its output, one layer.
+
+    ``cuda`` (the planner's target): FlashAttention-2 (bf16/fp16, no mask) saves an fp32
+    logsumexp [a, T] and a philox seed/offset (a few bytes, not counted); the memory-efficient
+    kernel (fp32, or a mask: FLAVA's text encoder) pads the logsumexp to a multiple of 32 tokens
+    and also saves the mask as an additive bias in the compute dtype, [1, 1, T] a sample padded to
+    8 (a stride-0 expand of it reaches the kernel). ``cpu``: ``_scaled_dot_product_flash_attention_for_cpu``,
+    an fp32 [T, a] logsumexp unpadded, and the mask (converted to the compute dtype) as it came.
+    torch 2.14's meta registrations give these shapes (docs/planner.md, "FLAVA on SDPA").
+    """
+    a = f.heads
+    if target == "cpu":
+        return 4 * a * T + (d.c * T if masked else 0.0)
+    if d.c == 4 or masked:  # memory-efficient attention
+        return 4 * a * (-(-T // 32) * 32) + (d.c * (T + 8 - T % 8 if T % 8 else T) if masked else 0.0)
+    return 4 * a * T
+
+
+def flava_sdpa_layer(T: int, f: Flavor, d: Dtypes, masked: bool = False,
+                     target: str = "cuda") -> tuple[float, float, float, float]:
+    """(saved, held, fwd_transient, bwd_transient) per sample, FLAVA's layer on SDPA
+    (models/flava_attention.py's ``SdpaLayer``): ViT's fused layer, except that three Linears
+    (query, key, value) read LN1's output, so under autocast with an fp32 stream each casts
+    it again, and the logsumexp is the kernel's (:func:`sdpa_lse_bytes`)."""
+    saved, held, fwd, bwd = vit_layer(T, f, d)
+    Th = T * f.hidden
+    saved += (d.lin_in(3) - d.lin_in(1)) * Th - 4 * f.heads * T + sdpa_lse_bytes(T, f, d, masked, target)
+    return saved, held, fwd, bwd
+
+
 def sac_kept(T: int, f: Flavor, d: Dtypes, sdpa: bool) -> float:
     """Per sample, what ``-sac`` keeps of one layer's forward: the outputs of its matmuls
     and fused attention (rung/sac.py's SAVE_OPS), every one of them in the compute dtype.
@@ -160,16 +195,24 @@ def sac_kept(T: int, f: Flavor, d: Dtypes, sdpa: bool) -> float:
     return 3 * d.c * Th + attn + d.c * Th + d.c * T * m + d.c * Th
 
 
-def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> Call:
-    fn = flava_layer if f.family == "flava" else vit_layer
-    saved, held, fwd, bwd = fn(T, f, d)
+def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool, sac: bool = False,
+               sdpa_flava: bool = False, masked: bool = False, samples: int = 1) -> Call:
+    """One layer call. ``sdpa_flava``: FLAVA's layer on SDPA (``masked``: with a padding mask,
+    the text encoder's); ``samples``: samples per sample of the batch (2: FLAVA's batched twin
+    passes run the layer on the plain and the masked input at once)."""
+    if f.family == "flava":
+        saved, held, fwd, bwd = flava_sdpa_layer(T, f, d, masked) if sdpa_flava else flava_layer(T, f, d)
+    else:
+        saved, held, fwd, bwd = vit_layer(T, f, d)
+    sdpa = sdpa_flava or f.family != "flava"
     if not ac:
-        return Call(name, unit, saved, held, fwd, bwd, is_layer=True)
+        return _times(Call(name, unit, saved, held, fwd, bwd, is_layer=True), samples)
     # Non-reentrant checkpoint: only the layer's input survives; the backward recomputes
     # the layer (all of its saved tensors come back) before running its own backward.
-    # FLAVA's layer still RETURNS its attention probabilities, and the encoder keeps them
-    # in `attentions` until forward returns, so they are held even under AC.
-    probs_held = f.heads * T * T * d.c if f.family == "flava" else 0.0
+    # TorchMultimodal's FLAVA layer still RETURNS its attention probabilities, and the encoder
+    # keeps them in `attentions` until forward returns, so they are held even under AC
+    # (the SDPA layer makes none).
+    probs_held = 0.0 if sdpa else f.heads * T * T * d.c
     # Inside a checkpointed forward nothing is saved: intermediates die as soon as they are
     # consumed, so the in-layer peak is the attention transient next to the q/k/v inputs
     # and copies, or the MLP's two T×m tensors.
@@ -180,9 +223,19 @@ def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool, sac
         # brings back the rest of the saved set (the kept outputs are reused, not copied).
         # The in-layer forward peak is taken as -ac's plus everything kept (an upper bound:
         # the last matmuls' outputs are not all alive at the attention's peak).
-        kept = sac_kept(T, f, d, sdpa=f.family != "flava")
-        return Call(name, unit, d.r * Th + kept, probs_held, fwd_ac + kept, max(saved - kept, 0.0) + bwd, is_layer=True)
-    return Call(name, unit, d.r * Th, probs_held, fwd_ac, saved + bwd, is_layer=True)
+        kept = sac_kept(T, f, d, sdpa=sdpa)
+        call = Call(name, unit, d.r * Th + kept, probs_held, fwd_ac + kept, max(saved - kept, 0.0) + bwd, is_layer=True)
+    else:
+        call = Call(name, unit, d.r * Th, probs_held, fwd_ac, saved + bwd, is_layer=True)
+    return _times(call, samples)
+
+
+def _times(call: Call, k: float) -> Call:
+    """``call`` run on ``k`` samples per sample of the batch: every per-sample figure × k."""
+    if k == 1:
+        return call
+    return Call(call.name, call.unit, k * call.saved, k * call.held, k * call.fwd_transient, k * call.bwd_transient,
+                call.is_layer, k * call.releases)
 
 
 # -- whole models ------------------------------------------------------------------------
@@ -284,10 +337,66 @@ def flava_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[list[
     return [image_pass(""), text_pass(""), image_pass("_masked"), text_pass("_masked"), mm, [loss]]
 
 
-def forward_passes(f: Flavor, precision: str, ac: bool, fsdp: bool = False, sac: bool = False) -> list[list[Call]]:
-    """``sac``: the checkpointing is selective (-sac, with ``ac``)."""
+def flava_sdpa_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[list[Call]]:
+    """The ``sdpa`` implementation's passes (models/flava_impl.py), in forward order.
+
+    Each unimodal encoder runs once on its plain and masked inputs concatenated along the
+    batch (models/flava_passes.py), so its calls are TorchMultimodal's passes' calls at two
+    samples a sample: the same bytes in total, but all alive at once from the encoder on.
+    The layers are SDPA layers (no probabilities). The encoder's list of layer inputs dies
+    when the batched output is split (``releases``), not when forward returns. The sync-free
+    losses run the heads over every text token and every patch of every pair (flava_losses.py).
+    """
+    h, L, s = f.hidden, f.layers, f.image_size
+    Ti, Tt = f.patches + 1, f.text_len
+    Tm = Ti + Tt + 1
+    img = 3 * s * s
+
+    def encoder(tag: str, T: int, first_unit: int, embed: Call, masked: bool) -> list[Call]:
+        layers = [layer_call(f"{tag}.layer", first_unit + i, T, f, d, ac, sac, sdpa_flava=True, masked=masked, samples=2)
+                  for i in range(L)]
+        final = _times(_final_norm(f"{tag}.final_norm", T, h, d, read_by_head=True), 2)
+        # the split keeps the last hidden state (the fusion encoder reads its masked half); the
+        # list of every layer's input goes (with a bf16 stream it held them; fp32: LN saved them)
+        hidden = Call(f"{tag}.hidden_states", None, 0.0, releases=sum(c.held for c in layers) + embed.held)
+        return [embed, *layers, final, hidden]
+
+    # image: torch.cat([image, image]) is a new tensor: the patch conv saves it (autocast: its bf16
+    # copy, while the fp32 cat lives to the end of the encoder call); under FSDP's MixedPrecision
+    # the root's bf16 cast of the input lives until forward returns.
+    img_saved = 2 * img * (2 if d.autocast else d.store)
+    img_embed = Call("image.embed", None, saved=img_saved, held=2 * img * d.store if d.mode == "mixed" else 0.0,
+                     fwd_transient=2 * (d.c + 2 * 4) * f.patches * h)
+    fsdp_input = Call("image.input_cast", None, 0.0, held=2 * img if d.mode == "fsdp-mixed" else 0.0)
+    text_embed = _times(Call("text.embed", None, saved=4 * Tt * h + STATS * Tt, fwd_transient=3 * d.r * Tt * h), 2)
+    image = [fsdp_input, *encoder("image", Ti, 0, img_embed, masked=False)]
+    text = encoder("text", Tt, L, text_embed, masked=True)
+
+    # The fusion encoder's projections read the masked halves of the last hidden states: under
+    # autocast with an fp32 stream a bf16 copy of each half; else a view, which keeps the whole
+    # [2B, T, h] storage (fp32: the one the final LayerNorm saved; bf16: moved from held to saved).
+    kept = 0.0 if d.r == 4 else 2 * d.r * (Ti + Tt) * h
+    proj_saved = 2 * (Ti + Tt) * h if d.casts else kept
+    mm = [Call("mm.projections", None, saved=proj_saved, fwd_transient=2 * d.c * (Ti + Tt) * h, releases=kept)]
+    mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac, sac, sdpa_flava=True) for i in range(f.mm_layers)]
+    mm.append(_final_norm("mm.final_norm", Tm, h, d, read_by_head=True))
+
+    # Loss: the multimodal heads on every text token and patch of every pair; the labels
+    # select the masked tokens of matched pairs.
+    ts, th, tt = _head(Tt, f.vocab_size, h, d)
+    is_, ih, it = _head(f.patches, f.image_vocab, h, d)
+    loss = Call("loss.heads", None, saved=ts + is_, held=th + ih, fwd_transient=max(tt, it))
+    return [image, text, mm, [loss]]
+
+
+def forward_passes(f: Flavor, precision: str, ac: bool, fsdp: bool = False, sac: bool = False,
+                   flava_impl: str = SDPA) -> list[list[Call]]:
+    """``sac``: the checkpointing is selective (-sac, with ``ac``). ``flava_impl``: which FLAVA
+    the rung builds (models/flava_impl.py; ignored for ViT)."""
     d = dtypes(precision, fsdp)
-    return flava_calls(f, d, ac, sac) if f.family == "flava" else vit_calls(f, d, ac, sac)
+    if f.family != "flava":
+        return vit_calls(f, d, ac, sac)
+    return flava_sdpa_calls(f, d, ac, sac) if flava_impl == SDPA else flava_calls(f, d, ac, sac)
 
 
 def backward_order(f: Flavor, passes: list[list[Call]]) -> list[Call]:
@@ -302,8 +411,14 @@ def backward_order(f: Flavor, passes: list[list[Call]]) -> list[Call]:
     """
     if f.family == "vit":
         return list(reversed(passes[0]))
-    img_u, txt_u, img_m, txt_m, mm, loss = passes
+    if len(passes) == 4:
+        # sdpa: one batched pass per unimodal encoder; each runs its backward once, after the
+        # fusion encoder's, when both halves' gradients are in (the text encoder ran later).
+        order = list(reversed(passes))
+    else:
+        img_u, txt_u, img_m, txt_m, mm, loss = passes
+        order = [loss, mm, txt_m, img_m, txt_u, img_u]
     out: list[Call] = []
-    for p in (loss, mm, txt_m, img_m, txt_u, img_u):
+    for p in order:
         out += list(reversed(p))
     return out

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from scaleladder.models.batch_layout import SYNTHETIC_POOL
+from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT, parse_flava_impl
 from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.planner.activations import Call, backward_order, forward_passes
 from scaleladder.planner.inventory import Inventory, fsdp1_units, inventory
@@ -88,10 +89,15 @@ class Variant:
     # FlatParameter cannot mix frozen and trained parameters). The FLAVA seed trained them in
     # the root unit: False keeps them there (its state for them is still not modelled).
     frozen_units: bool = True
+    # Which FLAVA the rung builds (models/flava_impl.py): ours is `sdpa` (fused attention, the
+    # twin encoder passes batched, sync-free losses), what `scaleladder run` builds by default.
+    # The seeds ran TorchMultimodal's own modules: "torchmultimodal" (also `--flava-impl`'s other value).
+    flava_impl: str = FLAVA_DEFAULT
 
     def __post_init__(self) -> None:
         if self.adamw not in ADAMW_IMPLS:
             raise ValueError(f"Variant.adamw must be one of {ADAMW_IMPLS}, got {self.adamw!r}")
+        parse_flava_impl(self.flava_impl)
 
     @property
     def foreach_temp(self) -> bool:
@@ -137,7 +143,8 @@ def step_setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: A
     shard = sharding(strategy, world)
     if shard.fsdp and not shard.fsdp2 and variant.frozen_units:
         inv = fsdp1_units(inv)  # FSDP1's frozen heads are units of their own (rung.ladder.wrap_fsdp)
-    passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant), strategy.selective)
+    passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant), strategy.selective,
+                            variant.flava_impl)
     full, chunk, grad_full, grad_chunk = _unit_sizes(inv, shard, aligned_numel(precision, fsdp1_use_orig_params(strategy)))
     # Fused AdamW's step counters are device tensors, each a whole allocator block; the
     # other implementations keep them on the host (not device memory at all).

@@ -7,8 +7,10 @@ docs/planner.md, "The step as a timeline", says what each phase holds and why.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from scaleladder.models.flava_impl import SDPA
 from scaleladder.planner.activations import Call, Dtypes, codebook_transient, dtypes, input_bytes
 from scaleladder.planner.static import Sharding, fsdp_param_bytes, sharding, step_transient_bytes, storage_bytes
 from scaleladder.planner.step_setup import StepSetup, lowp_params
@@ -62,8 +64,20 @@ class StepSizes:
     copy_out: float  # FSDP2: the flat all-gather output, alive for a moment after a backward gather
 
 
+def fsdp1_as_run(shard: Sharding) -> Sharding:
+    """FSDP1 as torch runs it. TRAP: FSDP1 clamps every sharding strategy to NO_SHARD when its
+    (shard) process group has one rank (torch/distributed/fsdp/_init_utils.py: "FSDP is switching to
+    use `NO_SHARD`"): a one-rank fsdp-full or fsdp-grad-op rung gathers nothing (unless it casts
+    to bf16: the mixed-precision copy), keeps no unsharded gradient beside the flat one, and
+    reshards nothing. Measured against torch's MemTracker (``plan --check``): flava-debug/fsdp-full/fp32
+    b4 at world 1 was +8.6% with the sharded model, the root's gathered copy and a second gradient; -0.6% now."""
+    if shard.fsdp and not shard.fsdp2 and shard.group == 1 and shard.kind in ("full", "grad-op", "hybrid"):
+        return dataclasses.replace(shard, kind="no-shard")
+    return shard
+
+
 def step_sizes(setup: StepSetup, batch: int) -> StepSizes:
-    shard = sharding(setup.strategy, setup.world)
+    shard = fsdp1_as_run(sharding(setup.strategy, setup.world))
     act_dtypes = dtypes(setup.precision, lowp_params(shard.fsdp, setup.precision, setup.variant))
     stored = storage_bytes(setup.precision)
     gathered_param = setup.variant.gathered_param_bytes or fsdp_param_bytes(setup.precision)
@@ -186,8 +200,8 @@ def _forward(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> None:
                 cached += sizes.cast_layer
             extra = sizes.layer_forward_extra if call.is_layer else 0.0
             timeline.point(f"forward:{call.name}", activations=batch * call.fwd_transient, buffers=extra)
-            timeline.add("activations", batch * (call.saved + call.held))
-            held += batch * call.held
+            timeline.add("activations", batch * (call.saved + call.held - call.releases))
+            held += batch * (call.held - call.releases)
     timeline.point("forward:end")
     timeline.add("activations", -held)
     if sizes.recast:
@@ -260,8 +274,11 @@ def _backward_fsdp1(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> N
     per_call = setup.strategy.ac and reentrant and not sizes.keep_after_forward
     touched: set[int | None] = set()
     reduced: set[int | None] = set()
+    poolers = _PoolerPileUp(setup, sizes) if not per_call else None
     for i, call in enumerate(order):
         unit = call.unit if call.is_layer else None
+        if poolers is not None:
+            poolers.before(call, timeline)
         if unit not in touched or (per_call and unit is not None):
             _fsdp1_span_start(setup, sizes, timeline, unit)
             touched.add(unit)
@@ -273,6 +290,52 @@ def _backward_fsdp1(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> N
     # Units that never ran backward (the frozen codebook) hold no gradient; all others'
     # sharded gradients are now allocated: the static figure, exactly.
     timeline.parts["grads"] = float(setup.static["grads"])
+
+
+class _PoolerPileUp:
+    """FSDP1, TorchMultimodal's FLAVA (two passes per encoder): the encoders' frozen poolers, units
+    of their own, gathered in backward and kept until the unmasked pass's backward.
+
+    FSDP1's backward prefetch gathers the unit that ran just before the one starting its backward:
+    before the fusion layers, the masked text pass's pooler; before the masked text pass's first
+    layer, the masked image pass's pooler. Nothing reshards them there (FSDP1 registers a frozen
+    unit's reshard-only hook once, at its first forward, so it fires in the unmasked pass's
+    backward): they stay gathered, as the layers do, until the unmasked text (resp. image) pass's
+    backward. tests/test_plan_exact.py counts them on two gloo ranks: 2 beside the layers, then 1,
+    then 0. Under the ``sdpa`` FLAVA (one batched pass per encoder) a pooler is only prefetched for a
+    moment where a layer would be (``backward_prefetch`` already counts a layer there): nothing here.
+    """
+
+    def __init__(self, setup: StepSetup, sizes: StepSizes) -> None:
+        tm = setup.inv.flavor.family == "flava" and setup.variant.flava_impl != SDPA
+        self.on = tm and sizes.gathered and not sizes.keep_after_forward
+        self.size = {enc: sum(u.numel for u in setup.inv.frozen if u.params[0].name.startswith(f"flava.model.{enc}_encoder.pooler."))
+                     * sizes.gathered_param for enc in ("image", "text")}
+        self.first_text_unit = setup.inv.flavor.layers
+        self.held: set[str] = set()
+
+    def _take(self, enc: str, timeline: Timeline) -> None:
+        if enc not in self.held:
+            self.held.add(enc)
+            timeline.add("buffers", self.size[enc])
+
+    def _drop(self, enc: str, timeline: Timeline) -> None:
+        if enc in self.held:
+            self.held.discard(enc)
+            timeline.add("buffers", -self.size[enc])
+
+    def before(self, call: Call, timeline: Timeline) -> None:
+        """Gather or free a pooler before ``call``'s backward."""
+        if not self.on:
+            return
+        if call.name.startswith("mm.layer"):
+            self._take("text", timeline)
+        elif call.name.startswith("text_masked.layer") and call.unit == self.first_text_unit:
+            self._take("image", timeline)
+        elif call.name.startswith("text."):
+            self._drop("text", timeline)
+        elif call.name.startswith("image."):
+            self._drop("image", timeline)
 
 
 def _fsdp1_span_start(setup: StepSetup, sizes: StepSizes, timeline: Timeline, unit: int | None) -> None:
