@@ -32,16 +32,27 @@ CASES = [
     ("vit-base/single/bf16-mixed/pre-lag/n1/b8", 1),
     ("vit-base/single-ac/bf16-mixed/pre-lag/n1/b32", 1),  # autocast copies under non-reentrant AC
     ("vit-base/fsdp2-full-ac/bf16-mixed/pf0/n1/b32", 8),  # FSDP2 on the fake process group
+    # The sdpa FLAVA (what a rung builds): fused attention, batched twin passes, sync-free heads
+    # over every token. TorchMultimodal's own FLAVA cannot run on fake tensors (its boolean-mask
+    # indexing). Measured +0.5% on dev-cpu (its FSDP1 rungs: docs/planner.md, "Validation").
+    ("flava-debug/single/bf16-mixed/pre-lag/n1/b4", 1),
 ]
 
 
 @pytest.mark.parametrize("spec,world", CASES)
 def test_the_planner_agrees_with_torchs_memory_tracker(spec: str, world: int) -> None:
+    from scaleladder.planner.inventory import inventory
+    from scaleladder.planner.static import ALLOC_BLOCK_BYTES
+
     c = measure(RunSpec.from_path(spec), world)
     assert abs(c.error) <= TOLERANCE, "\n".join(c.lines())
     params, optimizer = c.static("params"), c.static("optimizer")
     assert params[0] == params[1] > 0, c.lines()
-    assert abs(optimizer[1] - optimizer[0]) <= 1e-3 * optimizer[0], c.lines()
+    # Fused AdamW's step counters: the planner counts a 512-byte block each, which the tracker files
+    # elsewhere; 0.1% of vit-base's state, but a debug flavor's state is small beside its ~100 counters.
+    inv = inventory(RunSpec.from_path(spec).model)
+    counters = sum(1 for u in inv.units() for p in u.params if p.trainable) * ALLOC_BLOCK_BYTES
+    assert abs(optimizer[1] - optimizer[0]) <= max(1e-3 * optimizer[0], counters), c.lines()
 
 
 def test_plan_check_prints_both_figures_and_refuses_what_it_cannot_check(capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,5 +60,18 @@ def test_plan_check_prints_both_figures_and_refuses_what_it_cannot_check(capsys:
     out = capsys.readouterr().out
     assert "vit-debug/fsdp2-full/bf16-mixed/pf0/n1/b4 at world 8: planner " in out and "torch's tracker" in out
     assert "planned/tracked - 1 = " in out
-    with pytest.raises(SpecError, match="does not cover FLAVA"):
-        measure(RunSpec.from_path("flava-debug/single/bf16-mixed/pre-lag/n1/b4"))
+    with pytest.raises(SpecError, match="does not cover FLAVA --flava-impl torchmultimodal"):
+        measure(RunSpec.from_path("flava-debug/single/bf16-mixed/pre-lag/n1/b4"), flava_impl="torchmultimodal")
+
+
+def test_fsdp1_on_one_rank_is_planned_as_torch_runs_it() -> None:
+    # FSDP1 clamps FULL_SHARD / SHARD_GRAD_OP to NO_SHARD on a one-rank group (planner.timeline.fsdp1_as_run):
+    # nothing gathered in fp32, and the same peak as the no-shard rung. Against the tracker (dev-cpu,
+    # `scaleladder plan --spec flava-debug/fsdp-full/fp32/pre-lag/n1/b4 --check`): +8.6% before, -0.6% after.
+    from scaleladder.planner.memory import predict
+
+    full = predict(RunSpec.from_path("flava-debug/fsdp-full/fp32/pre-lag/n1/b4"), 1, 1, "cpu")
+    no_shard = predict(RunSpec.from_path("flava-debug/fsdp-no-shard/fp32/pre-lag/n1/b4"), 1, 1, "cpu")
+    assert full.breakdown.get("buffers", 0) == 0 and full.peak_bytes == no_shard.peak_bytes
+    # on two ranks it shards, and gathers
+    assert predict(RunSpec.from_path("flava-debug/fsdp-full/fp32/pre-lag/n1/b4"), 2, 2, "cpu").peak_bytes != full.peak_bytes

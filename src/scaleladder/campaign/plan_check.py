@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaleladder.models.flava_impl import SDPA
 from scaleladder.spec import RunSpec, SpecError
 
 #: MemTracker's categories that are static across a step, against the planner's breakdown keys.
@@ -95,9 +96,15 @@ def _fake_materialize(model: Any, device: Any) -> None:
     ``trunc_normal_`` raise under fake mode. Empty tensors need neither."""
     import torch
 
+    # TRAP: tied parameters (FLAVA's MLM/MIM heads: ``decoder.bias`` IS ``cls.bias``) must stay one
+    # parameter: replaced one module at a time, the tie breaks, freeze_unused freezes one name of
+    # the two and FSDP1 meets a unit mixing frozen and trainable ("uniform requires_grad").
+    made: dict[int, torch.nn.Parameter] = {}
     for m in model.modules():
         for name, p in list(m.named_parameters(recurse=False)):
-            setattr(m, name, torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad))
+            if id(p) not in made:
+                made[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+            setattr(m, name, made[id(p)])
         for name, b in list(m.named_buffers(recurse=False)):
             m._buffers[name] = torch.empty_like(b, device=device)
 
@@ -110,6 +117,11 @@ def _group(world: int) -> Iterator[None]:
 
     if dist.is_initialized():
         raise SpecError("the planner check makes its own process group; one exists already")
+    # TRAP: torch.distributed.nn.functional.all_gather (FLAVA's contrastive loss, through
+    # TorchMultimodal) takes ``group=group.WORLD`` as a default argument, evaluated at import: imported
+    # first while a check's group exists, it keeps that group, and the next check's backward fails
+    # ("not initialized in the world group map"). Imported here, before any group, the default is None.
+    import torch.distributed.nn.functional  # noqa: F401
     if world == 1:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     else:
@@ -122,25 +134,26 @@ def _group(world: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def measure(spec: RunSpec, world: int = 1) -> Check:
-    """Two runner steps of ``spec`` under torch's memory tracker, and the planner's prediction."""
+def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
+    """Two runner steps of ``spec`` under torch's memory tracker, and the planner's prediction.
+    ``flava_impl``: the FLAVA a rung builds (models/flava_impl.py); only ``sdpa`` can be checked."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.planner.memory import predict
+    from scaleladder.planner.memory import Variant, predict
     from scaleladder.rung.batches import SyntheticBatches
     from scaleladder.rung.ladder import apply_strategy, unused_parameter_names
     from scaleladder.rung.optim import backward_and_step, make_optimizer, make_scaler
     from scaleladder.rung.precision import policy
 
     flavor = get_flavor(spec.model)
-    if flavor.family == "flava":
-        # TRAP: FLAVA's loss indexes by boolean masks (multimodal_masked_sequence[pos_mask]): a
-        # nonzero, whose output size fake tensors cannot know without the counts given.
-        raise SpecError(f"{spec.model}: the planner check does not cover FLAVA yet (its masked indexing is a nonzero "
-                        "whose size fake tensors cannot know; docs/planner.md)")
+    if flavor.family == "flava" and flava_impl != SDPA:
+        # TRAP: TorchMultimodal's FLAVA loss indexes by boolean masks (multimodal_masked_sequence[pos_mask]):
+        # a nonzero, whose output size fake tensors cannot know. The sdpa FLAVA's losses select by labels.
+        raise SpecError(f"{spec.model}: the planner check does not cover FLAVA --flava-impl {flava_impl} (its masked "
+                        "indexing is a nonzero whose size fake tensors cannot know; docs/planner.md)")
     if spec.strategy.compile or spec.strategy.is_fsdp1 and world > 1 or spec.batch == "max":
         raise SpecError(f"{spec.path}: the planner check covers single, ddp, FSDP1 on one rank and FSDP2 at a fixed batch")
     spec.strategy.check_world(world)
@@ -167,7 +180,7 @@ def measure(spec: RunSpec, world: int = 1) -> Check:
                 return meshes[key]
 
             mesh_patch = _patched(dm, "init_device_mesh", premade)
-        model = build_model(flavor, "meta")
+        model = build_model(flavor, "meta", flava_impl=flava_impl)
         with FakeTensorMode(allow_non_fake_inputs=True), mesh_patch:
             _fake_materialize(model, device)
             model.to = lambda *a, **k: model  # already on the device (see _fake_materialize)
@@ -195,7 +208,7 @@ def measure(spec: RunSpec, world: int = 1) -> Check:
             peak = tracker.get_tracker_snapshot("peak")
     snap = next(iter(peak.values()))
     tracked = {str(getattr(k, "value", k)): int(v) for k, v in snap.items() if str(k) != "Total"}
-    pred = predict(spec, world, world, "cpu")
+    pred = predict(spec, world, world, "cpu", variant=Variant(flava_impl=flava_impl))
     return Check(spec.path, world, int(snap["Total"]), int(pred.peak_bytes), tracked,
                  {k: int(v) for k, v in pred.breakdown.items() if k != "overhead"}, time.perf_counter() - t0)
 
