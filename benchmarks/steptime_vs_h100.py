@@ -3,20 +3,27 @@
     python benchmarks/steptime_vs_h100.py            # a Markdown table, then the tallies
 
 The calibration (planner/calibration/h100.json) was solved from two rungs of the `full/`
-report only: vit-base single b128 (compute) and flava-350m single b16 (host us per op). Every
-other figure is predicted: the 21 strategy rungs of the `strategies/` report (another run on
-the same machine), the 8 max-batch rungs that finished, and the rest of the `full/` report's
-rows. No .h5 records were committed; the figures are the reports' (step ms, or batch over
-items/s for a max-batch rung). Torch-free.
+report only: vit-base single b128 (compute) and flava-350m single b16 (the host's
+``table_factor``: its 196.2 ms over the host table's row for the same rung). Every other figure
+is predicted: the 21 strategy rungs of the `strategies/` report (another run on the same
+machine), the 8 max-batch rungs that finished, and the rest of the `full/` report's rows. No
+.h5 records were committed; the figures are the reports' (step ms, or batch over items/s for a
+max-batch rung). Torch-free.
+
+The H100 ran the tree of b5d4501 (docs/gpu-check-h100/README.md): TorchMultimodal's FLAVA (no
+``--flava-impl`` yet) and FSDP1 before issue 30. So the host work comes from the host table
+measured on that code (``calibration/host_table_75af641.json``: 75af641 has the same rung/ and
+models/ as b5d4501), and FLAVA is predicted as ``torchmultimodal``. ``--table`` names another.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
 
-from scaleladder.planner.rates import rates
+from scaleladder.planner.rates import read_host_table, rates
 from scaleladder.planner.steptime import predict_step
 from scaleladder.spec import RunSpec
 
@@ -24,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "docs" / "gpu-check-h100"
 STRATEGY_ROW = re.compile(r"^\| [\w.-]+ \| `([^`]+)` \| ok \| [^|]+ \| ([\d,.]+) \| ([\d.]+) \|")
 MAXBATCH_ROW = re.compile(r"^\| ([\w.-]+) \| ([\w-]+) \| ok \| \d+ \| \d+ \| ≥?(\d+)[^|]* \| \d+ \| ([\d,.]+) \|")
+TREE_TABLE = REPO / "src" / "scaleladder" / "planner" / "calibration" / "host_table_75af641.json"
 CALIBRATION = {("full", "vit-base/single/bf16-mixed/pre-lag/n1/b128"), ("full", "flava-350m/single/bf16-mixed/pre-lag/n1/b16")}
 
 
@@ -41,12 +49,16 @@ def measured_rows() -> list[tuple[str, str, float]]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--table", default=str(TREE_TABLE), help="the host table (default: the H100 run's tree's)")
+    table = read_host_table(ap.parse_args(argv).table)
     rows = ["| report | rung | measured (ms) | predicted (ms) | bound | compute / host (ms) | error |", "|---|---|---|---|---|---|---|"]
     tally: dict[str, list[float]] = {}
     for report, path, meas in measured_rows():
         spec = RunSpec.from_path(path)
-        st = predict_step(spec, 1, 1, int(spec.batch), rates("h100-80gb", spec.precision))
+        st = predict_step(spec, 1, 1, int(spec.batch), rates("h100-80gb", spec.precision), flava_impl="torchmultimodal",
+                          table=table)
         err = st.step_time_s / meas - 1
         cal = (report, path) in CALIBRATION
         if not cal:

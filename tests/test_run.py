@@ -380,8 +380,10 @@ def test_a_compiled_fsdp2_rung_runs_under_torchrun(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spec", ["vit-base/ddp-compile/bf16-mixed/pre-lag/n1/b8", "vit-base/fsdp2-full-compile/bf16-mixed/pf0/n1/b8"])
 def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spec: str) -> None:
+    # `plan` gives a compiled rung its eager rung's memory, said to be an upper bound (issue 32) ...
     p = sl("plan", "--spec", spec, "--device", "a100-40gb")
-    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "does not model" in p.stderr, p.stderr
+    assert p.returncode == 0 and "upper bound" in p.stdout, p.stderr
+    # ... which is no verdict to record a rung as predicted-oom by: --plan-only refuses, one line
     p = sl("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
            "--launcher", "false", "--out", str(tmp_path / "r.h5"))
     assert_bad_input(p, "the planner does not model", tmp_path)

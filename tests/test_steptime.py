@@ -5,6 +5,7 @@ every rung of every profile. Torch-free and cheap: no rung runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -17,9 +18,9 @@ from conftest import REPO
 from scaleladder.errors import SpecError
 from scaleladder.planner.comm import Link, Links, all_gather_s, all_reduce_s, links_from_profile, reduce_scatter_s
 from scaleladder.planner.overlap import Stage, schedule
-from scaleladder.planner.rates import check_calibration, datasheet, rates
-from scaleladder.planner.steptime import Site, _ddp_stages, predict_step, site_from_config
-from scaleladder.spec import RunSpec
+from scaleladder.planner.rates import HostTable, check_calibration, datasheet, rates
+from scaleladder.planner.steptime import Site, _ddp_stages, host_seconds, predict_step, site_from_config, table_name
+from scaleladder.spec import RunSpec, parse_strategy
 
 
 def test_one_collective() -> None:
@@ -111,9 +112,18 @@ def test_calibration_for_another_device_or_torch_is_refused() -> None:
 
 
 def test_calibration_reproduces_its_own_rung() -> None:
-    """h100.json was solved from vit-base single b128 (48.8 ms): it must give it back."""
-    st = predict_step(RunSpec.from_path("vit-base/single/bf16-mixed/pre-lag/n1/b128"), 1, 1, 128, rates("h100-80gb", "bf16-mixed"))
+    """h100.json was solved from vit-base single b128 (48.8 ms, compute) and flava-350m single b16
+    (196.2 ms, host-bound: its table_factor over the host table of the tree the H100 ran, under
+    TorchMultimodal's FLAVA): it must give both back."""
+    from scaleladder.planner.rates import read_host_table
+
+    r = rates("h100-80gb", "bf16-mixed")
+    st = predict_step(RunSpec.from_path("vit-base/single/bf16-mixed/pre-lag/n1/b128"), 1, 1, 128, r)
     assert st.step_time_s == pytest.approx(48.8e-3, rel=0.005) and st.bound == "gpu"
+    tree = read_host_table(REPO / "src/scaleladder/planner/calibration/host_table_75af641.json")
+    st = predict_step(RunSpec.from_path("flava-350m/single/bf16-mixed/pre-lag/n1/b16"), 1, 1, 16, r,
+                      flava_impl="torchmultimodal", table=tree)
+    assert st.step_time_s == pytest.approx(196.2e-3, rel=0.005) and st.bound == "host"
 
 
 def test_wide_debug_flavor_is_communication_bound_on_the_ci_cluster() -> None:
@@ -147,21 +157,64 @@ def test_datasheet_matches_the_runner_peaks() -> None:
 
 
 def test_every_rung_of_every_profile_has_a_step_time() -> None:
-    from scaleladder.plan_time import Timing, step_fields
+    """-compile rungs included (their memory the eager rung's, an upper bound); on a GPU site every
+    rung's host work comes from the measured host table, never the stated per-op fallback."""
+    from scaleladder.plan_time import Timing, memory_model, step_fields
+    from scaleladder.planner.memory import predict
     from scaleladder.profiles import load_profile
     from scaleladder.workflow import rank_args
 
+    compiled = 0
     for name in sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "site.yaml").is_file()):
         prof = load_profile(name, REPO)
         timing = Timing(site_from_config(prof.config, name), None, "")
         device = prof.site.get("plan_device") or "cpu"
         for spec in prof.ladder.rungs:
-            if spec.strategy.compile:  # the planner does not model torch.compile (memory nor time)
-                continue
             world, rpn = rank_args(spec, prof.ladder.ranks_per_node)
             f = step_fields(spec, world, rpn, spec.batch if isinstance(spec.batch, int) else 1, device, timing)
             assert f["step_time_s"] and math.isfinite(f["step_time_s"]), (name, spec.path, f)
             assert set(f["step_time_parts"]) == {"compute_s", "host_s", "comm_s", "exposed_comm_s"}
+            host = next(s for s in f["step_time_sources"] if s.startswith("host:"))
+            assert device == "cpu" or "STATED" not in host, (name, spec.path, host)
+            if spec.strategy.compile:
+                compiled += 1
+                assert predict(spec, world, rpn, device).peak_bytes > 0 and memory_model(spec).startswith("upper bound")
+    assert compiled >= 10
+
+
+def _table(*rows: tuple[str, str, str, float]) -> HostTable:
+    return HostTable.from_json({"rows": [{"model": m, "strategy": s, "flava_impl": i, "host_ms": ms, "aten_ops": 1,
+                                          "tree": "t"} for m, s, i, ms in rows]}, "t.json")
+
+
+def test_host_work_from_the_table_found_or_composed() -> None:
+    """A rung's own row; else its model's `single` (or the family's model nearest in depth, scaled
+    by depth) x the family's median ratio; a strategy no model measured composed from its measured
+    parts (wrapper x AC x compile); -sac and FLAVA's two implementations each their own rows;
+    nothing to compose from: None (the stated fallback)."""
+    t = _table(("vit-base", "single", "", 100), ("vit-base", "fsdp-full", "", 160), ("vit-base", "single-ac", "", 150),
+               ("vit-base", "single-sac", "", 120), ("vit-base", "single-compile", "", 80),
+               ("vit-huge", "single", "", 300), ("vit-huge", "fsdp-full", "", 420), ("vit-1b", "single", "", 200),
+               ("flava-350m", "single", "sdpa", 400), ("flava-350m", "single", "torchmultimodal", 500))
+    assert t.host_ms("vit-base", "vit", "fsdp-full", "")[0] == 160  # its own row
+    assert t.host_ms("vit-1b", "vit", "fsdp-full", "")[0] == pytest.approx(200 * 1.5)  # median of 1.6 and 1.4
+    assert t.host_ms("vit-huge", "vit", "single-sac", "")[0] == pytest.approx(300 * 1.2)  # not -ac's 1.5
+    assert t.host_ms("vit-huge", "vit", "fsdp-full-ac", "")[0] == pytest.approx(300 * 1.5 * 1.5)
+    assert t.host_ms("vit-huge", "vit", "fsdp-full-ac-compile", "")[0] == pytest.approx(300 * 1.5 * 1.5 * 0.8)
+    assert t.host_ms("vit-huge", "vit", "fsdp2-full", "") is None  # no model measured FSDP2
+    assert t.host_ms("vit-debug", "vit", "single", "") is None  # a debug flavor: no real flavor's depth to scale
+    # a model without a row: the family's model nearest in depth (vit-1b's 32 layers), scaled by depth
+    assert t.host_ms("vit-5b", "vit", "fsdp-full", "")[0] == pytest.approx(200 * 56 / 32 * 1.5)
+    assert [t.host_ms("flava-350m", "flava", "single", i)[0] for i in ("sdpa", "torchmultimodal")] == [400, 500]
+    # the step: the row x the calibration host's table factor x the site's cpu factor; else STATED, said
+    r = dataclasses.replace(rates("h100-80gb", "bf16-mixed"), table_factor=0.5)
+    spec = RunSpec.from_path("vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b8")
+    host, src = host_seconds(spec, r, Site(cpu_factor=1.3), table=t)
+    assert host == pytest.approx(0.160 * 0.5 * 1.3) and "vit-base/fsdp-full measured" in src
+    host, src = host_seconds(RunSpec.from_path("vit-base/fsdp2-full/bf16-mixed/pf0/n1/b8"), r, Site(), table=t)
+    assert "STATED" in src and "t.json has no vit-base/fsdp2-full" in src
+    assert table_name(parse_strategy("fsdp-hybrid2-ac-reentrant")) == ("fsdp-full-ac", "; fsdp-hybrid2-ac-reentrant as fsdp-full-ac")
+    assert table_name(parse_strategy("fsdp2-full-sac-compile"))[0] == "fsdp2-full-sac-compile"
 
 
 def test_plan_json_text_and_fits_table_carry_the_step_time() -> None:

@@ -64,14 +64,14 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
             max_batch, why = None, ""
             if spec.batch == "max" and fits:
                 try:
-                    # where the search starts: the planner's max batch; for a -compile rung, which the
-                    # planner does not model, its eager counterpart's (maxbatch.planned_start)
+                    # where the search starts: the planner's max batch; for a -compile rung, whose memory
+                    # the planner gives only as an upper bound, its eager counterpart's (maxbatch.planned_start)
                     max_batch = planned_start(spec, site["plan_device"], rpn, swf.rung_data_path(spec, swf.data_source(cfg)))[0]
                 except (SpecError, ValueError) as e:
                     why = f"not priced: no predicted max batch ({e})"
                 if max_batch is None and spec.strategy.compile and not why:
-                    why = ("not priced: its eager counterpart does not fit batch 1, and the planner does not model "
-                           "torch.compile (the rung runs; its search finds out)")
+                    why = ("not priced: its eager counterpart does not fit batch 1, and the planner's memory for a "
+                           "compiled rung is only that upper bound (the rung runs; its search finds out)")
             est = cost.estimate(spec, world, fits, max_batch, timing, measured)
             if spec.batch == "max" and spec.strategy.compile and not est.measured and max_batch is not None:
                 est = dataclasses.replace(est, source=est.source + "; at the eager rung's predicted max batch")

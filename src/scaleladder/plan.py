@@ -85,6 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --profile: predicted items/s and memory per GPU against nodes, every strategy of its ladder")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a calibration file of measured rates (default: the committed one for the device, if any)")
+    p.add_argument("--flava-impl", default=None, metavar="IMPL",
+                   help="a FLAVA rung's implementation, as `scaleladder run --flava-impl` (default sdpa, the runner's): "
+                        "its step time's host work and FLOPs")
     p.add_argument("--torch", default=None, metavar="VERSION",
                    help="the torch the rungs will run under: a --calibration measured under another is refused")
     p.add_argument("--check", action="store_true",
@@ -228,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
         return _vs_measured(args, device)
     if getattr(args, "time_chart", None):
         return _time_chart(args, device, gpus)
-    from scaleladder.plan_time import cell_step, step_fields, step_lines, timing_from_args
+    from scaleladder.plan_time import cell_step, memory_model, step_fields, step_lines, timing_from_args
 
     timing = timing_from_args(args, device.name)
     if args.fits_table or args.fits_chart:
@@ -258,10 +261,12 @@ def main(args: argparse.Namespace) -> int:
     p = predict(spec, spec.nodes * gpus, gpus, device, data=args.data)
     st = step_fields(spec, spec.nodes * gpus, gpus, p.batch if p.fits else None, device.name, timing)
     if args.json:
-        out: dict[str, Any] = {**p.as_dict(), **st}
+        out: dict[str, Any] = {**p.as_dict(), "memory_model": memory_model(spec), **st}
         print(json.dumps(out, indent=1))
     else:
         _print_prediction(p)
+        if spec.strategy.compile:
+            print(f"  memory: {memory_model(spec)}; so the max batch is a lower bound")
         print("\n".join(step_lines(st)))
     return 0
 

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.errors import SpecError
+from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
+from scaleladder.models.flava_impl import parse_flava_impl
+from scaleladder.models.flavors import get_flavor
 from scaleladder.planner.memory import Device, predict
 from scaleladder.planner.rates import check_calibration, rates, read_calibration
 from scaleladder.planner.steptime import Site, predict_step, site_from_config
@@ -28,6 +31,7 @@ class Timing:
     calibration: dict[str, Any] | None
     where: str
     profile: Any = None  # profiles.SiteProfile with --profile
+    flava_impl: str = FLAVA_DEFAULT  # a FLAVA rung's implementation (run's --flava-impl): its host work and FLOPs
 
 
 def timing_from_args(args: argparse.Namespace, device: str | None) -> Timing:
@@ -44,7 +48,7 @@ def timing_from_args(args: argparse.Namespace, device: str | None) -> Timing:
     if getattr(args, "calibration", None):
         cal, where = read_calibration(args.calibration), str(args.calibration)
         check_calibration(cal, device or "", getattr(args, "torch", None), where)
-    return Timing(site, cal, where, prof)
+    return Timing(site, cal, where, prof, parse_flava_impl(getattr(args, "flava_impl", None) or FLAVA_DEFAULT))
 
 
 def step_fields(spec: RunSpec, world: int, rpn: int, batch: int | None, device: str, timing: Timing) -> dict[str, Any]:
@@ -54,9 +58,18 @@ def step_fields(spec: RunSpec, world: int, rpn: int, batch: int | None, device: 
         return {"step_time_s": None, "step_time_parts": None, "step_time_sources": ["no batch fits: no step"]}
     try:
         r = rates(device, spec.precision, timing.calibration, timing.where)
-        return predict_step(spec, world, rpn, batch, r, timing.site).as_dict()
+        out = predict_step(spec, world, rpn, batch, r, timing.site, flava_impl=timing.flava_impl).as_dict()
     except SpecError as e:
         return {"step_time_s": None, "step_time_parts": None, "step_time_sources": [str(e)]}
+    return {**out, **({"flava_impl": timing.flava_impl} if get_flavor(spec.model).family == "flava" else {})}
+
+
+def memory_model(spec: RunSpec) -> str:
+    """What the memory figures of ``spec`` are (``plan --json``'s ``memory_model``)."""
+    if spec.strategy.compile:
+        return ("upper bound: the eager rung's memory (torch.compile per block; inductor's partitioner saves no "
+                "more activations than eager in the common case, often fewer; not modelled)")
+    return "eager: modelled"
 
 
 def step_lines(f: dict[str, Any]) -> list[str]:
@@ -93,11 +106,9 @@ class ScalePoint:
 
 def _series(prof: Any) -> list[RunSpec]:
     """Every (model, strategy, precision) of the ladder once, at its smallest fixed batch (else
-    'max'), default knobs; torch.compile rungs left out (the planner does not model them)."""
+    'max'), default knobs; a -compile rung's memory is its eager rung's, an upper bound."""
     out: dict[tuple[str, str, str], RunSpec] = {}
     for r in prof.ladder.rungs:
-        if r.strategy.compile:
-            continue
         key = (r.model, str(r.strategy), r.precision)
         plain = RunSpec(r.model, r.strategy, r.precision, default_knobs(r.strategy), 1, r.batch)
         old = out.get(key)

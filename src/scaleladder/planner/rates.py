@@ -14,11 +14,19 @@ ceiling is fixed beforehand (a plain 8192^3 bf16 matmul reaches ~0.80 of the H10
 and vit-base single b128 fixes ``h_half``.
 
 A calibration file for another device or torch version is refused in one line naming both.
+
+The host's work per step is measured apart from any device: ``calibration/host_table.json``
+(:class:`HostTable`, written by ``benchmarks/host_table.py`` from ``bench_host.py``) holds host ms
+per step per flavor x strategy x FLAVA implementation on one CPU; a device's calibration says
+how many ms its host takes per ms of the table's (``host.table_factor``), fixed from one
+host-bound rung of that device. The per-op figure (``host.us_per_op``) is the stated fallback.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -49,10 +57,13 @@ class Rates:
     ceiling: float
     h_half: float
     hbm_bps: float  # usable HBM bandwidth (datasheet x stated efficiency)
-    us_per_op: float  # host microseconds per top-level aten op, on the reference host
+    us_per_op: float  # host microseconds per top-level aten op, on the reference host (the stated fallback)
     compute_source: str
     host_source: str
     startup_s: float | None = None
+    # the calibration host's ms per ms of the host table's (dev-cpu, host_table.py); None: the
+    # calibration prices host work per aten op only (the CPU calibrations of part (b))
+    table_factor: float | None = None
     # the share of what the overlap replay hides that really hides (overlap.py): 1 unless the
     # calibration measured less (a CPU rank with gloo: 0, calibration/cpu*.json)
     overlap: float = 1.0
@@ -110,10 +121,116 @@ def rates(device: str, precision: str, calibration: dict[str, Any] | None = None
         ceiling, h_half = float(eff["ceiling"]), float(eff["h_half"])
         csrc = f"datasheet peak x stated efficiency (ceiling {ceiling}, h_half {h_half}; not measured on {device} at {precision})"
     if cal:
-        us, hsrc = float(cal["host"]["us_per_op"]), f"measured host ({where}: {cal['host'].get('from', '')})"
-    else:
-        ref = _read(BY_DEVICE["h100-80gb"])["host"]
-        us, hsrc = float(ref["us_per_op"]), f"the H100 host's {ref['us_per_op']} us per op (stated for {device}, not measured)"
+        host = cal["host"]
+        hsrc = f"measured host ({where}: {host.get('table_factor_from') or host.get('from', '')})"
+    else:  # no calibration host: the H100's, which the sites' stated cpu_factor is relative to
+        host = _read(BY_DEVICE["h100-80gb"])["host"]
+        hsrc = f"the H100 calibration host's figures (stated for {device}, not measured there)"
+    factor = host.get("table_factor")
     startup = (cal or {}).get("startup_s")
-    return Rates(device, peak, ceiling, h_half, hbm, us, csrc, hsrc, None if startup is None else float(startup),
-                 overlap=float((cal or {}).get("overlap", 1.0)))
+    return Rates(device, peak, ceiling, h_half, hbm, float(host["us_per_op"]), csrc, hsrc,
+                 None if startup is None else float(startup), None if factor is None else float(factor),
+                 float((cal or {}).get("overlap", 1.0)))
+
+
+# -- the host table: bench_host's measured host work per step (benchmarks/host_table.py) --------
+
+HOST_TABLE = "host_table.json"
+WRAPPER_BASES = ("single", "ddp", "fsdp-full", "fsdp2-full")
+
+
+def split_name(name: str) -> tuple[str, str, bool]:
+    """A table strategy name -> (wrapper base, AC suffix '' / '-ac' / '-sac', compiled)."""
+    compiled = name.endswith("-compile")
+    name = name.removesuffix("-compile")
+    for ac in ("-sac", "-ac"):
+        if name.endswith(ac):
+            return name.removesuffix(ac), ac, compiled
+    return name, "", compiled
+
+
+@dataclass(frozen=True)
+class HostTable:
+    """Host ms (and aten ops) per step per (model, strategy name, FLAVA implementation), on the
+    machine the table names; ``host_ms`` finds a rung's figure or composes it (see there)."""
+
+    rows: dict[tuple[str, str, str], dict[str, Any]]
+    where: str
+    machine: str
+
+    @classmethod
+    def from_json(cls, table: dict[str, Any], where: str) -> HostTable:
+        rows = {(r["model"], r["strategy"], r["flava_impl"]): dict(r) for r in table["rows"]}
+        return cls(rows, where, str(table.get("machine", "")))
+
+    def _ms(self, model: str, name: str, impl: str) -> float | None:
+        row = self.rows.get((model, name, impl))
+        return None if row is None else float(row["host_ms"])
+
+    def ratio(self, family: str, name: str, impl: str) -> tuple[float, str] | None:
+        """``name``'s host ms over ``single``'s, the median over the family's measured models; a
+        name no model measured is composed from its parts (wrapper x AC x compile), each measured;
+        None where a part is not."""
+        from scaleladder.models.flavors import FLAVORS
+
+        models = sorted({m for (m, _, i) in self.rows if i == impl and m in FLAVORS and FLAVORS[m].family == family})
+        got = [(m, a / b) for m in models if (a := self._ms(m, name, impl)) and (b := self._ms(m, "single", impl))]
+        if got:
+            r = statistics.median(x for _, x in got)
+            return r, f"{name}/single {r:.2f} (median of {', '.join(m for m, _ in got)})"
+        base, ac, compiled = split_name(name)
+        if compiled and base + ac != "single":
+            parts = [base + ac, "single-compile"]
+        elif ac and not compiled and base != "single":
+            parts = [base, "single" + ac]
+        else:  # a part of its own, not measured
+            return None
+        found = [self.ratio(family, p, impl) for p in parts]
+        if any(f is None for f in found):
+            return None
+        r = math.prod(f[0] for f in found if f)
+        return r, " x ".join(f[1] for f in found if f)
+
+    def host_ms(self, model: str, family: str, name: str, impl: str) -> tuple[float, str] | None:
+        """The rung's measured row; else the model's ``single`` x the family's ratio for ``name``
+        (:meth:`ratio`); None where the table has neither (the caller's stated fallback)."""
+        row = self.rows.get((model, name, impl))
+        if row is not None:
+            return float(row["host_ms"]), f"{model}/{name} measured ({row['host_ms']:.1f} ms, tree {row['tree']})"
+        single = self._single(model, family, impl)
+        r = self.ratio(family, name, impl) if single is not None and name != "single" else (1.0, "")
+        if single is None or r is None:
+            return None
+        return single[0] * r[0], single[1] + (f" x {r[1]}" if r[1] else "")
+
+    def _single(self, model: str, family: str, impl: str) -> tuple[float, str] | None:
+        """``model``'s ``single`` row; else the family's measured model nearest in depth, scaled by
+        depth (layers + fusion layers: a step's host work grows with its layer passes)."""
+        from scaleladder.models.flavors import FLAVORS
+
+        row = self.rows.get((model, "single", impl))
+        if row is not None:
+            return float(row["host_ms"]), f"{model}/single measured ({row['host_ms']:.1f} ms, tree {row['tree']})"
+        if model not in FLAVORS:
+            return None
+        depth = lambda m: FLAVORS[m].layers + FLAVORS[m].mm_layers  # noqa: E731
+        refs = [m for (m, n, i) in self.rows if n == "single" and i == impl and m in FLAVORS
+                and FLAVORS[m].family == family and not FLAVORS[m].debug]
+        if not refs or FLAVORS[model].debug:
+            return None
+        ref = min(refs, key=lambda m: (abs(depth(m) - depth(model)), m))
+        ms = float(self.rows[(ref, "single", impl)]["host_ms"]) * depth(model) / depth(ref)
+        return ms, f"{ref}/single measured x depth {depth(model)}/{depth(ref)} (no row for {model})"
+
+
+@lru_cache(maxsize=None)
+def host_table() -> HostTable:
+    """The committed table (``calibration/host_table.json``)."""
+    return HostTable.from_json(_read(HOST_TABLE), f"planner/calibration/{HOST_TABLE}")
+
+
+def read_host_table(path: str | Path) -> HostTable:
+    try:
+        return HostTable.from_json(json.loads(Path(path).read_text()), str(path))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SpecError(f"host table {path}: {e}") from e

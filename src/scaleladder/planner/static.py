@@ -78,10 +78,10 @@ class Sharding:
 
 def sharding(strategy: Strategy, world: int) -> Sharding:
     strategy.check_world(world)
-    # torch.compile (fused kernels, fewer saved activations) is not modelled yet: modelled
-    # as eager it would give plausible, wrong numbers. One line, exit 2 (`scaleladder plan`).
-    if strategy.compile:
-        raise SpecError(f"the planner does not model torch.compile yet: no prediction for {str(strategy)!r}")
+    # A -compile rung is planned as its eager rung: the same parameters, gradients, states and
+    # units (rung.ladder._compile_blocks compiles each block inside them), and the eager rung's
+    # activations as an UPPER BOUND (inductor's partitioner saves no more than eager in the
+    # common case, often fewer; plan --json says `memory_model`).
     if strategy.is_fsdp2:
         # fully_shard always shards, over the mesh's shard dimension: the world, or the g
         # ranks of an HSDP row (hybrid1 included: shards of the whole parameter, replicated).

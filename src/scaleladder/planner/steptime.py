@@ -6,20 +6,23 @@
 * ``compute_s``: the rung's HARDWARE FLOPs (HFU's numerator: AC's recompute counted;
   ``models/flops.py``) at the device's rate for the model's width (``rates.py``), plus the
   fused AdamW step's HBM traffic over the rank's trainable elements.
-* ``host_s``: the step's top-level aten ops (layer passes x ops per pass, x the AC and
-  wrapper multipliers below) x the calibration host's microseconds per op x the site's
-  stated ``cpu_factor``. The host issues kernels asynchronously, so a step takes the LONGER
-  of host and GPU, not their sum.
+* ``host_s``: the rung's host work per step as ``benchmarks/bench_host.py`` measured it on the
+  flavor's skeleton (``calibration/host_table.json``, ``rates.HostTable``: the rung's row, or its
+  model's ``single`` x the family's measured ratio), x the calibration host's ``table_factor``
+  x the site's stated ``cpu_factor``. The host issues kernels asynchronously, so a step takes
+  the LONGER of host and GPU, not their sum.
 * ``comm_s``: every collective of the step by the alpha-beta model (``comm.py``), from the
   wrapping units' sizes (``step_setup``); ``exposed_comm_s``: what the overlap replay
   (``overlap.py``) leaves outside the compute.
+* a ``-compile`` rung: the eager rung's FLOPs at the eager rate (an upper bound: fusion is not
+  modelled), its host work from the table's ``-compile`` rows; its compile time is per job.
 
-The host figures are STATED until ``benchmarks/bench_host.py`` measures them per rung
-(issue 30): 126 top-level aten ops per ViT layer pass and 212 per FLAVA layer pass (a vit-base
-step ~1,500, a flava-350m step ~11,500: the H100 run's traces, docs/gpu-check-h100/);
-non-reentrant AC re-runs the forward, about half of a step's ops (each forward op leaves one
-backward node); FSDP1 and FSDP2 at one rank issue 2.1x and 1.9x the host work of ``single``
-(vit-debug b4 on the CPU, issue 30). Torch-free: ``plan`` runs on a login node.
+The STATED fallback, for a rung the table has nothing for and for calibrations that price host
+work per aten op (the CPU ones of part (b)): 126 top-level aten ops per ViT layer pass and 212
+per FLAVA layer pass (a vit-base step ~1,500, a flava-350m step ~11,500: the H100 run's traces,
+docs/gpu-check-h100/); non-reentrant AC re-runs the forward, about half of a step's ops (each
+forward op leaves one backward node); FSDP1 and FSDP2 at one rank issue 2.1x and 1.9x the host
+work of ``single`` (vit-debug b4 on the CPU, issue 30). Torch-free: ``plan`` runs on a login node.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
+from scaleladder.models.flava_impl import SDPA
 from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.models.flops import FlopCount, flava_flops, vit_flops
 from scaleladder.planner.comm import Links, all_gather_s, all_reduce_s, links_from_profile, reduce_scatter_s
 from scaleladder.planner.overlap import Schedule, Stage, schedule
-from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates
+from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, HostTable, Rates, host_table
 from scaleladder.planner.static import fsdp_param_bytes, storage_bytes
 from scaleladder.planner.step_setup import StepSetup, step_setup
-from scaleladder.spec import Knobs, RunSpec
+from scaleladder.spec import Knobs, RunSpec, Strategy
 
 #: FLAVA's heads run on masked tokens of matched pairs only (models/flops.py); before any run we
 #: take the pretraining recipe's rates: MLM masks 15% of text tokens, MIM 40% of patches, ITM swaps
@@ -94,31 +99,64 @@ class StepTime:
                 "step_time_sources": list(self.sources)}
 
 
-def flops_per_sample(flavor: Flavor, ac: bool, global_batch: int) -> FlopCount:
+def flops_per_sample(flavor: Flavor, ac: bool, global_batch: int, flava_impl: str = FLAVA_DEFAULT) -> FlopCount:
     if flavor.family == "vit":
         return vit_flops(flavor, ac)
     return flava_flops(flavor, global_batch, MLM_RATE * flavor.text_len, MIM_RATE * flavor.patches,
-                       POSITIVE_FRACTION, ac)
+                       POSITIVE_FRACTION, ac, heads_on_all_tokens=flava_impl == SDPA)
 
 
-def layer_passes(flavor: Flavor) -> list[tuple[str, float]]:
-    """The forward's layer passes in order: (unit id, relative compute ~ tokens). FLAVA runs its
-    image and text encoders twice (plain, masked) and the fusion encoder once."""
+def layer_passes(flavor: Flavor, flava_impl: str = FLAVA_DEFAULT) -> list[tuple[str, float]]:
+    """The forward's layer passes in order: (unit id, relative compute ~ tokens). TorchMultimodal's
+    FLAVA runs its image and text encoders twice (plain, masked), the sdpa FLAVA once over both
+    inputs (models/flava_passes.py); the fusion encoder runs once."""
     if flavor.family == "vit":
         return [(f"layer{i}", 1.0) for i in range(flavor.layers)]
     ti, tt = flavor.patches + 1, flavor.text_len
-    image = [(f"img{i}", float(ti)) for i in range(flavor.layers)]
-    text = [(f"txt{i}", float(tt)) for i in range(flavor.layers)]
+    twice = flava_impl == SDPA  # one pass over twice the samples
+    image = [(f"img{i}", float(ti) * (2 if twice else 1)) for i in range(flavor.layers)]
+    text = [(f"txt{i}", float(tt) * (2 if twice else 1)) for i in range(flavor.layers)]
     mm = [(f"mm{i}", float(1 + ti + tt)) for i in range(flavor.mm_layers)]
-    return image + text + image + text + mm
+    return image + text + mm if twice else image + text + image + text + mm
 
 
-def host_seconds(spec: RunSpec, rates: Rates, site: Site) -> tuple[float, str]:
+def table_name(strategy: Strategy) -> tuple[str, str]:
+    """The host table's name for ``strategy`` (benchmarks/host_table.py measured one rank), and what
+    that maps: every FSDP1 sharding as ``fsdp-full`` and every FSDP2 one as ``fsdp2-full`` (at one
+    rank FSDP1 runs them all as NO_SHARD; the per-unit hooks are the same), ``-ac-reentrant`` as
+    ``-ac``; ``-sac`` is its own row (it recomputes only elementwise work)."""
+    base = {"single": "single", "ddp": "ddp", "fsdp": "fsdp-full", "fsdp2": "fsdp2-full"}[strategy.wrapper]
+    ac = ("-sac" if strategy.selective else "-ac") if strategy.ac else ""
+    name = base + ac + ("-compile" if strategy.compile else "")
+    note = "" if name == str(strategy) else f"; {strategy} as {name}"
+    return name, note
+
+
+def host_seconds(spec: RunSpec, rates: Rates, site: Site, flava_impl: str = FLAVA_DEFAULT,
+                 table: HostTable | None = None) -> tuple[float, str]:
+    """The step's host work: the host table's measured row (or the model's ``single`` x the family's
+    measured ratio) x the calibration host's ``table_factor`` x the site's ``cpu_factor``; where the
+    calibration has no table factor (the CPU calibrations of part (b)) or the table nothing for the
+    rung, the STATED per-op figures of the module docstring, labelled so."""
     flavor = get_flavor(spec.model)
-    ops = float(len(layer_passes(flavor)) * OPS_PER_LAYER_PASS[flavor.family])
+    impl = flava_impl if flavor.family == "flava" else ""
+    name, note = table_name(spec.strategy)
+    why = "the calibration prices host work per aten op"
+    if rates.table_factor is not None:
+        t = table or host_table()
+        found = t.host_ms(spec.model, flavor.family, name, impl)
+        if found is not None:
+            ms, how = found
+            s = ms * 1e-3 * rates.table_factor * site.cpu_factor
+            return s, (f"host: {ms:.1f} ms on the table's machine ({t.where}: {how}{note}"
+                       + (f", FLAVA {impl}" if impl else "") + f") x table_factor {rates.table_factor} "
+                       f"({rates.host_source}) x cpu_factor {site.cpu_factor} ({site.cpu_source})")
+        why = f"{t.where} has no {spec.model}/{name}" + (f" ({impl})" if impl else "") + " nor its parts"
+    ops = float(len(layer_passes(flavor, flava_impl)) * OPS_PER_LAYER_PASS[flavor.family])
     ops *= (1 + AC_FORWARD_SHARE if spec.strategy.ac else 1.0) * WRAPPER_HOST[spec.strategy.wrapper]
     s = ops * rates.us_per_op * 1e-6 * site.cpu_factor
-    return s, f"host: {ops:,.0f} aten ops x {rates.us_per_op} us x {site.cpu_factor} ({site.cpu_source}); {rates.host_source}"
+    return s, (f"host: STATED {ops:,.0f} aten ops x {rates.us_per_op} us x {site.cpu_factor} ({site.cpu_source}; "
+               f"{why}); {rates.host_source}")
 
 
 def _depths(knobs: Any, fsdp2: bool) -> tuple[int | None, int | None, bool]:
@@ -133,7 +171,8 @@ def _depths(knobs: Any, fsdp2: bool) -> tuple[int | None, int | None, bool]:
     return fwd, 0, k.backward_prefetch == "post"
 
 
-def _fsdp_stages(setup: StepSetup, links: Links, rpn: int, fwd_s: float, bwd_s: float) -> list[Stage]:
+def _fsdp_stages(setup: StepSetup, links: Links, rpn: int, fwd_s: float, bwd_s: float,
+                 flava_impl: str = FLAVA_DEFAULT) -> list[Stage]:
     """Long because the forward's gathers, the backward's regathers and reductions (per sharding:
     FULL/GRAD_OP reduce-scatter, NO_SHARD all-reduce, HYBRID both) are one walk over the units.
 
@@ -161,7 +200,7 @@ def _fsdp_stages(setup: StepSetup, links: Links, rpn: int, fwd_s: float, bwd_s: 
         return out + (all_reduce_s(n / g, world // g, rep_link) if rep_link is not None else 0.0)
 
     fdepth, bdepth, post = _depths(setup.knobs, sh.fsdp2)
-    passes = layer_passes(flavor)
+    passes = layer_passes(flavor, flava_impl)
     total_w = sum(w for _, w in passes)
     stages = [Stage(0.0, gather("root") + (gather("codebook") if setup.inv.codebook else 0.0), 0.0, fdepth)]
     seen: set[str] = set()
@@ -196,17 +235,24 @@ def _ddp_stages(trainable: int, grad_bytes: int, world: int, links: Links, rpn: 
 
 
 def predict_step(spec: RunSpec, world: int, ranks_per_node: int, batch: int, rates: Rates,
-                 site: Site = Site(), setup: StepSetup | None = None) -> StepTime:
-    """One rung's step time at local ``batch`` on ``world`` ranks (see the module docstring)."""
+                 site: Site = Site(), setup: StepSetup | None = None, flava_impl: str = FLAVA_DEFAULT,
+                 table: HostTable | None = None) -> StepTime:
+    """One rung's step time at local ``batch`` on ``world`` ranks (see the module docstring); a
+    FLAVA rung as ``flava_impl`` builds it (the runner's default, ``sdpa``), its host work from
+    ``table`` (default: the committed host table)."""
     flavor = get_flavor(spec.model)
     setup = setup or step_setup(spec.model, spec.strategy, spec.precision, spec.knobs, world)
-    fc = flops_per_sample(flavor, spec.strategy.ac, batch * world)
+    fc = flops_per_sample(flavor, spec.strategy.ac, batch * world, flava_impl)
     gpu = batch * fc.hardware / rates.flops_per_s(flavor.hidden)
     fwd_s, bwd_s = gpu * fc.forward / fc.hardware, gpu * (1 - fc.forward / fc.hardware)
     opt_s = setup.local.trainable * OPT_BYTES_PER_PARAM / rates.hbm_bps
     sources = [f"compute: {batch * fc.hardware / 1e12:.3g} TFLOP (hardware) at {rates.flops_per_s(flavor.hidden) / 1e12:.0f} "
                f"TFLOP/s, {rates.compute_source}; optimizer {opt_s * 1e3:.2f} ms of HBM traffic"]
-    host, hsrc = host_seconds(spec, rates, site)
+    if spec.strategy.compile:
+        sources.append("compile: the eager rung's hardware FLOPs at the eager rate (inductor's fusion of the "
+                       "memory-bound ops is not modelled: an upper bound on the compute); the compile time is "
+                       "per job (the profile's timing.compile_s), not per step")
+    host, hsrc = host_seconds(spec, rates, site, flava_impl, table)
     sources.append(hsrc)
     w, links = spec.strategy.wrapper, site.links
     stages = [Stage(gpu)]
@@ -216,7 +262,7 @@ def predict_step(spec: RunSpec, world: int, ranks_per_node: int, batch: int, rat
         stages = _ddp_stages(setup.inv.trainable_numel, storage_bytes(spec.precision), world, links,
                              ranks_per_node, fwd_s, bwd_s)
     elif w in ("fsdp", "fsdp2") and links is not None:
-        stages = _fsdp_stages(setup, links, ranks_per_node, fwd_s, bwd_s)
+        stages = _fsdp_stages(setup, links, ranks_per_node, fwd_s, bwd_s, flava_impl)
     sched: Schedule = schedule(stages + [Stage(opt_s)], rates.overlap)
     device_s = sched.total_s
     if rates.device == "cpu":
