@@ -15,7 +15,8 @@ what is left of a step there is host work. ``planner/steptime.py`` reads the tab
 Row sets (``--rows``, comma-separated): ``eager`` (single, ddp, -ac, -sac, ddp-ac on vit-base,
 vit-huge, flava-350m), ``compile`` (single-compile, ddp-compile on the two ViTs), ``singles``
 (``single`` on every other real flavor), ``fsdp`` (FSDP1 and FSDP2, with -ac and -compile, on the
-three; measured last: other work on FSDP's host overhead lands during the day), ``h100``
+three; measured last: other work on FSDP's host overhead lands during the day), ``fsdp-key``
+(FSDP1 and FSDP2 alone on the three: a quick re-measure after such work), ``h100``
 (the 21 strategy rungs of docs/gpu-check-h100/, for the tree those rungs ran).
 ``--merge FILE`` replaces those rows in FILE and keeps the rest (each row keeps its own tree).
 """
@@ -45,6 +46,7 @@ ROWS = {
                                          "flava-2.7b", "flava-4.8b", "flava-10b")],
     "fsdp": [(m, s) for m in THREE for s in ("fsdp-full", "fsdp-full-ac", "fsdp2-full", "fsdp2-full-ac")]
             + [(m, s) for m in VITS for s in ("fsdp2-full-compile", "fsdp2-full-ac-compile")],
+    "fsdp-key": [(m, s) for m in THREE for s in ("fsdp-full", "fsdp2-full")],  # a quick re-measure after FSDP work
     "h100": [(m, s) for m in THREE for s in ("single", "single-ac", "ddp", "ddp-ac", "fsdp-full", "fsdp-full-ac",
                                               "fsdp2-full")],
 }
