@@ -17,7 +17,9 @@ for: a rung that skips gradient synchronisation leaves the reference by more tha
 at the second step (raw-hybrid1 below), and one that skips or doubles an update by far more.
 
 Each flavor runs all its strategies in ONE torchrun launch per world size (start-up and
-import dominate a debug rung). ViT compiles with inductor, what a rung runs by default.
+import dominate a debug rung): the 1-rank launch holds every reference the flavor needs
+(ONE_RANK: each AC form, compiled, and for FLAVA both implementations over IMPL_STEPS and the
+4-rank test's global batch). ViT compiles with inductor, what a rung runs by default.
 FLAVA compiles with aot_eager: Dynamo's capture, AOTAutograd's joint graph and partition
 (AC included) and the wrappers around the compiled blocks are the same, without
 inductor's code generation, which costs 60-90 s per FLAVA variant on the 2-core CI machine
@@ -36,7 +38,7 @@ the 20 steps (2-core VM, 2026-11-27), so 1e-5 leaves a 60-fold margin, while a w
 or pass moves the loss by far more (an ITM negative's tokens left in the MMM losses: 4.6e-3 at the
 first step, planted by hand). Running 20 steps of EVERY strategy under
 both implementations would add about six minutes on the 2-core VM (0.8 s a strategy-step under
-load, measured); chaining the two checks costs one 1-rank launch of 40 steps.
+load, measured); chaining the two checks costs 40 steps of FLAVA's 1-rank launch.
 
 Cost, 2-core VM (2026-11-23): this file 184 s with a warm inductor cache (/tmp/torchinductor_$USER),
 about 250 s cold (the ViT tests 121 s instead of 59 s); the FSDP1-only file it grew from took 79 s.
@@ -73,18 +75,32 @@ BACKEND = {"vit-debug": "inductor", "flava-debug": "aot_eager"}
 STEPS = 4
 RTOL = 1e-5
 COMPILE_RTOL = 1e-4
+IMPL_RTOL = 1e-5  # sdpa FLAVA against TorchMultimodal's own (module docstring)
+IMPL_STEPS = 20
+SINGLE = ["single", "single-ac", "single-ac-reentrant", "single-sac", "single-compile"]
+# flavor -> (global batch, every 1-rank run it needs), in ONE launch (a launch costs more than
+# a strategy): `name*N` runs N steps, `name=B` takes global batch B (helpers/parity_worker.py).
+ONE_RANK = {"vit-debug": (8, SINGLE),
+            "flava-debug": (20, [*SINGLE, f"single*{IMPL_STEPS}", f"single@torchmultimodal*{IMPL_STEPS}", "single=40"])}
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(flavor: str, global_batch: int, strategies: tuple[str, ...] = ("single", "single-ac", "single-ac-reentrant", "single-sac",
-                                                                             "single-compile")) -> dict[str, list[float]]:
-    return _torchrun(1, flavor, global_batch, list(strategies))
+def _one_rank(flavor: str) -> dict[str, list[float]]:
+    global_batch, runs = ONE_RANK[flavor]
+    return _torchrun(1, flavor, global_batch, runs)
+
+
+def _reference(flavor: str, global_batch: int) -> np.ndarray:
+    """The single process's losses at this global batch, from the flavor's 1-rank launch."""
+    name = "single" if global_batch == ONE_RANK[flavor][0] else f"single={global_batch}"
+    return np.array(_one_rank(flavor)[name])
 
 
 def _torchrun(nproc: int, flavor: str, global_batch: int, strategies: list[str]) -> dict[str, list[float]]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(HERE / "helpers" / "parity_worker.py"), flavor, str(global_batch), str(STEPS), ",".join(strategies), BACKEND[flavor]]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    # (FLAVA's 1-rank launch, 68 steps, took 900 s at a load average of 38 on the 2-core VM)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if l.startswith("PARITY "))
     groups = next(l for l in out.stdout.splitlines() if l.startswith("GROUPS "))
@@ -95,8 +111,6 @@ def _torchrun(nproc: int, flavor: str, global_batch: int, strategies: list[str])
 
 GROUPS: dict[tuple[int, str], dict[str, list[int]]] = {}  # (ranks, flavor) -> hybrid strategy -> [replicas, shard size]
 RUNS: dict[tuple[int, str, int], dict[str, list[float]]] = {}  # (ranks, flavor, global batch) -> the last launch's losses
-IMPL_RTOL = 1e-5  # sdpa FLAVA against TorchMultimodal's own (module docstring)
-IMPL_STEPS = 20
 
 
 def _check(got: dict[str, list[float]], ref: np.ndarray, what: str) -> None:
@@ -111,8 +125,8 @@ def _check(got: dict[str, list[float]], ref: np.ndarray, what: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor,global_batch", [("vit-debug", 8), ("flava-debug", 20)])
 def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_batch: int) -> None:
-    reference = _reference(flavor, global_batch)
-    ref = np.array(reference["single"])
+    reference = _one_rank(flavor)
+    ref = _reference(flavor, global_batch)
     assert np.all(np.isfinite(ref)) and len(ref) == STEPS
     assert not np.allclose(ref, ref[0]), "the loss never changed: the optimizer is not stepping"
     np.testing.assert_allclose(reference["single-ac"], ref, rtol=RTOL)
@@ -132,7 +146,7 @@ def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_b
 
 @pytest.mark.slow
 def test_flava_implementations_agree_on_every_strategy() -> None:
-    impls = _torchrun(1, "flava-debug", 20, [f"single*{IMPL_STEPS}", f"single@torchmultimodal*{IMPL_STEPS}"])
+    impls = _one_rank("flava-debug")
     original, fused = np.array(impls[f"single@torchmultimodal*{IMPL_STEPS}"]), np.array(impls[f"single*{IMPL_STEPS}"])
     assert len(original) == IMPL_STEPS and not np.allclose(original, original[0])
     np.testing.assert_allclose(fused, original, rtol=IMPL_RTOL, err_msg="sdpa FLAVA against TorchMultimodal's, single process")
@@ -157,8 +171,8 @@ def test_hybrid_sharding_with_two_replicas_reproduces_the_single_process_loss(fl
     # 4 ranks as a 2 x 2 mesh (replicate, shard): gradients are reduce-scattered within each
     # shard group AND all-reduced across the two replicas — the path 2 ranks never take.
     # FLAVA takes a global batch of 40 here, so each of the 4 ranks holds an ITM negative.
-    # (ViT's reference at 8 is the 2-rank test's, cached; FLAVA's at 40 needs only `single`)
-    ref = np.array((_reference(flavor, global_batch) if flavor == "vit-debug" else _reference(flavor, global_batch, ("single",)))["single"])
+    # (both references come from the flavor's 1-rank launch, cached: ViT's at 8, FLAVA's at 40)
+    ref = _reference(flavor, global_batch)
     hybrid = HYBRID_4[flavor]
     got = _torchrun(4, flavor, global_batch, hybrid)
     assert GROUPS[(4, flavor)] == {s: [2, 2] for s in hybrid}  # really 2 replicas of 2 shards

@@ -10,7 +10,9 @@ backend of the -compile strategies (default inductor). Each strategy runs with i
 generation's default knobs (spec.default_knobs); ``name:knobs`` names others (pf2).
 A FLAVA strategy builds the default implementation (models/flava_impl.py) unless
 ``name@impl`` names one (``single@torchmultimodal``), and runs the given steps unless
-``name*N`` gives its own (``single@torchmultimodal*20``); the suffixes come in that order.
+``name*N`` gives its own (``single@torchmultimodal*20``), and takes the given global batch unless
+``name=B`` gives its own (``single=40``); the suffixes come in that order. The last two let
+one 1-rank launch hold every reference a flavor needs (a launch costs more than a strategy).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def _groups(wrapped: torch.nn.Module) -> list[int]:
     return [dist.get_world_size(wrapped._inter_node_pg), dist.get_world_size(wrapped.process_group)]  # type: ignore[arg-type]
 
 
-def losses(flavor_name: str, name: str, local_batch: int, steps: int, backend: str) -> list[float]:
+def losses(flavor_name: str, name: str, global_batch: int, steps: int, backend: str) -> list[float]:
+    name, _, own_batch = name.partition("=")
+    local_batch = (int(own_batch) if own_batch else global_batch) // dist.get_world_size()
     name, _, own_steps = name.partition("*")
     steps = int(own_steps) if own_steps else steps
     name, _, impl = name.partition("@")
@@ -90,7 +94,7 @@ def main() -> None:
 
     unused_parameter_names(get_flavor(flavor).family)  # before the group, as the runner does
     launch.init(env, torch.device("cpu"))
-    out = {s: losses(flavor, s, global_batch // env.world, steps, backend) for s in strategies}
+    out = {s: losses(flavor, s, global_batch, steps, backend) for s in strategies}
     if env.rank == 0:
         print("PARITY " + json.dumps(out))
         print("GROUPS " + json.dumps(GROUPS))
