@@ -19,11 +19,13 @@ models/ as b5d4501), and FLAVA is predicted as ``torchmultimodal``. ``--table`` 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from scaleladder.planner.rates import read_host_table, rates
+from scaleladder.planner.rates import HostTable, rates
 from scaleladder.planner.steptime import predict_step
 from scaleladder.spec import RunSpec
 
@@ -52,13 +54,21 @@ def measured_rows() -> list[tuple[str, str, float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", default=str(TREE_TABLE), help="the host table (default: the H100 run's tree's)")
-    table = read_host_table(ap.parse_args(argv).table)
+    ap.add_argument("--under-load", action="store_true",
+                    help="the table's rows_under_load instead, the host factor fixed again from their own flava-350m row")
+    a = ap.parse_args(argv)
+    raw = json.loads(Path(a.table).read_text())
+    table = HostTable.from_json({"rows": raw["rows_under_load"] if a.under_load else raw["rows"]}, a.table)
+    factor = None
+    if a.under_load:  # the same calibration rung, over the same condition's row
+        factor = 196.2 / table.rows[("flava-350m", "single", "torchmultimodal")]["host_ms"]
     rows = ["| report | rung | measured (ms) | predicted (ms) | bound | compute / host (ms) | error |", "|---|---|---|---|---|---|---|"]
     tally: dict[str, list[float]] = {}
     for report, path, meas in measured_rows():
         spec = RunSpec.from_path(path)
-        st = predict_step(spec, 1, 1, int(spec.batch), rates("h100-80gb", spec.precision), flava_impl="torchmultimodal",
-                          table=table)
+        r = rates("h100-80gb", spec.precision)
+        st = predict_step(spec, 1, 1, int(spec.batch), r if factor is None else replace(r, table_factor=factor),
+                          flava_impl="torchmultimodal", table=table)
         err = st.step_time_s / meas - 1
         cal = (report, path) in CALIBRATION
         if not cal:
