@@ -99,7 +99,7 @@ def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
     # (3 x pf0..pf2 at 8 nodes) and FSDP2 + compile weak scaling (6 models x 6 strategies x 4),
     # again with 3 rungs in both. Each is either run or, when the planner says it cannot fit
     # a 64 GB GCD, recorded as predicted-oom without an allocation (never a compiled rung:
-    # the planner does not model compile).
+    # its planned memory is only an upper bound).
     assert counts["rung"] + counts["predicted_oom"] == FRONTIER_RUNGS
     assert "results/rungs/vit-15b/fsdp2-full-compile/bf16-mixed/pf0/n1/b32.h5" in out
     for spec in ("vit-base/fsdp-hybrid1/bf16-mixed/pre-lag/n8/b32", "vit-5b/fsdp-grad-op/bf16-mixed/none-nolag/n8/b32",

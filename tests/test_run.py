@@ -386,7 +386,7 @@ def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spe
     # ... which is no verdict to record a rung as predicted-oom by: --plan-only refuses, one line
     p = sl("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
            "--launcher", "false", "--out", str(tmp_path / "r.h5"))
-    assert_bad_input(p, "the planner does not model", tmp_path)
+    assert_bad_input(p, "only an upper bound", tmp_path)
 
 
 def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tmp_path: Path) -> None:

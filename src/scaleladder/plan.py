@@ -33,6 +33,7 @@ from scaleladder.planner.memory import (
     GIB,
     Device,
     Prediction,
+    Variant,
     custom_device,
     input_batches,
     predict,
@@ -258,7 +259,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.spec:
         raise SpecError("give --spec (or --fits-table / --fits-chart / --vs-measured / --time-chart)")
     spec = RunSpec.from_path(args.spec)
-    p = predict(spec, spec.nodes * gpus, gpus, device, data=args.data)
+    # the memory of the FLAVA the rung builds (--flava-impl, as `scaleladder run` takes it)
+    p = predict(spec, spec.nodes * gpus, gpus, device, data=args.data, variant=Variant(flava_impl=timing.flava_impl))
     st = step_fields(spec, spec.nodes * gpus, gpus, p.batch if p.fits else None, device.name, timing)
     if args.json:
         out: dict[str, Any] = {**p.as_dict(), "memory_model": memory_model(spec), **st}

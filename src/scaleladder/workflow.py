@@ -540,8 +540,8 @@ def planned_not_to_fit(spec: RunSpec, cfg: Mapping[str, Any], ranks_per_node: in
     if not device or cfg.get("run_predicted_oom"):
         return False
     if spec.strategy.compile:
-        # The planner does not model torch.compile (fusion and the partitioner change what is
-        # saved): a compiled rung is never skipped on a guess. It runs; an OOM is its result.
+        # A compiled rung's memory is planned as its eager rung's, an upper bound (fusion and the
+        # partitioner change what is saved): a compiled rung is never skipped on a bound. It runs; an OOM is its result.
         return False
     from scaleladder.planner.memory import predict  # plan.predict itself; plan imports profiles -> workflow
 

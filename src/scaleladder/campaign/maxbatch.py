@@ -177,7 +177,7 @@ def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: i
 def planned_start(spec: RunSpec, device: str, ranks_per_node: int, data: str = "synthetic") -> tuple[int | None, bool]:
     """(the planner's max batch or None, whether it predicts that not even batch 1 fits).
 
-    A ``-compile`` rung: the planner does not model compile, so the search STARTS at its
+    A ``-compile`` rung: the planner's memory for it is its eager rung's (an upper bound), so the search STARTS at its
     eager counterpart's max batch (only a starting point: doubling and bisection find the
     compiled rung's own limit either way) and is never declared hopeless without a probe."""
     import dataclasses

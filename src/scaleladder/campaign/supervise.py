@@ -127,12 +127,12 @@ def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[
     else None. A fixed batch cannot run when it does not fit; a ``max`` rung, when not
     even batch 1 does. The workflow makes the same call (same arguments) while it builds
     its DAG, so the two never disagree about which rungs are skipped."""
-    from scaleladder.planner.memory import predict
+    from scaleladder.planner.memory import Variant, predict
 
     if cfg.spec.strategy.compile:
-        return None  # no model of compile: run it (workflow.planned_not_to_fit says the same)
+        return None  # a compiled rung's memory is planned as its eager rung's, an upper bound: no verdict, run it (workflow.planned_not_to_fit says the same)
     world = cfg.spec.nodes * ranks_per_node
-    p = predict(cfg.spec, world, ranks_per_node, device_key, data=cfg.data)
+    p = predict(cfg.spec, world, ranks_per_node, device_key, data=cfg.data, variant=Variant(flava_impl=cfg.flava_impl))
     if p.fits:
         return None
     # Every planner device is a GPU, one rank each.
@@ -209,7 +209,7 @@ def launch_main(args: argparse.Namespace) -> int:
         # traceback; known here, it is one line and exit 2 before any rank starts.
         cfg.spec.strategy.check_world(cfg.spec.nodes * rpn)
     if args.plan_only and cfg.spec.strategy.compile:
-        raise SpecError(f"{cfg.spec.path}: the planner does not model torch.compile, so --plan-only has no verdict to "
+        raise SpecError(f"{cfg.spec.path}: the planner gives a compiled rung only an upper bound (its eager memory), so --plan-only has no verdict to "
                         "record; a compiled rung is always run (its OOM is its result)")
     if rpn is not None and args.plan_device and (args.plan_only or not args.run_predicted_oom):
         if record_predicted_oom(cfg, args.plan_device, rpn, "launch"):

@@ -126,7 +126,7 @@ def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
         return None
     spec = RunSpec.from_path(spec_path)
     if spec.strategy.compile:
-        return None  # the planner does not model torch.compile: nothing to compare
+        return None  # a compiled rung's plan is an upper bound (its eager memory): no verdict to compare
     world = int(a.get(Build.world_size, 1))
     p = predict(spec, world, int(a.get(Placement.ranks_per_node, world)), device, batch=int(a[Spec.batch]),
                 data=str(a.get(Settings.data, "synthetic")))
