@@ -497,8 +497,10 @@ PINNED: dict[str, dict[str, int]] = {
     "slurm-localhost": {"rung": 2, "rung_max": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 7},
     "frontier": {"rung": 238, "predicted_oom": 95, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1,
                  "total": 338},
-    # a100: + the 1/2/4-node ViT weak-scaling block of issue 20 (24 rungs)
-    "a100": {"rung": 84, "rung_max": 50, "predicted_oom": 14, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
+    # a100: + the 1/2/4-node ViT weak-scaling block of issue 20 (24 rungs); since the planner models
+    # the SDPA FLAVA the rungs run (issue 30), 3 FLAVA rungs fit 8 x A100-40GB that TorchMultimodal's
+    # did not (14 -> 11 predicted OOM: one b8 rung, two max-batch searches)
+    "a100": {"rung": 85, "rung_max": 52, "predicted_oom": 11, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
              "all": 1, "total": 153},
 }
 SHARDS = {"local": 2, "slurm-localhost": 1, "frontier": 1, "a100": 1}  # 32+64 px (debug flavors); 224 px
