@@ -52,6 +52,8 @@ def test_bad_device_sizes_exit_2_with_one_line(capsys: pytest.CaptureFixture[str
     (["--fits-chart", "fits.jpg", "--device", "a100-40gb"], "must end in .png, .pdf, .svg"),
     (["--vs-measured", "vs.png", "--device", "a100-40gb"], "either --ladder"),
     (["--vs-measured", "vs.png", "--device", "a100-40gb", "--ladder", "nope.h5"], "no such file: nope.h5"),
+    (["--spec", "flava-debug/single/fp32/pre-lag/n1/b4", "--device", "cpu", "--flava-impl", "bogus"],
+     "--flava-impl 'bogus': unknown FLAVA implementation"),
 ])
 def test_bad_chart_and_device_arguments_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], culprit: str) -> None:
     assert cli(["plan", *argv]) == 2
