@@ -90,7 +90,10 @@ def test_link_of_a_group() -> None:
     assert links.for_group(2, 1, 8) is pair  # the 2 GCDs of one MI250X
     assert links.for_group(8, 1, 8) is node  # a ring over the node: its slowest hop
     assert links.for_group(16, 1, 8).beta_bps == pytest.approx(100e9 / 8)  # 8 ranks share the node's NICs
-    assert links.for_group(8, 8, 8).beta_bps == pytest.approx(100e9)  # HYBRID's replicate group: 1 rank per node
+    # HYBRID's replicate group has 1 rank per node, but the node's 8 replicate groups all-reduce
+    # at once: each rank still gets an eighth of the node's NICs (the whole node was 8x optimistic)
+    assert links.for_group(2, 8, 8).beta_bps == pytest.approx(100e9 / 8)
+    assert links.for_group(8, 2, 8).beta_bps == pytest.approx(100e9 / 8)  # hybrid2 on 2 nodes: 2 replicate groups of 8
 
 
 def test_profile_without_links_falls_back_and_says_so() -> None:

@@ -31,8 +31,9 @@ node's link — on a node with non-uniform links (Frontier: two GCDs of one MI25
 joined by four Infinity Fabric links, GCDs of different packages by one or two) a group of
 ``pair_ranks`` contiguous ranks uses the wide ``intra_pair`` link and a larger one is held
 to the slowest hop of its ring. A group spanning nodes is held to ``inter_node``: the
-node's NICs are shared by its ranks in the group, so the per-rank bandwidth is the node's
-divided by the group's ranks on that node (TRAP: quoting one NIC's 25 GB/s per GCD would
+node's NICs are shared by every rank of the node, since the groups tile the world and run the
+collective together (HYBRID's replicate groups: one per shard-group rank), so the per-rank
+bandwidth is the node's divided by its ranks (TRAP: quoting one NIC's 25 GB/s per GCD would
 be 2x optimistic on Frontier, whose 4 NICs serve 8 GCDs).
 
 Torch-free, numbers only: tests/test_steptime.py and tests/test_comm_model.py hold the
@@ -99,8 +100,12 @@ class Links:
             if self.intra_pair is not None and stride == 1 and size <= self.pair_ranks:
                 return self.intra_pair
             return self.intra_node
-        on_one_node = max(1, min(size, ranks_per_node // max(stride, 1)))
-        return self.inter_node.per_rank(on_one_node)
+        # Every rank of the node is in one such group and they all run the collective at the
+        # same time (the world's ring; HYBRID's ``stride`` replicate groups side by side), so the
+        # node's NICs are shared by all its ranks, not only this group's. TRAP: sharing them
+        # among the group's own ranks on the node (1 for a replicate group) made HYBRID's
+        # replicate all-reduce up to ranks_per_node x optimistic across nodes.
+        return self.inter_node.per_rank(ranks_per_node)
 
 
 def _figures(raw: Any, where: str) -> tuple[float, float]:
