@@ -22,7 +22,7 @@ median. Rank 0 fits each collective (alpha from the messages up to 64 KiB, beta 
 tensor) by least squares on relative error, and writes the figures as a profile's ``timing.links`` entry reads them.
 
 Every run also times a memory-bound loop (and an in-cache matmul) on every rank at once against
-rank 0 alone (the others in a barrier): ``contention.factor``, how much slower a rank works under
+rank 0 alone (the others asleep, not in a barrier): ``contention.factor``, how much slower a rank works under
 this placement and the load of the moment (a CPU rung's ranks share the 2 cores and their memory
 with each other and with everyone's).
 
@@ -145,6 +145,11 @@ def _together_and_alone(compute: Callable[[], None], repeats: int) -> dict[str, 
             t0 = time.perf_counter()
             compute()
             alone.append(time.perf_counter() - t0)
+        else:
+            # TRAP: waiting in gloo's barrier is not idle: with 4 ranks on 2 cores rank 0 "alone"
+            # ran 3.6x slower than on 2 ranks (317 against 88 ms). Sleep past rank 0's work
+            # (alone <= together) before joining the barrier, so rank 0 really works alone.
+            time.sleep(2 * together + 0.05)
         dist.barrier()
     a = statistics.median(alone) if alone else float("nan")
     return {"alone_s": a, "together_s": together, "factor": round(together / a, 3) if alone else float("nan")}
@@ -152,7 +157,7 @@ def _together_and_alone(compute: Callable[[], None], repeats: int) -> dict[str, 
 
 def contention(repeats: int) -> dict[str, float | dict[str, float]]:
     """How much slower a rank works when every rank of this placement works at once than when
-    rank 0 works alone (the others wait in a barrier): the share of the shared cores and memory
+    rank 0 works alone (the others asleep): the share of the shared cores and memory
     a rung's rank gets, under the load of the moment. ``factor`` is the memory-bound loop's (a b1
     step of vit-debug-wide streams ~0.7 GB and computes ~0.5 GFLOP: memory-bound); the in-cache
     matmul's is kept beside it."""
