@@ -177,6 +177,10 @@ def scaling_chart(points: list[Any], out: str | Path, title: str = "", note: str
             oom = [p.nodes for p in pts if not p.fits]
             if oom:
                 top.plot(oom, [0] * len(oom), "x", color=color[s], ms=6, clip_on=False)
+        if not any(p.fits and p.items_per_s for p in points if p.model == m):
+            bottom.text(0.5, 0.5, "no strategy predicted to fit", transform=bottom.transAxes,
+                        ha="center", va="center", fontsize=8, color="dimgrey")
+            top.set_yticks([]), bottom.set_yticks([])  # ticks of an empty axis would read as figures
         top.set_title(m, fontsize=10)
         top.set_xscale("log", base=2)
         top.set_ylim(bottom=0)
@@ -194,7 +198,8 @@ def scaling_chart(points: list[Any], out: str | Path, title: str = "", note: str
     fig.suptitle(title, fontsize=11)
     if note:
         fig.text(0.01, 0.005, f"x on the axis: predicted not to fit. {note}", fontsize=7, color="dimgrey")
-    fig.tight_layout(rect=(0, 0.02, 0.86, 0.95))
+    width = fig.get_figwidth()
+    fig.tight_layout(rect=(0, 0.02, 1 - 1.6 / width, 0.95))  # 1.6 in for the legend, whatever the panel count
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     from scaleladder.figures.style import save_figure
