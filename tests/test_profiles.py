@@ -274,6 +274,7 @@ def _submit_lines(wf: Path, tmp: Path, profile: str, *targets: str) -> subproces
     env = snakemake_env(PATH=f"{bin_dir}{os.pathsep}{VENV_BIN}{os.pathsep}{os.environ['PATH']}", SCALELADDER_SLURM_ACCOUNT=ACCOUNT)
     with open(tmp / f"snakemake-{profile}.log", "wb") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([os.path.join(VENV_BIN, "snakemake"), "--profile", f"profiles/{profile}", *targets,
+                                 "--slurm-init-seconds-before-status-checks", "1",  # the plugin's 40 s wait, at exit too
                                  "--config", "data={source: synthetic}"], cwd=wf, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
 
