@@ -63,11 +63,15 @@ def test_cpu_smoke_end_to_end(tmp_path: Path) -> None:
         assert (out / r["file"]).is_file(), r
     # Each measuring section spent time and ran; the targets are reported with a verdict each.
     assert set(summary["sections_s"]) >= {"environment", *SECTIONS, "planner", "figures"}
-    assert len(summary["targets"]) == 5
+    assert len(summary["targets"]) == 6
     assert summary["harness"] and math.isfinite(summary["harness"][0]["ratio"])
     assert summary["loader_ratio"] is not None and summary["loader_ratio"] > 0
     # The planner is asked about every rung that ran (one per file); the CPU measures no memory.
     assert len(summary["planner"]) == len({r["file"] for r in rungs})
+    # ... and its step time is held against each rung's measured median step (issue 32 (a), on any device)
+    for p in summary["planner"]:
+        assert p["predicted_step_ms"] > 0 and p["measured_step_ms"] > 0 and math.isfinite(p["step_error"]), p
+    assert "| planner step time vs measured | within 20% |" in md
     assert "no predicted-vs-measured figure" in md
     if importlib.util.find_spec("matplotlib"):
         assert (out / "throughput.png").stat().st_size > 0 and (out / "precision.png").is_file()
@@ -166,11 +170,15 @@ def test_same_strategy_rows_are_marked_not_shown_as_different_strategies(tmp_pat
     c.planner = [{"rung": r.spec, "section": "strategies", "batch": "128", "data": "synthetic", "same_as": getattr(rows.same_as(c.rungs, r), "spec", ""),
                   "measured_active_gib": 10.0, "measured_reserved_gib": 12.0, "measured_device_used_gib": math.nan,
                   "predicted_gib": 10.0 * (2.0 if rows.same_as(c.rungs, r) else 1.0), "required_gib": math.nan,
-                  "error": 1.0 if rows.same_as(c.rungs, r) else 0.0} for r in made]
+                  "error": 1.0 if rows.same_as(c.rungs, r) else 0.0,
+                  "predicted_step_ms": 100.0, "step_bound": "host", "measured_step_ms": 100.0 if rows.same_as(c.rungs, r) else 110.0,
+                  "step_error": 0.0 if rows.same_as(c.rungs, r) else 100 / 110 - 1} for r in made]
     md = report.markdown(c, "complete")
     assert "| vit-base | `vit-base/fsdp-no-shard/bf16-mixed/pre-lag/n1/b128` | ok | fsdp1:NO_SHARD (same strategy as `fsdp-full`) |" in md
     assert "| vit-base | `vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b128` | ok | fsdp1:NO_SHARD |" in md
     assert "4 of 4 rungs within" in md  # the two same-strategy planner rows are not counted
+    assert "| planner step time vs measured | within 20% | 4 of 4 rungs within; worst -9.1% (" in md  # nor in the step's
+    assert "| 100.0 | host | 110.0 | -9.1% |" in md
 
 
 # -- issue 22: every section starts, at a GPU's start-up cost -------------------------------------------

@@ -50,6 +50,7 @@ TARGET_HARNESS = 1.02
 TARGET_LOADER = 0.97
 TARGET_AC_COST = 0.25
 TARGET_PLANNER = 0.10
+TARGET_STEP = 0.20  # issue 32 (a): a rung's predicted step time against its measured median
 
 # What "ran out of memory" looks like in the log of a process that died of it without
 # writing its record (the runner records the OOMs it catches itself, as status 'oom').

@@ -15,7 +15,7 @@ from scaleladder.files import atomic_write_text
 from scaleladder.markdown import table
 
 from . import host
-from .config import (GIB, PRECISION, ROLES, STRATEGIES, TARGET_AC_COST, TARGET_HARNESS, TARGET_LOADER, TARGET_PLANNER,
+from .config import (GIB, PRECISION, ROLES, STRATEGIES, TARGET_AC_COST, TARGET_HARNESS, TARGET_LOADER, TARGET_PLANNER, TARGET_STEP,
                      TARGET_VIT_H_MFU)
 from .rows import RungResult, fmt, gib, pct, same_as, seconds_str, verdict
 
@@ -72,6 +72,16 @@ def targets(c: Check) -> list[list[str]]:
     else:
         why = "the CPU records no device memory" if c.device == "cpu" else "no rung measured memory"
         rows.append(["planner peak vs measured", f"within {TARGET_PLANNER:.0%}", "n/a", verdict(None, why)])
+    steps = [(abs(p["step_error"]), p["step_error"], p["rung"]) for p in c.planner
+             if math.isfinite(p.get("step_error", math.nan)) and not p.get("same_as")]
+    if steps:
+        worst_s = max(steps)
+        within = sum(e <= TARGET_STEP for e, _, _ in steps)
+        rows.append(["planner step time vs measured", f"within {TARGET_STEP:.0%}", f"{within} of {len(steps)} rungs within; "
+                     f"worst {worst_s[1]:+.1%} ({worst_s[2]})", verdict(within == len(steps))])
+    else:
+        rows.append(["planner step time vs measured", f"within {TARGET_STEP:.0%}", "n/a",
+                     verdict(None, "no rung has both a predicted and a measured step")])
     return rows
 
 
@@ -290,16 +300,21 @@ def _md_planner(c: Check) -> list[str]:
          f"`scaleladder plan --spec <rung at the batch it ran> --gpus-per-node 1 --data <synthetic|loader> "
          f"{shlex.join(c.plan_args)} --json` for every rung that ran. The planner's peak is the allocator's "
          "active peak; its 'required' adds fragmentation, the CUDA context and the comm library, which is what "
-         "the device reports in use. error = predicted ÷ measured active − 1.", ""]
+         "the device reports in use. error = predicted ÷ measured active − 1. The step: the planner's "
+         "`step_time_s` (compute, host work and exposed communication; 'bound' says which decides it) against "
+         "the record's median step after warm-up; step error = predicted ÷ measured − 1.", ""]
     if not c.planner:
         return L + ["No rung to compare.", ""]
     body = [[f"`{p['rung']}`" + (f" (same strategy as `{p['same_as'].split('/')[1]}`)" if p.get("same_as") else ""),
              p["section"], str(p["batch"]), p["data"], gib(p["predicted_gib"]),
              gib(p["measured_active_gib"]), f"{p['error']:+.1%}" if math.isfinite(p["error"]) else "n/a",
-             gib(p["measured_reserved_gib"]), gib(p["required_gib"]), gib(p["measured_device_used_gib"])]
+             gib(p["measured_reserved_gib"]), gib(p["required_gib"]), gib(p["measured_device_used_gib"]),
+             fmt(p.get("predicted_step_ms", math.nan), 1), p.get("step_bound", ""), fmt(p.get("measured_step_ms", math.nan), 1),
+             f"{p['step_error']:+.1%}" if math.isfinite(p.get("step_error", math.nan)) else "n/a"]
             for p in c.planner]
     return L + table(["rung", "section", "batch", "data", "predicted peak (GiB)", "measured active (GiB)", "error",
-                      "measured reserved (GiB)", "predicted required (GiB)", "measured device used (GiB)"], body,
+                      "measured reserved (GiB)", "predicted required (GiB)", "measured device used (GiB)",
+                      "predicted step (ms)", "bound", "measured step (ms)", "step error"], body,
                      escape=True) + [""]
 
 

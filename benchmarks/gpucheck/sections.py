@@ -176,12 +176,21 @@ def planner(c: Check) -> None:
                                "measured_reserved_gib": r.mem("peak_reserved_gib"),
                                # absent in records of runners that predate it: missing, not a crash
                                "measured_device_used_gib": r.mem("peak_device_used_gib"),
-                               "predicted_gib": math.nan, "required_gib": math.nan, "error": math.nan}
+                               "predicted_gib": math.nan, "required_gib": math.nan, "error": math.nan,
+                               # the step: the record's median after warm-up (the planner predicts a
+                               # steady step; a mean carries the odd slow step), against plan's step_time_s
+                               "measured_step_ms": 1e3 * r.num("step_time_median_s"),
+                               "predicted_step_ms": math.nan, "step_bound": "", "step_error": math.nan}
         if pred:
             row.update(predicted_gib=pred["peak_bytes"] / GIB, required_gib=pred["required_bytes"] / GIB)
+            if pred.get("step_time_s"):  # absent from a plan that predates the step-time model
+                row.update(predicted_step_ms=1e3 * float(pred["step_time_s"]), step_bound=str(pred.get("step_time_bound", "")))
         m = row["measured_active_gib"]
         if math.isfinite(m) and m > 0 and math.isfinite(row["predicted_gib"]):
             row["error"] = row["predicted_gib"] / m - 1
+        t = row["measured_step_ms"]
+        if math.isfinite(t) and t > 0 and math.isfinite(row["predicted_step_ms"]):
+            row["step_error"] = row["predicted_step_ms"] / t - 1
         c.planner.append(row)
 
 
