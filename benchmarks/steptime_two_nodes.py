@@ -15,7 +15,7 @@ Everything the prediction uses is fixed BEFORE the multi-rank rungs run:
 * the overlap: ``intra.json``'s measured ``--overlap`` (0 when the two add up);
 * the compute rate from ONE rung, ``vit-debug-wide/single`` b1 (one rank, no communication,
   in ``--records``): the ceiling stays the datasheet's 0.80 and ``h_half`` is what makes that
-  rung come back; the host's us per op stays ``calibration/cpu.json``'s;
+  rung come back; the host's us per op stays ``calibration/cpu.json``'s (``--cpu-calibration``);
 * the CPU share: how much slower a rank computes when all the ranks of a placement compute at
   once than one rank alone, as bench_comm measured it (``contention.factor``: ``intra.json`` for
   the 2-rank rungs, ``four.json`` for the 4-rank ones), applied to a rank's host work AND its
@@ -74,10 +74,10 @@ def links_block(bench: Path) -> dict[str, Any]:
     return {"backend": "gloo", "intra_node": link("intra.json", 1), "inter_node": link("four.json", RANKS_PER_NODE)}
 
 
-def solve_compute(step_s: float) -> dict[str, float | str]:
-    """``h_half`` (ceiling fixed at the datasheet's) that gives the one-rank rung back."""
+def solve_compute(step_s: float, base: dict[str, Any]) -> dict[str, float | str]:
+    """``h_half`` (ceiling fixed at the datasheet's) that gives the one-rank rung back, with ``base``'s host figure."""
     spec = RunSpec.from_path(CALIBRATION_RUNG)
-    flavor, r = get_flavor(MODEL), rates("cpu", "fp32")
+    flavor, r = get_flavor(MODEL), rates("cpu", "fp32", base, "--cpu-calibration")
     host, _ = host_seconds(spec, r, Site())
     opt = step_setup(spec.model, spec.strategy, spec.precision, spec.knobs, 1).local.trainable * OPT_BYTES_PER_PARAM / r.hbm_bps
     rate = flops_per_sample(flavor, False, 1).hardware / (step_s - host - opt)
@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, required=True)
     p.add_argument("--write-calibration", type=Path, help="write the solved calibration here (JSON)")
     p.add_argument("--links-yaml", action="store_true", help="print the links as site.yaml's timing.links")
+    p.add_argument("--cpu-calibration", type=Path, default=REPO / "src/scaleladder/planner/calibration/cpu.json",
+                   help="the calibration whose host us_per_op the prediction keeps (default: the package's cpu.json; "
+                   "a committed round's own: `git show COMMIT:src/scaleladder/planner/calibration/cpu.json`)")
     args = p.parse_args(argv)
     cal_step = measured(args.records, CALIBRATION_RUNG)
     if cal_step is None:
@@ -118,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     block, share = links_block(args.bench), shares(args.bench)
     intra = json.loads((args.bench / "intra.json").read_text())
     ov = max(0.0, min(1.0, float(intra["overlap"]["overlap"])))
-    base = json.loads((REPO / "src/scaleladder/planner/calibration/cpu.json").read_text())
+    base = json.loads(args.cpu_calibration.read_text())
     cal = {**base, "about": base["about"] + f" Compute (fp32) solved from {CALIBRATION_RUNG} alone by "
            "benchmarks/steptime_two_nodes.py, on the 2-node CI Slurm (docs/planner.md, 'Two nodes').",
-           "compute": {"fp32": solve_compute(cal_step)},
+           "compute": {"fp32": solve_compute(cal_step, base)},
            "overlap": round(ov, 2),
            "overlap_from": "benchmarks/bench_comm.py --overlap, 2 ranks in one node ({}): compute alone {:.0f} ms, an async "
            "16 MiB all-reduce alone {:.0f} ms, both at once {:.0f} ms (medians); overlap median {} (quartiles {})".format(
