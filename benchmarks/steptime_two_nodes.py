@@ -39,7 +39,8 @@ from typing import Any
 from scaleladder.files import atomic_file
 from scaleladder.models.flavors import get_flavor
 from scaleladder.planner.comm import COLLECTIVES, links_from_profile
-from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates, datasheet, rates
+from scaleladder.errors import SpecError
+from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates, check_calibration, datasheet, rates, read_calibration
 from scaleladder.planner.step_setup import step_setup
 from scaleladder.planner.steptime import Site, StepTime, flops_per_sample, host_seconds, predict_step, site_from_config
 from scaleladder.spec import RunSpec
@@ -114,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the calibration whose host us_per_op the prediction keeps (default: the package's cpu.json; "
                    "a committed round's own: `git show COMMIT:src/scaleladder/planner/calibration/cpu.json`)")
     args = p.parse_args(argv)
+    try:  # first, so a wrong file is one line before any record is read
+        base = read_calibration(args.cpu_calibration)
+        check_calibration(base, "cpu", None, str(args.cpu_calibration))
+    except SpecError as e:
+        print(f"steptime_two_nodes: --cpu-calibration: {e}", file=sys.stderr)
+        return 2
     cal_step = measured(args.records, CALIBRATION_RUNG)
     if cal_step is None:
         print(f"steptime_two_nodes: no record of the calibration rung {CALIBRATION_RUNG} in {args.records}", file=sys.stderr)
@@ -121,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     block, share = links_block(args.bench), shares(args.bench)
     intra = json.loads((args.bench / "intra.json").read_text())
     ov = max(0.0, min(1.0, float(intra["overlap"]["overlap"])))
-    base = json.loads(args.cpu_calibration.read_text())
     cal = {**base, "about": base["about"] + f" Compute (fp32) solved from {CALIBRATION_RUNG} alone by "
            "benchmarks/steptime_two_nodes.py, on the 2-node CI Slurm (docs/planner.md, 'Two nodes').",
            "compute": {"fp32": solve_compute(cal_step, base)},

@@ -246,3 +246,17 @@ def test_time_chart_before_any_run(tmp_path: Path) -> None:
     assert all(p["items_per_s"] > 0 for p in pts if p["fits"])
     bad = subprocess.run(run + ["--time-chart", str(tmp_path / "t.txt")], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "--time-chart" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"device": "h100-80gb", "torch": "2.11", "compute": {}, "host": {}}'])
+def test_two_node_table_refuses_a_bad_cpu_calibration_in_one_line(tmp_path: Path, content: str | None) -> None:
+    """benchmarks/steptime_two_nodes.py --cpu-calibration: a missing file, bad JSON or another
+    device's calibration is one line naming the file, exit 2, before any record is read."""
+    cal = tmp_path / "cal.json"
+    if content is not None:
+        cal.write_text(content)
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks/steptime_two_nodes.py"), "--bench", str(tmp_path),
+                          "--records", str(tmp_path), "--cpu-calibration", str(cal)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--cpu-calibration" in lines[0] and str(cal) in lines[0], out.stderr

@@ -180,7 +180,8 @@ def scaling_chart(points: list[Any], out: str | Path, title: str = "", note: str
         if not any(p.fits and p.items_per_s for p in points if p.model == m):
             bottom.text(0.5, 0.5, "no strategy predicted to fit", transform=bottom.transAxes,
                         ha="center", va="center", fontsize=8, color="dimgrey")
-            top.set_yticks([]), bottom.set_yticks([])  # ticks of an empty axis would read as figures
+            top.set_yticks([])  # ticks of an empty axis would read as figures
+            bottom.set_yticks([])
         top.set_title(m, fontsize=10)
         top.set_xscale("log", base=2)
         top.set_ylim(bottom=0)
