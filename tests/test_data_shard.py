@@ -417,6 +417,29 @@ def test_sigterm_leaves_no_partial_shard_set(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+_SIGTERM_INSIDE_PYRUN_STRING = """
+import ctypes, os, signal, sys
+from scaleladder.data.cli import _raise_interrupt
+signal.signal(signal.SIGTERM, _raise_interrupt)
+run = ctypes.pythonapi.PyRun_String  # how a C extension runs Python code during its import
+run.restype, run.argtypes = ctypes.py_object, [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+try:
+    run(b"import os, signal, time\\nos.kill(os.getpid(), signal.SIGTERM)\\ntime.sleep(5)\\n", 257, {}, {})
+except KeyboardInterrupt:
+    sys.exit(1)
+sys.exit(3)
+"""
+
+
+def test_a_sigterm_inside_a_c_extensions_code_still_exits_1(tmp_path: Path) -> None:
+    # The CI failure behind shard.Interrupted: a plain KeyboardInterrupt raised inside
+    # PyRun_String is noted by CPython as unhandled, and a `python -m` process (how the
+    # workflow runs `scaleladder.data.cli`) then exits by SIGINT (-2), however it was caught.
+    (tmp_path / "sigterm_probe.py").write_text(_SIGTERM_INSIDE_PYRUN_STRING)
+    done = subprocess.run([PY, "-m", "sigterm_probe"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+
+
 def test_published_directory_follows_umask(tmp_path: Path) -> None:
     assert shard(["--out", str(tmp_path / "s"), "--samples", "2", "--image-size", "16", "--quiet"]) == 0
     umask = os.umask(0)

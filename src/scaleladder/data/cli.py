@@ -105,10 +105,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    from scaleladder.data.shard import INTERRUPTED
+    from scaleladder.data.shard import INTERRUPTED, Interrupted
 
     INTERRUPTED.set()  # in case the exception below is swallowed where it lands
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise Interrupted(f"signal {signum}")  # not a plain KeyboardInterrupt: shard.Interrupted says why
 
 
 LOG_PROGRESS_EVERY_S = 30.0

@@ -40,7 +40,7 @@ from typing import Any
 
 from scaleladder.data.errors import DataError
 from scaleladder.data.prepare import Prepared, prepared_stream
-from scaleladder.data.shard import (INTERRUPTED, MAX_SKIP_EXAMPLES, ShardOptions, Stats, _place, _Progress,
+from scaleladder.data.shard import (INTERRUPTED, Interrupted, MAX_SKIP_EXAMPLES, ShardOptions, Stats, _place, _Progress,
                                     _publishable, finish_set, sample_members, staging_dir)
 from scaleladder.data.sources import BadSample, Item, Pending, Source, Tag
 from scaleladder.data.tarout import ShardFile
@@ -147,7 +147,7 @@ def _write_slice(tagged: Iterator[tuple[Tag, Item | Pending]], staging: Path, op
         for prepared in stream:
             tag = tags.popleft()
             if INTERRUPTED.is_set():
-                raise KeyboardInterrupt("interrupted by a signal")
+                raise Interrupted("interrupted by a signal")
             if isinstance(prepared, BadSample):
                 if not opts.skip_bad:
                     raise DataError(prepared.message + " (pass --skip-bad to skip such samples)")
