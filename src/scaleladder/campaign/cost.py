@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaleladder.models.flavors import get_flavor
+from scaleladder.planner.devices import PEAKS, chip_of
 from scaleladder.planner.rates import rates
 from scaleladder.planner.steptime import Site, flops_per_sample, predict_step
 from scaleladder.spec import RunSpec, SpecError
@@ -44,11 +45,12 @@ DEFAULT_STARTUP_S = 120.0
 
 
 def peak_key(plan_device: str) -> str:
-    """The planner's device name -> rung/devices.py's peak table key (a memory suffix dropped)."""
-    from scaleladder.rung.devices import PEAKS
-
+    """The planner's device name -> the device table's chip (planner/devices.py PEAKS): the
+    chip whose memory variant it is, else the name with a memory suffix dropped."""
     if plan_device in PEAKS:
         return plan_device
+    if (chip := chip_of(plan_device)) is not None:
+        return chip
     head = plan_device.rsplit("-", 1)[0]
     if head in PEAKS:
         return head
@@ -58,8 +60,6 @@ def peak_key(plan_device: str) -> str:
 def plan_device_peak_flops(plan_device: str, precision: str) -> float:
     """The dense peak of the site's ``plan_device`` from the table: no device is at hand here
     (cf. ``rung/devices.py``'s peak of a rank's own device, checked against its SMs and power cap)."""
-    from scaleladder.rung.devices import PEAKS
-
     return PEAKS[peak_key(plan_device)].for_precision(precision)
 
 

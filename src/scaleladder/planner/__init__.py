@@ -4,6 +4,7 @@
 * :mod:`.static`      parameters, gradients and optimizer state per rank, exactly (padding included)
 * :mod:`.activations` what one forward keeps alive, call by call, per sample
 * :mod:`.memory`      the step replayed as a timeline of allocations: peak, breakdown, max batch
+* :mod:`.devices`     the one device table: per chip its peaks, SMs, board power and memory variants
 
 Nothing here touches a GPU; every number is computed from the flavor's dimensions and
 the layout of a *reduced* copy of the model built on the meta device (one layer per

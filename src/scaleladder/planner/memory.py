@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# DEVICES is re-exported: the planner's device keys and usable bytes, read from the one device
+# table's memory variants (planner/devices.py: per chip, its peaks and its memories).
+from scaleladder.planner.devices import DEVICES, GIB  # noqa: F401
+
 # InputBatches and Variant are re-exported: callers name the planner's inputs from here.
 from scaleladder.planner.step_setup import (  # noqa: F401
     RUNNER,
@@ -23,8 +27,6 @@ from scaleladder.planner.step_setup import (  # noqa: F401
 from scaleladder.planner.timeline import simulate
 from scaleladder.spec import RunSpec, SpecError
 
-GIB = 2**30
-
 
 @dataclass(frozen=True)
 class Device:
@@ -33,19 +35,6 @@ class Device:
     name: str
     capacity_bytes: int | None
 
-# Usable device memory: the total capacity PyTorch reports for one rank's device
-# (torch.cuda.get_device_properties().total_memory), as printed in its OOM messages:
-# "39.59 GiB total capacity" (A100 40GB), "79.15 GiB" (A100 80GB), 79.1–79.3 GiB for
-# H100 80GB (driver/ECC dependent; we take the low end), "139.80 GiB" (H200),
-# "63.98 GiB" (one MI250X GCD under ROCm). ``cpu`` is unlimited.
-DEVICES: dict[str, int | None] = {
-    "a100-40gb": int(39.59 * GIB),
-    "a100-80gb": int(79.15 * GIB),
-    "h100-80gb": int(79.10 * GIB),
-    "h200-141gb": int(139.80 * GIB),
-    "mi250x-gcd": int(63.98 * GIB),
-    "cpu": None,
-}
 
 # Calibration constants (no GPU in this repository's CI: these are ESTIMATES, to be refit
 # from measured rungs — see docs/planner.md, "Calibration").

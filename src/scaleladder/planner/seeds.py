@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaleladder.markdown import row
+from scaleladder.planner.devices import DEVICES
 from scaleladder.planner.memory import (
     CALIBRATED,
-    DEVICES,
     GIB,
     Overheads,
     Variant,

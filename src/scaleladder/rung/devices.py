@@ -1,9 +1,5 @@
-"""Peak dense FLOP/s per device and precision: the MFU denominator.
-
-Numbers are vendor datasheet peaks for dense (non-sparse) math, per *device a
-rank owns*. The trap (torchtitan #920/#928): an MI250X card is two GCDs and
-each GCD is one rank, so its peak is the card's 383 TF/s bf16 halved, 191.5.
-MI250X has no TF32 mode; ``tf32`` there runs fp32 matrix math.
+"""A rank's own device: which chip of the device table it is, and the peak its MFU is
+taken against (``planner/devices.py`` holds the table: peaks, SMs, board power, memories).
 
 A device not in the table gets no peak, and MFU is recorded as NaN rather
 than guessed (``--peak-tflops`` supplies one by hand).
@@ -26,79 +22,12 @@ from typing import Any
 
 import torch
 
-TERA = 1e12
+# Peak, PEAKS and TERA are re-exported: the runner's callers and tests name the table from here.
+from scaleladder.planner.devices import PEAKS, TERA, Peak  # noqa: F401
 
 # A power limit this far below the datasheet's board power is a capped part: its
 # clocks, and so its reachable peak, are lower than the datasheet's.
 POWER_TOLERANCE = 0.10
-
-
-@dataclass(frozen=True)
-class Peak:
-    name: str
-    fp32: float
-    tf32: float
-    bf16: float
-    fp16: float
-    sms: int  # multiprocessors of the whole part (CUs per GCD on MI250/MI250X)
-    board_w: float | None  # datasheet maximum board power (TDP/TBP); None: not checked
-
-    def for_precision(self, precision: str) -> float:
-        if precision in ("bf16-mixed", "bf16-true"):
-            return self.bf16
-        if precision == "fp16-mixed":
-            return self.fp16
-        return self.tf32 if precision == "tf32" else self.fp32
-
-    @property
-    def unit(self) -> str:
-        return "CUs" if self.name.startswith("AMD") else "SMs"
-
-
-# Dense peaks in FLOP/s (a datasheet's "with sparsity" figures halved). Sources:
-# - NVIDIA A100 datasheet: 19.5 fp32, 156 tf32, 312 bf16/fp16 — SXM and PCIe alike.
-# - NVIDIA H100 datasheet, per form factor: SXM 67 / 494.5 / 989; PCIe 51 / 378 / 756;
-#   NVL 60 / 417.5 / 835.5 (fp32 / tf32 / bf16 = fp16). Same chip name, three clocks
-#   and power limits: a PCIe or NVL card given SXM peaks would report an MFU 1.3x or
-#   1.2x too low.
-# - NVIDIA H200 datasheet: SXM as H100 SXM; H200 NVL 60 / 417.5 / 835.5.
-# - AMD MI250X datasheet (one OAM = 2 GCDs): 95.7 fp32 matrix, 383 bf16/fp16 -> halved
-#   per GCD; torchtitan tools/utils.py uses the same 191.5e12 (its #920/#928).
-# - AMD MI250 datasheet (fewer CUs: 208 against 220): 90.5 fp32 matrix, 362.1 bf16/fp16
-#   per OAM -> 45.25 / 181.05 per GCD.
-# Multiprocessors (what torch.cuda.get_device_properties().multi_processor_count reports
-# for the whole part):
-# - A100 108 SMs, SXM and PCIe (deviceQuery on an A100 40GB prints "(108) Multiprocessors";
-#   XLA's GPU target table: A100-SXM4-40GB, A100-SXM4-80GB and A100 80GB PCIe all 108).
-# - H100 SXM5 132, H100 PCIe 114 (NVIDIA's H100 SXM/PCIe spec table: "SMs 132 | 114"; XLA's GPU
-#   target table agrees: "NVIDIA H100 80GB HBM3" 132, "NVIDIA H100 PCIe" 114, and the
-#   MIG slice "NVIDIA H100 80GB HBM3 MIG 1g.10gb" 16 — the name torch reports for a
-#   slice, as also printed by torch.cuda.get_device_name() in public MIG tutorials).
-# - H100 NVL 132, H200 132 (XLA's table: "NVIDIA H200 141GB HBM3e" 132), H200 NVL 132:
-#   all the 16,896-core GH100 bin. NVIDIA's NVL datasheets give no SM count; 132 is
-#   from spec listings (16,896 cores / 128 per SM), so an NVL card that reports another
-#   count loses its peak here (with a note) rather than get a wrong one.
-#   GH200 (maps to "h200") carries the same 132-SM GPU.
-# - MI250X 220 CUs per OAM, MI250 208 (AMD Instinct MI200 datasheet) -> 110 / 104 per GCD.
-# MIG slices have far fewer: A100 1g.5gb 14 SMs, H100/H200 1g 16 (nvidia-smi mig -lgip);
-# even the whole-GPU 7g profile has fewer than the part (A100 7g.40gb: 98 of 108).
-# Board power (datasheet maximum; a part "configurable" below it runs slower clocks):
-# - A100 SXM4 400 W; A100 PCIe 40GB 250 W, 80GB 300 W (board_power_w below picks by name).
-# - H100 SXM up to 700 W; H100 PCIe 300-350 W ("operates unconstrained up to its maximum
-#   thermal design power (TDP) level of 350 W", H100 PCIe product brief PB-11133-001);
-#   H100 NVL 350-400 W. H200 SXM up to 700 W, H200 NVL up to 600 W.
-# - AMD: not checked. NVML does not see AMD GPUs, and amd-smi reports one budget for
-#   an OAM whose two GCDs are two ranks.
-PEAKS: dict[str, Peak] = {
-    "a100": Peak("NVIDIA A100", 19.5 * TERA, 156 * TERA, 312 * TERA, 312 * TERA, 108, 400.0),
-    "h100": Peak("NVIDIA H100 SXM", 67 * TERA, 494.5 * TERA, 989 * TERA, 989 * TERA, 132, 700.0),
-    "h100-pcie": Peak("NVIDIA H100 PCIe", 51 * TERA, 378 * TERA, 756 * TERA, 756 * TERA, 114, 350.0),
-    "h100-nvl": Peak("NVIDIA H100 NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA, 835.5 * TERA, 132, 400.0),
-    "h200": Peak("NVIDIA H200", 67 * TERA, 494.5 * TERA, 989 * TERA, 989 * TERA, 132, 700.0),
-    "h200-nvl": Peak("NVIDIA H200 NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA, 835.5 * TERA, 132, 600.0),
-    "mi250x-gcd": Peak("AMD MI250X (one GCD)", 47.85 * TERA, 47.85 * TERA, 191.5 * TERA, 191.5 * TERA, 110, None),
-    "mi250-gcd": Peak("AMD MI250 (one GCD)", 45.25 * TERA, 45.25 * TERA, 181.05 * TERA, 181.05 * TERA, 104, None),
-}
 
 
 def _norm(name: str) -> str:
@@ -128,7 +57,10 @@ def device_key(name: str) -> str | None:
             if "PCIE" in n:
                 return "h100-pcie" if chip == "H100" else None
             return chip.lower()
-    return "a100" if "A100" in n else None
+    if "A100" in n:
+        return "a100"
+    # a chip added to the table with the word its torch name carries (planner/devices.py)
+    return next((key for key, peak in PEAKS.items() if peak.torch_name and _norm(peak.torch_name) in n), None)
 
 
 def board_power_w(name: str, key: str) -> float | None:
