@@ -19,7 +19,7 @@ LOCK    := containers/constraints-cuda.txt
 # the snakemake jobs and the tests call `scaleladder`, `torchrun`, `snakemake` by name
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test lint dryrun lock verify-pins image-check image-check-rocm clean gpu-wheels gpu-check
+.PHONY: setup run test lint lint-py dryrun lock verify-pins image-check image-check-rocm clean gpu-wheels gpu-check
 
 setup: $(VENV)/.installed
 
@@ -42,11 +42,20 @@ run: setup
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
-test: setup
+# TEST_LINT=lint-py: ruff and mypy (make lint-py) before the suite; to be the default once
+# src/ and tests/ have no findings left (issue 33).
+TEST_LINT    ?=
+test: setup $(TEST_LINT)
 	pytest -q -rs --durations=15 $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 lint: setup
 	snakemake --lint --profile profiles/local
+
+# The Python checks (pyproject.toml, [tool.ruff] and [tool.mypy]): lint and import order on
+# src/ and tests/, then strict types on src/scaleladder.
+lint-py: setup
+	ruff check src tests
+	mypy
 
 dryrun: setup
 	snakemake --profile profiles/local -n -p
