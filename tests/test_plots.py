@@ -9,15 +9,14 @@ import matplotlib.pyplot as plt
 import pytest
 
 from conftest import write_rung
-from scaleladder.figures import plots
-from scaleladder.figures import report
+from scaleladder.cli import main as cli
+from scaleladder.figures import plots, registry, report
 from scaleladder.figures.max_batch import fig_max_batch
 from scaleladder.figures.pareto import pareto_front
 from scaleladder.figures.style import Palette
 from scaleladder.figures.throughput_by_model import fig_throughput_by_model
 from scaleladder.figures.weak_scaling import fig_weak_scaling
 from scaleladder.results.aggregate import aggregate, read_ladder
-from scaleladder.cli import main as cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -36,7 +35,7 @@ def test_every_figure_png_and_pdf_from_a_seed_shaped_ladder(seed_ladder: tuple[P
     root, files = seed_ladder
     ladder = _ladder(root, files)
     assert cli(["plots", "--ladder", str(ladder), "--out-dir", str(root / "plots")]) == 0
-    for name in plots.FIGURES:
+    for name in registry.names("plots"):
         png, pdf = root / "plots" / f"{name}.png", root / "plots" / f"{name}.pdf"
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 20_000, name
         assert pdf.read_bytes()[:4] == b"%PDF", name
@@ -84,7 +83,7 @@ def test_partial_ladders_still_draw(tmp_path: Path, specs: list[tuple[str, str]]
     else:
         rungs = []
     written = plots.draw_all(rungs, str(tmp_path / "plots"))
-    assert len(written) == 2 * len(plots.FIGURES)
+    assert len(written) == 2 * len(registry.names("plots"))
 
 
 def test_pareto_front() -> None:
@@ -100,7 +99,7 @@ def test_report_html_and_markdown(seed_ladder: tuple[Path, list[Path]]) -> None:
     assert cli(["report", "--ladder", str(ladder), "--plots", str(root / "results" / "plots"),
                 "--html", str(html), "--md", str(md)]) == 0
     h, m = html.read_text(), md.read_text()
-    for name in plots.FIGURES:  # figures linked relative to the page
+    for name in registry.names("plots"):  # figures linked relative to the page
         assert f"plots/{name}.png" in h and f"plots/{name}.png" in m
     assert h.count("<tr class='oom'>") == 8  # 6 oom + 2 predicted-oom rungs, all in the table
     assert "max = 60" in m  # a max-batch rung shows the batch it settled on

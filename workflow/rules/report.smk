@@ -1,5 +1,8 @@
 # Stage 3: merge the rungs into results/ladder.h5, draw the figures, write the report.
 # These are light and run where snakemake runs (localrules), not as cluster jobs.
+# Which figures, their captions and categories: the figure table, figures/registry.py.
+
+import scaleladder.figures.registry as figtable
 
 localrules:
     aggregate,
@@ -32,22 +35,17 @@ rule plots:
     input:
         "results/ladder.h5",
     output:
-        throughput=report("results/plots/throughput_by_model.png", caption="../report/throughput_by_model.rst", category="Figures"),
-        max_batch=report("results/plots/max_batch.png", caption="../report/max_batch.rst", category="Figures"),
-        knobs=report("results/plots/fsdp_knobs.png", caption="../report/fsdp_knobs.rst", category="Figures"),
-        scaling=report("results/plots/weak_scaling.png", caption="../report/weak_scaling.rst", category="Figures"),
-        pareto=report("results/plots/pareto.png", caption="../report/pareto.rst", category="Figures"),
-        throughput_pdf="results/plots/throughput_by_model.pdf",
-        max_batch_pdf="results/plots/max_batch.pdf",
-        knobs_pdf="results/plots/fsdp_knobs.pdf",
-        scaling_pdf="results/plots/weak_scaling.pdf",
-        pareto_pdf="results/plots/pareto.pdf",
+        # the figure table (src/scaleladder/figures/registry.py): a PNG with its caption in
+        # Snakemake's report, and a PDF, per figure `scaleladder plots` draws
+        **{name: report(png, caption=caption, category=category) if caption else png
+           for name, png, caption, category in figtable.snakemake_outputs("plots")},
+        **{f"{name}_pdf": f"results/plots/{name}.pdf" for name in figtable.names("plots")},
     log:
         "results/logs/plots.log",
     params:
         env=swf.env_exports(SITE),
         scaleladder=SCALELADDER,
-        outdir=lambda wildcards, output: os.path.dirname(output.throughput),
+        outdir=lambda wildcards, output: os.path.dirname(output[0]),
     conda:
         "../envs/scaleladder.yaml"
     shell:
@@ -58,10 +56,10 @@ rule plan_plots:
     input:
         "results/ladder.h5",
     output:
-        fits=report("results/plots/fits.png", caption="../report/fits.rst", category="Planner"),
-        vs=report("results/plots/predicted_vs_measured.png", caption="../report/predicted_vs_measured.rst", category="Planner"),
-        fits_pdf="results/plots/fits.pdf",
-        vs_pdf="results/plots/predicted_vs_measured.pdf",
+        # the planner's figures of the table; each is drawn by its own `plan` command below
+        **{name: report(png, caption=caption, category=category) if caption else png
+           for name, png, caption, category in figtable.snakemake_outputs("plan")},
+        **{f"{name}_pdf": f"results/plots/{name}.pdf" for name in figtable.names("plan")},
     log:
         "results/logs/plan_plots.log",
     params:
@@ -74,8 +72,8 @@ rule plan_plots:
     shell:
         "({params.env}{params.scaleladder} plan --fits-chart {output.fits:q} {params.chart} && "
         "{params.scaleladder} plan --fits-chart {output.fits_pdf:q} {params.chart} && "
-        "{params.scaleladder} plan --vs-measured {output.vs:q} --device {params.device} --ladder {input:q} && "
-        "{params.scaleladder} plan --vs-measured {output.vs_pdf:q} --device {params.device} --ladder {input:q}) > {log:q} 2>&1"
+        "{params.scaleladder} plan --vs-measured {output.predicted_vs_measured:q} --device {params.device} --ladder {input:q} && "
+        "{params.scaleladder} plan --vs-measured {output.predicted_vs_measured_pdf:q} --device {params.device} --ladder {input:q}) > {log:q} 2>&1"
 
 
 rule report:

@@ -26,8 +26,9 @@ import h5py
 import numpy as np
 from matplotlib.figure import Figure
 
-from scaleladder.figures.style import OOM_COLOR, strategy_label
 from scaleladder import markdown as md
+from scaleladder.figures import registry
+from scaleladder.figures.style import OOM_COLOR, strategy_label
 from scaleladder.results.record import Build, Convergence, Placement, Read, Record, Settings, Spec, Throughput
 
 MISSED = "did-not-converge"
@@ -180,7 +181,7 @@ def main(args: Any) -> int:
 
 # -- the report's section -----------------------------------------------------------------
 
-SECTION_TITLE = "Accuracy kept: time to train"
+SECTION_TITLE = registry.title("convergence")  # the figure table's title for it
 SECTION_NOTE = ("Each convergence rung trains until its held-out accuracy reaches the target or its step budget "
                 "runs out; times exclude evaluation (docs/metrics.md, 'Convergence rungs'). A rung that does not "
                 "reach the target is a failing result: a faster rung that stopped learning is not faster.")

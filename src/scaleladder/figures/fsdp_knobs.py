@@ -12,7 +12,16 @@ from matplotlib.figure import Figure
 
 from scaleladder.figures.rungs import RungAttrs, batch_of, family, is_fixed, is_ok, is_oom
 from scaleladder.figures.style import (
-    LABEL_SLOT_IN, Palette, axis_labels, knobs_label, note, oom_handles, oom_mark, strategy_label, strategy_sort_key, throughput_label,
+    LABEL_SLOT_IN,
+    Palette,
+    axis_labels,
+    knobs_label,
+    note,
+    oom_handles,
+    oom_mark,
+    strategy_label,
+    strategy_sort_key,
+    throughput_label,
 )
 from scaleladder.results.record import Spec, Throughput
 

@@ -1,12 +1,12 @@
 """`scaleladder plots`: the figures, drawn from an aggregated ladder file.
 
-This module is the registry and the command: five figure families (``throughput_by_model``,
-``max_batch``, ``fsdp_knobs``, ``weak_scaling``, ``pareto``), each its own module, each as PNG
-and PDF; what they share is in ``rungs`` (what a rung says) and ``style`` (labels, colours,
-OOM marks, the atomic save). ``convergence`` is drawn from convergence records by
-``scaleladder converge-plots``. An OOM is drawn as a result, a predicted OOM never as a
-measurement, and an absent rung is simply absent. Which seed figure each one redraws, and
-why: docs/workflow.md, "Stages and files" ("Figures").
+The command: it draws the rows of the figure table (``registry``) that ``plots`` draws, each
+its own module (``throughput_by_model``, ``max_batch``, ``fsdp_knobs``, ``weak_scaling``,
+``pareto``), each as PNG and PDF; what they share is in ``rungs`` (what a rung says) and
+``style`` (labels, colours, OOM marks, the atomic save). ``convergence`` is drawn from
+convergence records by ``scaleladder converge-plots``. An OOM is drawn as a result, a
+predicted OOM never as a measurement, and an absent rung is simply absent. Which seed figure
+each one redraws, and why: docs/workflow.md, "Stages and files" ("Figures").
 """
 
 from __future__ import annotations
@@ -14,36 +14,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
 
-from scaleladder.figures.fsdp_knobs import fig_fsdp_knobs
-from scaleladder.figures.max_batch import fig_max_batch
-from scaleladder.figures.pareto import fig_pareto
+from scaleladder.figures import registry
 from scaleladder.figures.rungs import RungAttrs
 from scaleladder.figures.style import Palette, save_figure
-from scaleladder.figures.throughput_by_model import fig_throughput_by_model
-from scaleladder.figures.weak_scaling import fig_weak_scaling
 from scaleladder.results.aggregate import read_ladder
-
-# The registry: a figure's name (its file name and its --only choice) and what draws it, in
-# the order they are drawn and shown in the report.
-DRAW: dict[str, Callable[[list[RungAttrs], Palette], Figure]] = {
-    "throughput_by_model": fig_throughput_by_model,
-    "max_batch": fig_max_batch,
-    "fsdp_knobs": fig_fsdp_knobs,
-    "weak_scaling": fig_weak_scaling,
-    "pareto": fig_pareto,
-}
-FIGURES: tuple[str, ...] = tuple(DRAW)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ladder", required=True, help="the aggregated HDF5 (results/ladder.h5)")
     parser.add_argument("--out-dir", required=True, help="folder for <figure>.png and <figure>.pdf")
-    parser.add_argument("--only", nargs="*", choices=FIGURES, help="draw only these figures")
+    parser.add_argument("--only", nargs="*", choices=registry.names("plots"), help="draw only these figures")
 
 
 def draw_all(rungs: list[RungAttrs], out_dir: str, only: Iterable[str] | None = None) -> list[str]:
@@ -51,8 +35,8 @@ def draw_all(rungs: list[RungAttrs], out_dir: str, only: Iterable[str] | None = 
     os.makedirs(out_dir, exist_ok=True)
     palette = Palette(rungs)
     written = []
-    for name in only or FIGURES:
-        fig = DRAW[name](rungs, palette)
+    for name in only or registry.names("plots"):
+        fig = registry.draw_function(name)(rungs, palette)
         for ext in ("png", "pdf"):
             written.append(save_figure(fig, os.path.join(out_dir, f"{name}.{ext}")))
         plt.close(fig)

@@ -20,35 +20,43 @@ from collections.abc import Sequence
 from typing import Any
 
 from scaleladder import markdown as md
+from scaleladder.figures import registry
+from scaleladder.figures.rungs import RungAttrs, batch_of, fixed_batch, interval, is_max, is_ok, is_oom, memory_measured, model_order, num, on_cpu
+from scaleladder.figures.style import knobs_label, max_batch_label, strategy_label
 from scaleladder.files import atomic_write_text
 from scaleladder.results.aggregate import read_ladder
-from scaleladder.figures.plots import FIGURES
-from scaleladder.figures.rungs import (RungAttrs, batch_of, fixed_batch, interval, is_max, is_ok, is_oom, memory_measured,
-                                      model_order, num, on_cpu)
-from scaleladder.results.record import (Build, Compile, Corrupt, FailedAttempt, Interval, Ladder, Loader, MaxBatch, Memory, Oom, Placement, Provenance,
-                                        Read, Record, Repeats, Spec, Startup, Throughput)
-from scaleladder.results.record import Host
+from scaleladder.results.record import (
+    Build,
+    Compile,
+    Corrupt,
+    FailedAttempt,
+    Host,
+    Interval,
+    Ladder,
+    Loader,
+    MaxBatch,
+    Memory,
+    Oom,
+    Placement,
+    Provenance,
+    Read,
+    Record,
+    Repeats,
+    Spec,
+    Startup,
+    Throughput,
+)
 from scaleladder.results.stats import overlap
-from scaleladder.figures.style import knobs_label, max_batch_label, strategy_label
 
-TITLES = {
-    "throughput_by_model": "Throughput per model size and strategy (fixed batch and max batch)",
-    "max_batch": "Max local batch per strategy and model size",
-    "fsdp_knobs": "FSDP sharding strategy x prefetch x limit_all_gathers",
-    "weak_scaling": "Weak scaling: throughput and memory per GPU against nodes",
-    "pareto": "Throughput against peak memory: the strategies worth choosing",
-    # the planner's figures, on sites that name a device to plan for (shown when present)
-    "fits": "What fits where: the planner's max local batch per model and strategy",
-    "predicted_vs_measured": "Planner: predicted against measured peak memory",
-}
-PLAN_FIGURES = ("fits", "predicted_vs_measured")
 NOISE_NOTE = ("Strategies next to each other in throughput whose 95% intervals overlap, or that have none: "
               "their order in the figures is not a result (docs/metrics.md, 'uncertainty').")
 
 
 def figures_in(plot_dir: str) -> list[str]:
-    """The ladder's figures, then the planner's where the plots folder has them."""
-    return [*FIGURES, *(f for f in PLAN_FIGURES if os.path.exists(os.path.join(plot_dir, f"{f}.png")))]
+    """The figures the page shows (registry.py's ``report`` rows): the ladder's (``plots``
+    draws them), then the others where the plots folder has them (the planner's)."""
+    return [r.name for r in registry.rows() if r.report
+            and (r.drawn_by == "plots" or os.path.exists(os.path.join(plot_dir, f"{r.name}.png")))]
 
 CI_COLUMN = "items_per_s_ci"  # not an attribute: the interval's two ends in one cell
 #: The table of every rung: a record attribute (results/record.py) or CI_COLUMN, and its heading.
@@ -346,7 +354,8 @@ def _sorted_rungs(rungs: list[RungAttrs]) -> list[RungAttrs]:
     return sorted(rungs, key=lambda r: (order.index(r[Spec.model]), int(r.get(Spec.nodes, 1)), r[Spec.spec]))
 
 
-def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
+def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] | None = None) -> str:
+    """``figures``: the names to show (default: the ladder's, registry.names("plots"))."""
     out = ["# scaleladder report", ""]
     out += md.table(None, _summary(rungs, root)) + [""]
     if bad := corrupt(rungs):
@@ -363,14 +372,16 @@ def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str,
         out += ["## Input-bound rungs", "", *([input_note(rungs), ""] if input_note(rungs) else [])] + [f"- {line}" for line in slow] + [""]
     if busy := host_bound(rungs):
         out += ["## Host-bound rungs", "", HOST_NOTE, ""] + [f"- {line}" for line in busy] + [""]
-    for name in figures:
-        out += [f"## {TITLES[name]}", "", f"![{TITLES[name]}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
+    for name in registry.names("plots") if figures is None else figures:
+        title = registry.title(name)
+        out += [f"## {title}", "", f"![{title}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
     out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
     out += md.table([h for _, h in COLUMNS], [[_cell(r, k) for k, _ in COLUMNS] for r in _sorted_rungs(rungs)])
     return "\n".join(out) + "\n"
 
 
-def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] = FIGURES) -> str:
+def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] | None = None) -> str:
+    """``figures``: the names to show (default: the ladder's, registry.names("plots"))."""
     e = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>scaleladder report</title>",
@@ -406,9 +417,9 @@ def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, fig
         parts.append(f"<h2>Host-bound rungs</h2><p>{e(HOST_NOTE)}</p><ul>")
         parts += [f"<li>{e(line)}</li>" for line in busy]
         parts.append("</ul>")
-    for name in figures:
-        src = f"{plot_rel}/{name}.png"
-        parts.append(f"<figure><h2>{e(TITLES[name])}</h2><img src='{e(src)}' alt='{e(TITLES[name])}'>"
+    for name in registry.names("plots") if figures is None else figures:
+        src, title = f"{plot_rel}/{name}.png", registry.title(name)
+        parts.append(f"<figure><h2>{e(title)}</h2><img src='{e(src)}' alt='{e(title)}'>"
                      f"<figcaption><a href='{e(plot_rel)}/{name}.pdf'>PDF</a></figcaption></figure>")
     parts.append("<h2>Every rung</h2><p>An OOM rung is a result: its metrics are absent, not zero.</p><table><tr>")
     parts += [f"<th>{e(h)}</th>" for _, h in COLUMNS]

@@ -1,5 +1,6 @@
 """How every figure looks and is written: the words on it, one colour per strategy, the
-OOM marks, and the atomic save.
+OOM marks, and the atomic save. Labels and colours are derived for any strategy name (a
+new wrapper's included), known ones as the seeds' figures name them.
 
 Shared so that the five figures read alike: a strategy keeps its colour and its name in
 every figure, and an out-of-memory rung is marked the same way everywhere (a red cross
@@ -19,13 +20,13 @@ import matplotlib
 # switches pyplot, which it may while no figure is open).
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from scaleladder.figures.rungs import RungAttrs, num  # noqa: E402
-from scaleladder.spec import SpecError, parse_strategy  # noqa: E402
+from scaleladder.figures.rungs import RungAttrs, num
 from scaleladder.results.record import Build, MaxBatch, Record, Spec
+from scaleladder.spec import SpecError, parse_strategy
 
 OOM_COLOR = "#c0392b"
 
@@ -40,22 +41,35 @@ def throughput_label(fam: str) -> str:
     return f"global throughput ({what}, all GPUs)"
 
 
+#: How the figures name a wrapper and an FSDP sharding; a name not here is named by
+#: :func:`derived_label` (issue 33: a new wrapper gets a label, not a KeyError).
+WRAPPER_LABELS = {"single": "single process", "ddp": "DDP", "fsdp": "FSDP", "fsdp2": "FSDP2"}
+SHARDING_LABELS = {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}
+
+
+def derived_label(name: str) -> str:
+    """A label for a wrapper or sharding the tables above do not know, from its name alone:
+    upper case, dashes as underscores, as torch names its sharding strategies ("zero-3" -> ZERO_3)."""
+    return name.replace("-", "_").upper()
+
+
 def strategy_label(s: str) -> str:
     """A rung's strategy as the seeds' figures name it; FSDP2 rungs say "FSDP2" so a reader
     tells the two generations apart at a glance (issue 12). A name this version cannot parse
-    (an older file's) is shown as it is."""
+    (an older file's) is shown as it is; a wrapper or sharding the label tables do not know,
+    by :func:`derived_label`."""
     try:
         st = parse_strategy(s)
     except SpecError:
         return s
-    gen = "FSDP2" if st.is_fsdp2 else "FSDP"
+    wrapper = WRAPPER_LABELS.get(st.wrapper) or derived_label(st.wrapper)
     if st.sharding == "hybrid":
         g = st.group
         text = f"{'HSDP' if st.is_fsdp2 else 'HYBRID'} {g} GPU{'s' if g != 1 else ''}"
-    elif st.is_fsdp:
-        text = f"{gen} " + {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}[st.sharding or ""]
+    elif st.sharding:
+        text = f"{wrapper} " + (SHARDING_LABELS.get(st.sharding) or derived_label(st.sharding))
     else:
-        text = {"single": "single process", "ddp": "DDP"}[st.wrapper]
+        text = wrapper
     ac = (" + AC (reentrant)" if st.reentrant else " + SAC" if st.selective else " + AC") if st.ac else ""
     return text + ac + (" + compile" if st.compile else "")
 
@@ -131,13 +145,19 @@ def strategy_sort_key(s: str) -> tuple[int, int, str]:
     right after its FSDP1 counterpart, so the two generations stand side by side."""
     base = s.removesuffix("-compile").removesuffix("-ac-reentrant").removesuffix("-sac").removesuffix("-ac").replace("fsdp2-", "fsdp-")
     rank = ["single", "ddp", "fsdp-no-shard", "fsdp-grad-op", "fsdp-full"]
-    if base.startswith("fsdp-hybrid"):
-        return (len(rank), int(base.removeprefix("fsdp-hybrid") or 0), s)
+    group = base.removeprefix("fsdp-hybrid")
+    if base.startswith("fsdp-hybrid") and (group == "" or group.isdecimal()):  # any other name: after the known
+        return (len(rank), int(group or 0), s)
     return (rank.index(base) if base in rank else len(rank) + 1, 0, s)
 
 
 class Palette:
-    """One colour per strategy, the same in every figure."""
+    """One colour per strategy, the same in every figure.
+
+    Derived for any strategy name, a new wrapper's too: the ladder's strategies in
+    :func:`strategy_sort_key` order (a name it does not rank goes after the known ones, by
+    name) take tab10's colours in turn (tab20's past ten), so the same ladder always draws
+    the same colours. A strategy the ladder does not hold is grey."""
 
     def __init__(self, rungs: list[RungAttrs]) -> None:
         order = sorted({r[Spec.strategy] for r in rungs}, key=strategy_sort_key)

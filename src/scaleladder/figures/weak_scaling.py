@@ -9,8 +9,7 @@ from collections import defaultdict
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from scaleladder.figures.rungs import (RungAttrs, batch_of, family, interval, is_fixed, is_ok, is_oom,
-                                       at_reference, model_order, num)
+from scaleladder.figures.rungs import RungAttrs, at_reference, batch_of, family, interval, is_fixed, is_ok, is_oom, model_order, num
 from scaleladder.figures.style import Palette, held_fixed, note, oom_handles, oom_style, strategy_label, throughput_label
 from scaleladder.results.record import Memory, Spec, Throughput
 

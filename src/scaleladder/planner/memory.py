@@ -13,7 +13,7 @@ from typing import Any
 
 # DEVICES is re-exported: the planner's device keys and usable bytes, read from the one device
 # table's memory variants (planner/devices.py: per chip, its peaks and its memories).
-from scaleladder.planner.devices import DEVICES, GIB  # noqa: F401
+from scaleladder.planner.devices import DEVICES, GIB
 
 # InputBatches and Variant are re-exported: callers name the planner's inputs from here.
 from scaleladder.planner.step_setup import (  # noqa: F401

@@ -164,7 +164,7 @@ def nvml_power_limit_w(device: torch.device) -> tuple[float | None, str]:
             return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0, ""  # mW
         finally:
             pynvml.nvmlShutdown()
-    except Exception as e:  # noqa: BLE001 - any NVML failure just means "not checked"
+    except Exception as e:  # any NVML failure just means "not checked"
         return None, f"NVML: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
 
 
