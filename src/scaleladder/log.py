@@ -70,6 +70,8 @@ class RankFormatter(logging.Formatter):
         return prefix() + super().format(record)
 
 
+# type-arg: StreamHandler is generic in typeshed, but subscripting it at run time needs a newer
+# Python than requires-python's 3.10.
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to ``sys.stderr`` as it is at each line (a test's capsys, a redirected stream),
     as logging's own last-resort handler does."""

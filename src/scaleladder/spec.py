@@ -26,13 +26,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-#: torch.compile backends a -compile rung may use (rung.ladder applies them; here so that the
-#: CLI's choices need no torch)
-COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager")
-
 # SpecError is re-exported: `from scaleladder.spec import SpecError` is the usual import.
 from scaleladder.errors import SpecError as SpecError
 from scaleladder.models.flavors import get_flavor
+
+#: torch.compile backends a -compile rung may use (rung.ladder applies them; here so that the
+#: CLI's choices need no torch)
+COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager")
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
 WRAPPERS: tuple[str, ...] = ("single", "ddp", "fsdp", "fsdp2")
@@ -177,6 +177,7 @@ def parse_strategy(name: str) -> Strategy:
     reentrant, selective = "ac-reentrant" in modifiers, "sac" in modifiers
     ac, compiled = bool(forms), "compile" in modifiers
     if head in ("single", "ddp"):
+        # arg-type: head is one of those two literals here, but mypy does not narrow a str by `in`
         strategy = Strategy(wrapper=head, ac=ac, compile=compiled, reentrant=reentrant,  # type: ignore[arg-type]
                             selective=selective)
     elif head.startswith("fsdp2-"):
@@ -358,7 +359,7 @@ class RunSpec:
         return f"{self.model}/{self.strategy}/{self.precision}/{self.knobs}/n{self.nodes}/b{self.batch}"
 
     @classmethod
-    def from_path(cls, path: str) -> "RunSpec":
+    def from_path(cls, path: str) -> RunSpec:
         parts = path.strip("/").removesuffix(".h5").split("/")
         if len(parts) < 6:
             raise SpecError(f"run-spec path {path!r} must end in model/strategy/precision/knobs/n<nodes>/b<batch>")

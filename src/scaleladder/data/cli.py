@@ -37,21 +37,30 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source (give none for the embedded synthetic set)")
-    src.add_argument("--images", type=Path, metavar="DIR", help="folder of images; captions in sidecar NAME.txt (labels in NAME.cls) unless --captions")
-    src.add_argument("--captions", type=Path, metavar="TABLE", help="CSV/TSV/JSONL with path, caption and optional label columns; paths relative to --images (default: the table's folder)")
-    src.add_argument("--wds", nargs="+", metavar="SHARDS", help="existing WebDataset shards (files, folders, or brace patterns) with jpg/png + txt or json caption")
+    src.add_argument("--images", type=Path, metavar="DIR",
+                     help="folder of images; captions in sidecar NAME.txt (labels in NAME.cls) unless --captions")
+    src.add_argument("--captions", type=Path, metavar="TABLE",
+                     help="CSV/TSV/JSONL with path, caption and optional label columns; paths relative to --images"
+                          " (default: the table's folder)")
+    src.add_argument("--wds", nargs="+", metavar="SHARDS",
+                     help="existing WebDataset shards (files, folders, or brace patterns) with jpg/png + txt or json caption")
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, metavar="DIR", help="shard directory to create (default: data/NAME)")
     out.add_argument("--name", default=None, help="shard file prefix: NAME-000000.tar (default: synthetic, or data)")
     out.add_argument("--per-shard", type=int, default=64, metavar="N", help="samples per shard (default 64)")
-    out.add_argument("--samples", type=int, default=None, metavar="N", help=f"number of samples (synthetic default {SYNTHETIC_SAMPLES}; sources: at most N good ones, default all)")
-    out.add_argument("--image-size", type=int, default=None, metavar="PX", help=f"synthetic: image side (default {SYNTHETIC_IMAGE_SIZE}); sources: shrink so the shorter side is PX (default: keep)")
+    out.add_argument("--samples", type=int, default=None, metavar="N",
+                     help=f"number of samples (synthetic default {SYNTHETIC_SAMPLES}; sources: at most N good ones, default all)")
+    out.add_argument("--image-size", type=int, default=None, metavar="PX",
+                     help=f"synthetic: image side (default {SYNTHETIC_IMAGE_SIZE}); sources: shrink so the shorter side is PX"
+                          " (default: keep)")
     out.add_argument("--seed", type=int, default=0, help="synthetic data / source shuffling seed (default 0)")
     out.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     tok = parser.add_argument_group("tokenizer")
     tg = tok.add_mutually_exclusive_group()
-    tg.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N", help=f"train a WordPiece vocabulary of at most N tokens on the captions (default {DEFAULT_VOCAB_SIZE}, fits flava-debug)")
-    tg.add_argument("--vocab", type=Path, default=None, metavar="VOCAB_TXT", help="use this BERT vocab.txt instead (e.g. bert-base-uncased for the real FLAVA flavors)")
+    tg.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N",
+                    help=f"train a WordPiece vocabulary of at most N tokens on the captions (default {DEFAULT_VOCAB_SIZE}, fits flava-debug)")
+    tg.add_argument("--vocab", type=Path, default=None, metavar="VOCAB_TXT",
+                    help="use this BERT vocab.txt instead (e.g. bert-base-uncased for the real FLAVA flavors)")
     par = parser.add_argument_group("parallel sharding (N jobs over slices of the input; the result does not depend on N)")
     par.add_argument("--parts", type=Path, default=None, metavar="DIR",
                      help="where slices are written and gathered from; alone: every slice in this process, then the gather")

@@ -213,8 +213,8 @@ def probe_device_decoder(device: torch.device) -> None:
     EVERY device decode. DeviceDecoder would then fall back per image, on the host, inside
     the training process, and the rung would measure that under the name "gpu". One decode
     of a tiny JPEG before the run tells the two apart."""
-    import torchvision  # type: ignore[import-untyped]
-    from torchvision.io import ImageReadMode, decode_jpeg  # type: ignore[import-untyped]
+    import torchvision
+    from torchvision.io import ImageReadMode, decode_jpeg
 
     data = torch.frombuffer(bytearray(_probe_jpeg()), dtype=torch.uint8)
     try:
@@ -355,7 +355,7 @@ class DeviceDecoder:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Long because: the whole batch's decode, resample and normalisation, one step each, in order."""
-        from torchvision.io import ImageReadMode, decode_jpeg  # type: ignore[import-untyped]
+        from torchvision.io import ImageReadMode, decode_jpeg
 
         flat, offsets = batch.pop("jpeg"), batch.pop("jpeg_offsets").tolist()
         boxes, flips = batch.pop("box").tolist(), batch.pop("flip").tolist()

@@ -34,7 +34,7 @@ def set_speaker(exc: BaseException, speaks: bool) -> None:
     that only learned of another's error prints nothing. An attribute on the exception,
     not a DataError field: the failing rank re-raises its own error, whatever its type.
     """
-    exc.speaker = speaks  # type: ignore[attr-defined]
+    exc.speaker = speaks  # type: ignore[attr-defined]  # an ad hoc attribute on any exception type
 
 
 def speaker(exc: BaseException) -> bool | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import webdataset as wds  # type: ignore[import-untyped]
+import webdataset as wds
 from torch.utils.data import IterableDataset
 
 from scaleladder.data import cores, preflight, readers

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -40,8 +39,19 @@ from typing import Any
 
 from scaleladder.data.errors import DataError
 from scaleladder.data.prepare import Prepared, prepared_stream
-from scaleladder.data.shard import (INTERRUPTED, Interrupted, MAX_SKIP_EXAMPLES, ShardOptions, Stats, _place, _Progress,
-                                    _publishable, finish_set, sample_members, staging_dir)
+from scaleladder.data.shard import (
+    INTERRUPTED,
+    MAX_SKIP_EXAMPLES,
+    Interrupted,
+    ShardOptions,
+    Stats,
+    _place,
+    _Progress,
+    _publishable,
+    finish_set,
+    sample_members,
+    staging_dir,
+)
 from scaleladder.data.sources import BadSample, Item, Pending, Source, Tag
 from scaleladder.data.tarout import ShardFile
 

@@ -29,8 +29,8 @@ import random
 import re
 import tarfile
 from collections.abc import Callable, Iterator
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -298,7 +298,7 @@ def _table_item(table: Path, base: Path, n: int, row: dict[str, Any] | None, err
 
 def expand_shards(specs: list[str]) -> list[Path]:
     """Shard files from paths, directories (every ``*.tar`` in it) and brace patterns ``a-{000..009}.tar``."""
-    from webdataset.shardlists import expand_urls  # type: ignore[import-untyped]  # braceexpand, as WebDataset does
+    from webdataset.shardlists import expand_urls  # braceexpand, as WebDataset does
 
     out: list[Path] = []
     for spec in specs:

@@ -80,7 +80,7 @@ class ShardFile:
                 _writev_all(self._fd, pieces)
             except OSError as e:  # os.writev's error names no file: name it (disk full, ulimit -f)
                 self._error = OSError(e.errno, e.strerror, str(self.path))
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            except BaseException as e:  # blind on purpose: re-raised in the caller
                 self._error = e
 
     def _raise(self) -> None:

@@ -43,6 +43,7 @@ import torch
 from PIL import Image
 
 from scaleladder.data import readers
+
 # the normalisation constants live with the device-side normalisation, which both paths share
 from scaleladder.data.devnorm import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, LOGIT_LAPLACE_EPS, affine
 from scaleladder.data.errors import DataError

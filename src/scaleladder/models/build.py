@@ -22,7 +22,7 @@ Traps handled here (see ``shared/anchors.md``):
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -67,8 +67,7 @@ class ViTClassifier(TrainModule):
 class FLAVAPretrainer(TrainModule):
     def __init__(self, flavor: Flavor, codebook_weights: str | Path | None = None, flava_impl: str = TORCHMULTIMODAL) -> None:
         super().__init__()
-        from torchmultimodal.models.flava.model import DalleVAEEncoder, FLAVAForPreTraining, flava_model
-        from torchmultimodal.models.flava.model import DalleEncoder
+        from torchmultimodal.models.flava.model import DalleEncoder, DalleVAEEncoder, FLAVAForPreTraining, flava_model
         from torchmultimodal.models.flava.transformer import TransformerEncoderLayer
         from torchmultimodal.modules.losses.flava import FLAVAPretrainingLoss
 
@@ -109,7 +108,7 @@ class FLAVAPretrainer(TrainModule):
             for swap in (flava_attention.install, flava_norm.install, flava_passes.install, flava_losses.install):
                 swap(self.flava)
 
-    def train(self, mode: bool = True) -> "FLAVAPretrainer":
+    def train(self, mode: bool = True) -> FLAVAPretrainer:
         super().train(mode)
         self.flava.image_codebook.eval()  # frozen tokenizer: never in training mode
         return self
@@ -125,12 +124,13 @@ class FLAVAPretrainer(TrainModule):
             mlm_labels=batch["mlm_labels"],
         )
         # The total pretraining loss is the sum of the losses FLAVA computed this step.
-        return sum(v for v in out.losses.values() if v is not None)  # type: ignore[return-value]
+        total: Tensor = sum(v for v in out.losses.values() if v is not None)
+        return total
 
 
 def load_codebook(codebook: nn.Module, path: Path) -> None:
     """Load DALL-E encoder weights from a local file (a state dict, or the pickled encoder)."""
-    codebook.encoder.load_state_dict(read_codebook_state(codebook, path))  # type: ignore[union-attr]
+    codebook.get_submodule("encoder").load_state_dict(read_codebook_state(codebook, path))
 
 
 CODEBOOK_ENCODER = "flava.image_codebook.encoder."  # where the DALL-E encoder sits in a FLAVAPretrainer
@@ -146,7 +146,7 @@ def read_codebook_state(codebook: nn.Module, path: Path) -> dict[str, Tensor]:
     except Exception as e:  # corrupt file: name it
         raise SpecError(f"codebook weights file {str(path)!r} could not be read: {e}") from None
     state = obj.state_dict() if isinstance(obj, nn.Module) else obj
-    want = codebook.encoder.state_dict()  # type: ignore[union-attr]
+    want = codebook.get_submodule("encoder").state_dict()
     if not isinstance(state, dict) or set(state) != set(want):
         got = sorted(set(state) ^ set(want)) if isinstance(state, dict) else [type(state).__name__]
         raise SpecError(f"codebook weights file {str(path)!r} does not fit the DALL-E encoder: keys differ ({', '.join(got[:3])}...)")
@@ -176,7 +176,7 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-@lru_cache(maxsize=None)
+@cache
 def meta_parameter_count(flavor: Flavor) -> int:
     """Parameters of ``flavor``, counted on the meta device: no memory, about a second."""
     return count_parameters(build_model(flavor, "meta"))

@@ -46,7 +46,8 @@ def attention(layer: TransformerEncoderLayer, x: Tensor, shape: tuple[int, int],
         mask = mask != 0  # the package's convention: 1 attends, 0 is masked
     p = mha.attn.attn_dropout if layer.training else 0.0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-    return mha.output(out.transpose(1, 2).reshape(b * t, -1))
+    projected: Tensor = mha.output(out.transpose(1, 2).reshape(b * t, -1))
+    return projected
 
 
 class SdpaLayer(TransformerEncoderLayer):

@@ -89,7 +89,7 @@ class SyncFreeContrastive(FLAVAGlobalContrastiveLoss):
 class SyncFreePretrainingLoss(FLAVAPretrainingLoss):
     """``FLAVAPretrainingLoss.forward``, branch for branch, with labels in place of masks."""
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         image_sequence: Tensor | None = None,
         text_sequence: Tensor | None = None,
@@ -144,6 +144,8 @@ class SyncFreePretrainingLoss(FLAVAPretrainingLoss):
     def _multimodal(self, out: FLAVAPretrainingLossOutput, mm: Tensor, image_masked: Tensor | None, text_masked: Tensor | None,
                     mim_labels: Tensor | None, mlm_labels: Tensor | None) -> None:
         """MMM text and image on the fusion encoder's output (its slices as the package takes them)."""
+        # union-attr below: the package's slices, as it writes them (the image's too tests
+        # mlm_labels): where the labels are None the masked sequence is taken to be there
         if self.mmm_text_loss_weight > 0:
             start = -mlm_labels.size(1) if mlm_labels is not None else -(text_masked.size(1) - 1)  # type: ignore[union-attr]
             out.mmm_text_output = self.mmm_loss.mlm(mm[:, start:, :], mlm_labels)
@@ -160,7 +162,7 @@ class SyncFreePretrainingLoss(FLAVAPretrainingLoss):
 class SyncFreePreTraining(FLAVAForPreTraining):
     """``FLAVAForPreTraining.forward`` with the unmasked patches' labels set by ``torch.where``."""
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         image: Tensor | None = None,
         text: Tensor | None = None,
@@ -173,7 +175,7 @@ class SyncFreePreTraining(FLAVAForPreTraining):
         mlm_labels: Tensor | None = None,
     ) -> FLAVAPretrainingLossOutput:
         image_labels = None
-        if image_for_codebook is not None:
+        if image_for_codebook is not None:  # union-attr: the package's contract gives the mask with it
             image_patches_mask = image_patches_mask.flatten(1).to(torch.bool)  # type: ignore[union-attr]
             image_labels = torch.where(image_patches_mask, self.image_codebook(image_for_codebook).flatten(1), -1)
         o: FLAVAOutput = self.model(image=image, text=text, image_patches_mask=image_patches_mask, text_masked=text_masked,

@@ -38,14 +38,14 @@ def _halves(out: TransformerOutput, n: int) -> tuple[TransformerOutput, Transfor
     """A batched encoder output split into its first ``n`` samples and the rest."""
     last = out.last_hidden_state.split(n)
     hidden = out.hidden_states[-1].split(n) if out.hidden_states else (None, None)
-    return tuple(  # type: ignore[return-value]
+    return tuple(
         TransformerOutput(last_hidden_state=last[i], hidden_states=None if hidden[i] is None else [hidden[i]]) for i in (0, 1))
 
 
 class OnePassModel(FLAVAModel):
     """``FLAVAModel`` whose image and text encoders each run once per step (module docstring)."""
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         image: Tensor | None = None,
         text: Tensor | None = None,
@@ -54,8 +54,9 @@ class OnePassModel(FLAVAModel):
         required_embedding: str | None = None,
         skip_unmasked_mm_encoder: bool = True,
     ) -> FLAVAOutput:
-        pretraining = image is not None and text is not None and image_patches_mask is not None and text_masked is not None
-        if not pretraining or required_embedding not in (None, "mm"):
+        # anything but a pretraining step (all four inputs, every embedding): FLAVA's own pass
+        if (image is None or text is None or image_patches_mask is None or text_masked is None
+                or required_embedding not in (None, "mm")):
             return super().forward(image, text, image_patches_mask, text_masked, required_embedding, skip_unmasked_mm_encoder)
         n = image.shape[0]
         mask = image_patches_mask

@@ -45,7 +45,7 @@ def make_param_init_fn(
 
     def init(module: nn.Module) -> None:
         fresh = False
-        for name, p in list(module._parameters.items()):
+        for p in list(module._parameters.values()):
             if p is None or not p.is_meta:
                 continue
             new = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from scaleladder.models.flavors import FLAVORS
 from scaleladder.planner.memory import Device, predict
+
 # The seeds' claims live beside the seeds' other facts (their hardware is named there only).
 from scaleladder.planner.seeds import SEED_CLAIMS as SEED_CLAIMS
 from scaleladder.planner.seeds import SeedClaim as SeedClaim

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,7 @@ def inventory(model: str | Flavor) -> Inventory:
     return _inventory(get_flavor(model) if isinstance(model, str) else model)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _inventory(flavor: Flavor) -> Inventory:
     stored = stored_inventory(flavor)
     if stored is not None:
@@ -214,7 +214,8 @@ def _fingerprint(flavor: Flavor) -> str:
 def _table() -> dict[str, Any]:
     if not TABLE.is_file():
         return {}
-    return json.loads(TABLE.read_text())  # type: ignore[no-any-return]
+    table: dict[str, Any] = json.loads(TABLE.read_text())
+    return table
 
 
 def _unit_from(kind: str, rows: list[list[Any]]) -> UnitLayout:

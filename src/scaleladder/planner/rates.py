@@ -28,7 +28,7 @@ import json
 import math
 import statistics
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ def _read(name: str) -> dict[str, Any]:
     return dict(json.loads(resources.files("scaleladder.planner.calibration").joinpath(name).read_text()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def datasheet() -> dict[str, Any]:
     return _read(DATASHEET)
 
@@ -213,7 +213,10 @@ class HostTable:
             return float(row["host_ms"]), f"{model}/single measured ({row['host_ms']:.1f} ms, tree {row['tree']})"
         if model not in FLAVORS:
             return None
-        depth = lambda m: FLAVORS[m].layers + FLAVORS[m].mm_layers  # noqa: E731
+
+        def depth(m: str) -> int:
+            return FLAVORS[m].layers + FLAVORS[m].mm_layers
+
         refs = [m for (m, n, i) in self.rows if n == "single" and i == impl and m in FLAVORS
                 and FLAVORS[m].family == family and not FLAVORS[m].debug]
         if not refs or FLAVORS[model].debug:
@@ -223,7 +226,7 @@ class HostTable:
         return ms, f"{ref}/single measured x depth {depth(model)}/{depth(ref)} (no row for {model})"
 
 
-@lru_cache(maxsize=None)
+@cache
 def host_table() -> HostTable:
     """The committed table (``calibration/host_table.json``)."""
     return HostTable.from_json(_read(HOST_TABLE), f"planner/calibration/{HOST_TABLE}")

@@ -27,11 +27,12 @@ from typing import Any
 import h5py
 import numpy as np
 
+from scaleladder.files import remove_dead_leftovers
 from scaleladder.gitinfo import git_commit
 from scaleladder.log import get_logger
 from scaleladder.results.record import Corrupt, Interval, Ladder, Oom, Read, Record, Repeats, Settings, Source, Spec, Throughput
 from scaleladder.results.stats import between_runs, within_run
-from scaleladder.results.store import UnreadableFile, h5_cause, h5_in_memory, open_h5, remove_dead_leftovers
+from scaleladder.results.store import UnreadableFile, h5_cause, h5_in_memory, open_h5
 from scaleladder.spec import RunSpec, SpecError
 
 _log = get_logger(__name__)
@@ -59,7 +60,7 @@ def _version() -> str:
         from importlib.metadata import version
 
         return version("scaleladder")
-    except Exception:  # noqa: BLE001 - an uninstalled checkout has no metadata
+    except Exception:  # blind on purpose: an uninstalled checkout has no metadata
         return ""
 
 
@@ -231,7 +232,7 @@ def _unreadable(spec: str, reps: dict[int, str]) -> tuple[str, str] | None:
 
 def _read_dataset(_name: str, obj: Any) -> None:
     if isinstance(obj, h5py.Dataset):
-        obj[()]  # noqa: B018 - read for its error, not its value
+        obj[()]  # read for its error, not its value
     # TRAP: visititems stops at the first callback that returns anything but None
 
 

@@ -22,13 +22,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
 from scaleladder.results.aggregate import CORRUPT, FORMAT, aggregate, read_ladder
-from scaleladder.results.record import (OOM_STATUSES, Build, Corrupt, Interval, Ladder, Loader, MaxBatch, Memory, Oom, Placement,
-                                        Provenance, Record, Settings, Spec, Throughput)
+from scaleladder.results.record import (
+    OOM_STATUSES,
+    Build,
+    Corrupt,
+    Interval,
+    Ladder,
+    Loader,
+    MaxBatch,
+    Memory,
+    Oom,
+    Placement,
+    Provenance,
+    Record,
+    Settings,
+    Spec,
+    Throughput,
+)
 from scaleladder.results.stats import CONFIDENCE, t_quantile
 
 RungAttrs = dict[str, Any]  # one rung of read_ladder: its record's attributes (results/record.py)
@@ -386,7 +401,6 @@ def figure(rows: Sequence[Row], out: str, tolerance: float, title: str) -> str:
     ax.invert_yaxis()
     ax.set_xlabel(f"throughput change NEW/BASE − 1 (%), {CONFIDENCE:.0%} interval where known")
     from matplotlib.lines import Line2D
-
     from matplotlib.patches import Patch
 
     handles: list[Any] = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in COLORS.items()]
@@ -431,9 +445,9 @@ def main(args: argparse.Namespace) -> int:
         rows += ref_rows
     bad = [r for r in rows if r.regressed]
     if bad:
-        differ = sorted({c.split(" ", 1)[0] for r in bad for c in r.conditions})
-        note = (f" ({sum(bool(r.conditions) for r in bad)} of them measured under different conditions: {', '.join(differ)}; "
-                "rerun under the same ones before calling it the code's)") if differ else ""
+        conditions = sorted({c.split(" ", 1)[0] for r in bad for c in r.conditions})
+        note = (f" ({sum(bool(r.conditions) for r in bad)} of them measured under different conditions: {', '.join(conditions)}; "
+                "rerun under the same ones before calling it the code's)") if conditions else ""
         print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(sorted({r.spec for r in bad}))}{note}", file=sys.stderr)
         return 1
     return 0

@@ -5,7 +5,7 @@ Atomicity: the file is written to ``<out>.tmp-<pid>`` in the same directory
 once complete and closed. A run killed mid-write — Slurm's SIGTERM at a time
 limit, say — leaves at most a ``.tmp-`` file, never a plausible-looking result;
 the next writer of the same file removes such a file when its process is dead
-(:func:`remove_dead_leftovers`), never one of a live process.
+(:func:`scaleladder.files.remove_dead_leftovers`), never one of a live process.
 
 A write that fails (disk full, quota, read-only, ``ulimit -f``) ends in ONE line
 naming the file and the cause (:class:`~scaleladder.errors.WriteError`, exit 1) and
@@ -40,8 +40,9 @@ import h5py
 import numpy as np
 
 from scaleladder.errors import SpecError, WriteError
+
 # atomic_file: a temporary path beside ``out``, renamed onto it on success only (a full disk: one line naming it)
-from scaleladder.files import CAUSES, atomic_file, host_tag, remove_dead_leftovers, write_error  # noqa: F401 - re-exported
+from scaleladder.files import atomic_file, write_error
 from scaleladder.results.record import checked
 
 Attr = str | int | float | bool | np.integer | np.floating
@@ -103,7 +104,8 @@ def attr_value(v: Any) -> Attr:
         return ""
     if isinstance(v, str):
         return str(v)  # np.str_ has no HDF5 conversion path; a plain str becomes UTF-8
-    return v  # type: ignore[no-any-return]
+    stored: Attr = v  # the rest: numbers and numpy scalars, stored as they are
+    return stored
 
 
 def write_record(out: str | Path, attrs: Mapping[str, Any], datasets: Mapping[str, np.ndarray] | None = None) -> None:

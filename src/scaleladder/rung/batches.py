@@ -21,12 +21,13 @@ are made up front and cycled (``step % pool``), on the device, before the first 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
-from scaleladder.models.flavors import Flavor
-
 from scaleladder.models.batch_layout import FIRST_WORD, ITM_NEGATIVE_EVERY, MASK, SYNTHETIC_POOL, masked_counts
+from scaleladder.models.flavors import Flavor
 
 
 def _sample(flavor: Flavor, g: torch.Generator, global_index: int) -> dict[str, Tensor]:
@@ -76,7 +77,7 @@ class SyntheticBatches:
             for s in range(min(pool, steps))
         ]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
         for s in range(self.steps):
             yield self.pool[s % len(self.pool)]
 

@@ -11,7 +11,8 @@ in docs/strategies.md, "Selective checkpointing (-sac)".
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
