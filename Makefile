@@ -52,10 +52,10 @@ lint: setup
 	snakemake --lint --profile profiles/local
 
 # The Python checks (pyproject.toml, [tool.ruff] and [tool.mypy]): lint and import order on
-# src/ and tests/, then strict types on src/scaleladder.
+# src/ and tests/, then strict types on src/scaleladder; both run, and either fails it.
+# On the 2-core dev VM: ruff 0.1 s; mypy 36-38 s cold (a fresh clone, as CI), ~1 s warm.
 lint-py: setup
-	ruff check src tests
-	mypy
+	ruff check src tests; ruff=$$?; mypy && exit $$ruff
 
 dryrun: setup
 	snakemake --profile profiles/local -n -p
