@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# DEVICES is re-exported: the planner's device keys and usable bytes, read from the one device
-# table's memory variants (planner/devices.py: per chip, its peaks and its memories).
-from scaleladder.planner.devices import DEVICES, GIB
+# DEVICES and GIB are re-exported ("as": explicitly, for mypy strict): the planner's device keys
+# and usable bytes, read from the one device table's memory variants (planner/devices.py: per
+# chip, its peaks and its memories).
+from scaleladder.planner.devices import DEVICES as DEVICES
+from scaleladder.planner.devices import GIB as GIB
 
 # InputBatches and Variant are re-exported: callers name the planner's inputs from here.
 from scaleladder.planner.step_setup import (  # noqa: F401
