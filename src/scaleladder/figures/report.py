@@ -208,7 +208,7 @@ def input_bound(rungs: list[RungAttrs]) -> list[str]:
     for r in bound:
         if not _loader_could_help(r):
             continue
-        rate = r.get(Loader.loader_samples_per_s)
+        rate: Any = r.get(Loader.loader_samples_per_s)  # Any: float() only where num() says it is a number
         lines.append(f"{r.get(Spec.spec, r.get(Spec.model))}: waited {100 * float(r.get(Loader.loader_wait_fraction, math.nan)):.1f}% of "
                      f"its step time for batches (decode {r.get(Loader.decode_path, '?')}, {r.get(Loader.loader_workers, '?')} "
                      f"worker(s) per rank" + (f", loader {float(rate):.0f} samples/s per rank" if num(rate) else "") + ")")
@@ -335,7 +335,8 @@ def host_bound(rungs: list[RungAttrs]) -> list[str]:
             continue
         issue, step = num(r.get(Host.host_issue_median_s)), num(r.get(Throughput.step_time_median_s))
         took = f": the host took {issue * 1e3:.1f} ms to issue a {step * 1e3:.1f} ms step" if issue and step else ""
-        lines.append(f"{r.get(Spec.spec, r.get(Spec.model))}: host_boundness {float(r.get(Host.host_boundness)):.2f}{took}; "
+        boundness: Any = r.get(Host.host_boundness)  # a host_bound record carries it (rung.loop.host_attrs)
+        lines.append(f"{r.get(Spec.spec, r.get(Spec.model))}: host_boundness {float(boundness):.2f}{took}; "
                      f"try {_host_advice(r)}")
     return lines
 
