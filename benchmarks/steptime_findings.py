@@ -15,7 +15,7 @@ from pathlib import Path
 from scaleladder.planner.memory import predict
 from scaleladder.planner.rates import rates
 from scaleladder.planner.steptime import Site, predict_step, site_from_config
-from scaleladder.profiles import load_profile
+from scaleladder.site.profiles import load_profile
 from scaleladder.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent

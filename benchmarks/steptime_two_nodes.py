@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     r = rates("cpu", "fp32", cal, "the solved calibration")
     links, _ = links_from_profile(block, "timing.links")
     site = replace(site_from_config({}, "bench"), links=links)
-    profile = site_from_config(__import__("scaleladder.profiles", fromlist=["x"]).load_profile("slurm-localhost", REPO).config,
+    profile = site_from_config(__import__("scaleladder.site.profiles", fromlist=["x"]).load_profile("slurm-localhost", REPO).config,
                                "slurm-localhost")
     if profile.links != links:
         print("NOTE: profiles/slurm-localhost's timing.links differ from these bench files (--links-yaml prints them)\n")

@@ -199,7 +199,7 @@ def gpu_like_site(dest: Path) -> list[str]:
 IMPORTS = r"""
 import sys, os
 target = sys.argv[1]
-import scaleladder, scaleladder.rung.run, scaleladder.data.loader, scaleladder.data.shard, scaleladder.plan
+import scaleladder, scaleladder.rung.run, scaleladder.data.loader, scaleladder.data.shard, scaleladder.site.plan
 import torchmultimodal, webdataset, braceexpand
 assert scaleladder.__file__.startswith(target), f"scaleladder came from {scaleladder.__file__}, not the wheel"
 from scaleladder.models.build import build_model

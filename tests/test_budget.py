@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from scaleladder import budget
+from scaleladder.site import budget
 from scaleladder.campaign import cost
 from scaleladder.results.store import write_record
 from scaleladder.rung.devices import PEAKS

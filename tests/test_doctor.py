@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from scaleladder import doctor, doctor_checks, profiles
+from scaleladder.site import doctor, doctor_checks, profiles
 
 PLUGIN = "/sw/frontier/rccl-net-plugin/1.0/lib/librccl-net.so"
 

@@ -1,4 +1,4 @@
-"""The cause of a failed job on the console (scaleladder.failures, the Snakefile's onerror):
+"""The cause of a failed job on the console (scaleladder.site.failures, the Snakefile's onerror):
 the rule and log of each failed job from Snakemake's log, and the one line of a log that says why."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from scaleladder import failures
+from scaleladder.site import failures
 
 SNAKEMAKE_LOG = """\
 localrule shard:

@@ -376,7 +376,7 @@ def test_a_failed_attempt_with_other_settings_never_reruns_a_finished_rung(tmp_p
 def test_a_value_of_no_allowed_form_names_the_forms() -> None:
     import yaml
 
-    import scaleladder.workflow as swf
+    import scaleladder.site.workflow as swf
 
     repo = Path(__file__).resolve().parents[1]
     cfg = {**yaml.safe_load((repo / "config/config.yaml").read_text()), **yaml.safe_load((repo / "profiles/local/site.yaml").read_text())}

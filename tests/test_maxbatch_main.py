@@ -20,7 +20,7 @@ import pytest
 
 from scaleladder.campaign import maxbatch
 from scaleladder.cli import main as cli
-from scaleladder.plan import predict
+from scaleladder.site.plan import predict
 from scaleladder.spec import RunSpec
 
 pytestmark = pytest.mark.slow  # one process per probe (still run by default and in CI)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scaleladder.cli import main as cli
-from scaleladder.plan import DEVICES, fits_table, predict, static_bytes_per_rank
+from scaleladder.site.plan import DEVICES, fits_table, predict, static_bytes_per_rank
 from scaleladder.planner import seeds
 from scaleladder.planner.inventory import ParamInfo, UnitLayout, inventory
 from scaleladder.planner.memory import CALIBRATED, GIB, Variant, required_bytes

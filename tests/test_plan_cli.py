@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scaleladder.cli import main as cli
-from scaleladder.plan import DEVICES, custom_device, predict
+from scaleladder.site.plan import DEVICES, custom_device, predict
 from scaleladder.planner.memory import GIB, InputBatches, input_batches
 from scaleladder.spec import RunSpec
 

@@ -261,7 +261,7 @@ def measured_4() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("flavor,strategy,precision", CASES)
 def test_static_bytes_match_real_tensors_per_rank(measured: list[dict[str, Any]], flavor: str, strategy: str, precision: str) -> None:
-    from scaleladder.plan import static_bytes_per_rank
+    from scaleladder.site.plan import static_bytes_per_rank
     from scaleladder.spec import RunSpec
 
     spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/{_knobs(strategy)}/n1/b10")
@@ -275,7 +275,7 @@ def test_static_bytes_differ_between_ranks_and_none_means_the_largest(measured: 
     # is per rank, and rank=None must give the busiest one. They differ where AdamW holds the
     # original parameters' views (use_orig_params: -ac-reentrant), whose state skips the
     # padding; over FlatParameters (every other FSDP1 rung) every rank's state is a whole chunk.
-    from scaleladder.plan import static_bytes_per_rank
+    from scaleladder.site.plan import static_bytes_per_rank
     from scaleladder.spec import RunSpec
 
     spec = RunSpec.from_path("flava-debug/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b10")
@@ -289,7 +289,7 @@ def test_static_bytes_differ_between_ranks_and_none_means_the_largest(measured: 
 @pytest.mark.parametrize("flavor,strategy,precision", CASES_4)
 def test_hybrid_pads_to_the_shard_group_not_the_world(measured_4: list[dict[str, Any]], flavor: str, strategy: str,
                                                        precision: str) -> None:
-    from scaleladder.plan import static_bytes_per_rank
+    from scaleladder.site.plan import static_bytes_per_rank
     from scaleladder.planner.inventory import inventory
     from scaleladder.planner.static import aligned_numel, flat_layout
     from scaleladder.spec import RunSpec
@@ -349,7 +349,7 @@ def test_fsdp2_reshards_flava_layers_after_each_pass(measured: list[dict[str, An
 @pytest.mark.parametrize("flavor,strategy,precision", CASES2_4)
 def test_fsdp2_static_bytes_on_four_ranks(measured_4: list[dict[str, Any]], flavor: str, strategy: str,
                                           precision: str) -> None:
-    from scaleladder.plan import static_bytes_per_rank
+    from scaleladder.site.plan import static_bytes_per_rank
     from scaleladder.spec import RunSpec
 
     spec = RunSpec.from_path(f"{flavor}/{strategy}/{precision}/{_knobs(strategy)}/n1/b10")

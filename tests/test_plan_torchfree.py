@@ -1,6 +1,6 @@
 """The planner without torch: what the workflow needs on a login node while it builds its DAG.
 
-``scaleladder.plan.predict`` (and the ``plan`` command with its charts) must import and
+``scaleladder.site.plan.predict`` (and the ``plan`` command with its charts) must import and
 run with torch unimportable. That rests on three things this file pins down: the stored
 parameter layouts (``planner/layouts.json``) equal a fresh meta build of every flavor,
 and the two numbers the planner restates from ``batches`` (which imports torch) — the
@@ -29,7 +29,7 @@ NO_TORCH = """
 import json, sys
 for name in ("torch", "torchvision", "torchmultimodal"):
     sys.modules[name] = None  # `import torch` now raises ImportError
-from scaleladder.plan import fits_table, predict
+from scaleladder.site.plan import fits_table, predict
 from scaleladder.spec import RunSpec
 
 out = {}
@@ -45,7 +45,7 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("data", ["synthetic", "shards/manifest.json"])
 def test_predict_runs_without_torch_and_agrees_with_it(data: str) -> None:
-    from scaleladder.plan import fits_table, predict
+    from scaleladder.site.plan import fits_table, predict
     from scaleladder.spec import RunSpec
 
     proc = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps(SPECS), data], capture_output=True, text=True, timeout=120)

@@ -379,7 +379,7 @@ def test_a_missing_or_mistyped_profile_names_the_folder_and_the_profiles_there(t
     it looked in, the profiles there and the nearest name; from a subfolder, the checkout above."""
     from scaleladder.cli import main as cli
     from scaleladder.errors import SpecError
-    from scaleladder.profiles import find_profile
+    from scaleladder.site.profiles import find_profile
 
     assert find_profile("profiles/frontier", REPO) == REPO / "profiles" / "frontier"  # as snakemake's --profile takes it
     for argv in (["doctor", "--profile", "frontir", "--repo", str(REPO)],

@@ -192,7 +192,7 @@ def test_seed_and_counts_are_checked_by_the_spec_parsers() -> None:
 def test_the_planner_plans_a_compiled_rung_as_its_eager_rung() -> None:
     """A -compile rung's memory is its eager rung's, an upper bound (issue 32: inductor's
     partitioner saves no more than eager; `plan --json` says so in `memory_model`)."""
-    from scaleladder.plan import predict, static_bytes_per_rank
+    from scaleladder.site.plan import predict, static_bytes_per_rank
 
     spec = RunSpec.from_path("vit-base/ddp-compile/bf16-mixed/pre-lag/n1/b8")
     eager = RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b8")

@@ -134,7 +134,7 @@ def test_wide_debug_flavor_is_communication_bound_on_the_ci_cluster() -> None:
     solved from its one-rank rung (which it gives back), the 2-node rungs must be predicted to
     spend at least 30% of the step communicating, or part (b) tests nothing."""
     from scaleladder.planner.rates import read_calibration
-    from scaleladder.profiles import load_profile
+    from scaleladder.site.profiles import load_profile
 
     cal = read_calibration(REPO / "src/scaleladder/planner/calibration/cpu_wide.json")
     check_calibration(cal, "cpu", "2.14.1", "cpu_wide.json")
@@ -162,10 +162,10 @@ def test_datasheet_matches_the_runner_peaks() -> None:
 def test_every_rung_of_every_profile_has_a_step_time() -> None:
     """-compile rungs included (their memory the eager rung's, an upper bound); on a GPU site every
     rung's host work comes from the measured host table, never the stated per-op fallback."""
-    from scaleladder.plan_time import Timing, memory_model, step_fields
+    from scaleladder.site.plan_time import Timing, memory_model, step_fields
     from scaleladder.planner.memory import predict
-    from scaleladder.profiles import load_profile
-    from scaleladder.workflow import rank_args
+    from scaleladder.site.profiles import load_profile
+    from scaleladder.site.workflow import rank_args
 
     compiled = 0
     for name in sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "site.yaml").is_file()):

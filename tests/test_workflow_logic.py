@@ -1,4 +1,4 @@
-"""scaleladder.workflow, the logic behind workflow/rules/*.smk, called directly: config
+"""scaleladder.site.workflow, the logic behind workflow/rules/*.smk, called directly: config
 validation and its defaults, --config string coercion, the ladder's expansion and skips,
 the planner's routing, the site's strings. No Snakemake run, except the last tests, which
 pin how many jobs of each rule every profile's dry run plans (so a change to the rules or
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import REPO, snakemake, workflow_copy
-from scaleladder import workflow as wf
+from scaleladder.site import workflow as wf
 from scaleladder.spec import DEFAULT_KNOBS, RunSpec, parse_knobs, parse_strategy
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -472,7 +472,7 @@ def test_the_schema_defaults_are_the_run_spec_defaults() -> None:
 
 def test_the_rules_hold_no_logic_of_their_own() -> None:
     """common.smk is the rules' glue only: every function in it is a line or two that calls
-    scaleladder.workflow, and no .smk file parses, validates or expands anything itself."""
+    scaleladder.site.workflow, and no .smk file parses, validates or expands anything itself."""
     common = (REPO / "workflow" / "rules" / "common.smk").read_text()
     functions = re.findall(r"^def (\w+)\(.*\):\n((?:    .*\n)+)", common, re.M)
     assert len(functions) >= 7
@@ -483,14 +483,14 @@ def test_the_rules_hold_no_logic_of_their_own() -> None:
     for f in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
         text = f.read_text()
         for word in ("jsonschema", "itertools", "parse_strategy", "set_default", "setdefault(", "DEFAULT_KNOBS", "import torch"):
-            assert word not in text, f"{f.name} does {word}: that belongs in scaleladder.workflow"
+            assert word not in text, f"{f.name} does {word}: that belongs in scaleladder.site.workflow"
 
 
 # -- every profile's DAG, pinned -------------------------------------------------------------
 
 # Jobs per rule of `snakemake --profile profiles/P -n --config data={source: synthetic}`
 # (with embedded data each also runs one shard job per image size: `SHARDS`). Recorded
-# before the workflow's logic moved into scaleladder.workflow and unchanged by it; a
+# before the workflow's logic moved into scaleladder.site.workflow and unchanged by it; a
 # change here is a change to a site's ladder and must be deliberate.
 PINNED: dict[str, dict[str, int]] = {
     "local": {"rung": 16, "rung_max": 4, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 24},

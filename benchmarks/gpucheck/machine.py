@@ -114,7 +114,7 @@ def plan_device_args(name: str, total_bytes: int | None) -> tuple[list[str], str
     reports: an H100 NVL (94 GB) or an H100 with memory taken by MIG is not `h100-80gb`.
     Any other GPU is planned as a custom device of its measured size (`--device-gib`).
     """
-    from scaleladder.plan import DEVICES
+    from scaleladder.site.plan import DEVICES
 
     if total_bytes is None:
         return ["--device", "cpu"], "cpu", "cpu (no capacity: nothing is predicted not to fit)"

@@ -1,5 +1,5 @@
 # What the rules need from the config and the site, each a line calling
-# scaleladder.workflow (src/scaleladder/workflow.py), where the logic lives and is
+# scaleladder.site.workflow (src/scaleladder/site/workflow.py), where the logic lives and is
 # unit-tested (tests/test_workflow_logic.py): config validation, the ladder as run specs,
 # the planner's routing, the site's strings.
 #
@@ -11,11 +11,11 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-# TRAP: not `from scaleladder import workflow`: that name would shadow Snakemake's own
+# TRAP: not `from scaleladder.site import workflow`: that name would shadow Snakemake's own
 # `workflow` object, which every directive below (rule, include, ...) is compiled into.
-import scaleladder.workflow as swf
-import scaleladder.site_check as site_check
-import scaleladder.failures as failures
+import scaleladder.site.workflow as swf
+import scaleladder.site.site_check as site_check
+import scaleladder.site.failures as failures
 
 SCHEMA = os.path.normpath(os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
 
@@ -34,13 +34,13 @@ except swf.ConfigError as e:
 
 SITE = LADDER.site
 # The site's required settings (site.requires) that are missing, in a few lines before any job
-# is submitted, -n included; not again inside each job (scaleladder.site_check).
+# is submitted, -n included; not again inside each job (scaleladder.site.site_check).
 if workflow.is_main_process and (_missing := site_check.announce(SITE)):
     print(_missing, file=sys.stderr)
 RPN = LADDER.ranks_per_node
 
 
-# A failed job: its cause on the console, under the rule's name (scaleladder.failures). Snakemake
+# A failed job: its cause on the console, under the rule's name (scaleladder.site.failures). Snakemake
 # itself prints "message: None" and the log's path; the one line that says why is in that log.
 onerror:
     _copies = failures.explain(log, sys.stderr)

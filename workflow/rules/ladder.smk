@@ -19,7 +19,7 @@
 
 RUNG = "{model}/{strategy}/{precision}/{knobs}/n{nodes}/b{batch}"
 # `repeats: R` runs a measured rung R times, each a job of its own in fresh processes:
-# repeat 0 is <spec>.h5 as ever ({rep} empty), repeat k is <spec>.r<k>.h5 (scaleladder.workflow.rung_path).
+# repeat 0 is <spec>.h5 as ever ({rep} empty), repeat k is <spec>.r<k>.h5 (scaleladder.site.workflow.rung_path).
 # Every repeat runs the same command with the same seed: what differs is only the run.
 REP = "{rep}"
 
@@ -137,7 +137,7 @@ rule rung_max:
         "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
 
 
-# A rung the memory planner predicts cannot fit (scaleladder.workflow decides while
+# A rung the memory planner predicts cannot fit (scaleladder.site.workflow decides while
 # building the DAG, with site.plan_device) is recorded, not run: `launch --plan-only` writes its
 # 'predicted-oom' record here in a second, on the machine that runs Snakemake, and the
 # ladder takes it from results/predicted/ instead of results/rungs/. So no allocation is

@@ -204,7 +204,7 @@ def _profile_defaults(args: argparse.Namespace) -> None:
     where they are not given."""
     if not getattr(args, "profile", None) or (args.device and args.gpus_per_node):
         return
-    from scaleladder.profiles import load_profile
+    from scaleladder.site.profiles import load_profile
 
     site = load_profile(args.profile, Path(getattr(args, "repo", ".")).resolve()).site
     if not args.device and not args.device_gib and site.get("plan_device"):
@@ -214,7 +214,7 @@ def _profile_defaults(args: argparse.Namespace) -> None:
 
 
 def _time_chart(args: argparse.Namespace, device: Device, gpus: int) -> int:
-    from scaleladder.plan_time import time_chart
+    from scaleladder.site.plan_time import time_chart
 
     pts = time_chart(args, device, gpus, _chart_path(args.time_chart, "--time-chart"))
     if args.json:
@@ -232,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
         return _vs_measured(args, device)
     if getattr(args, "time_chart", None):
         return _time_chart(args, device, gpus)
-    from scaleladder.plan_time import cell_step, memory_model, step_fields, step_lines, timing_from_args
+    from scaleladder.site.plan_time import cell_step, memory_model, step_fields, step_lines, timing_from_args
 
     timing = timing_from_args(args, device.name)
     if args.fits_table or args.fits_chart:

@@ -2,7 +2,7 @@
 in node-hours, before anything is submitted.
 
 The rungs come from the workflow's own expansion of the profile's ladder
-(:func:`scaleladder.workflow.prepare`, the planner's verdict included), per ladder block in
+(:func:`scaleladder.site.workflow.prepare`, the planner's verdict included), per ladder block in
 config order (a rung in two blocks counts in the first, as the workflow runs it once); the
 time model and its calibration from finished rungs are ``campaign/cost.py``; the time limits
 are the ``runtime`` (minutes) the profile gives the ``rung`` and ``rung_max`` jobs. Finished
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder import markdown
-from scaleladder import workflow as swf
+from scaleladder.site import workflow as swf
 from scaleladder.campaign import cost
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
 from scaleladder.planner.steptime import site_from_config
-from scaleladder.profiles import find_profile, load_profile, parse_config, profile_config
+from scaleladder.site.profiles import find_profile, load_profile, parse_config, profile_config
 
 
 def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None

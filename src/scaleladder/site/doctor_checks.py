@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.errors import SpecError
-from scaleladder.profiles import SiteProfile, bind_entries, bind_sources, bind_specs, expand, fill_site
+from scaleladder.site.profiles import SiteProfile, bind_entries, bind_sources, bind_specs, expand, fill_site
 
 FATAL, WARN, OK = "FATAL", "WARN", "ok"
 

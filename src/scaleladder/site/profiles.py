@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
-from scaleladder import workflow as swf
+from scaleladder.site import workflow as swf
 from scaleladder.errors import SpecError
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scaleladder.profiles import expand
+from scaleladder.site.profiles import expand
 
 
 def missing(site: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: str | None = None) -> list[str]:

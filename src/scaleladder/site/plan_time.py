@@ -38,7 +38,7 @@ def timing_from_args(args: argparse.Namespace, device: str | None) -> Timing:
     """``--profile``, ``--calibration`` and ``--torch`` -> what prices the step time."""
     prof, site = None, Site()
     if getattr(args, "profile", None):
-        from scaleladder.profiles import load_profile
+        from scaleladder.site.profiles import load_profile
 
         prof = load_profile(args.profile, Path(getattr(args, "repo", ".")).resolve())
         if prof.config_error:

@@ -1,0 +1,12 @@
+"""The site's front doors: what a profile is, what it would run, and what it costs, before anything is queued.
+
+- ``workflow``: the workflow's logic that ``workflow/rules/*.smk`` call (config, ladder, rule commands).
+- ``profiles``: a profile folder read as Snakemake and the job's shell read it (config, resources, site strings).
+- ``site_check``: the settings a site cannot run without (``site.requires``), said while the DAG is built.
+- ``doctor``: ``scaleladder doctor``, a profile's preflight on the login node.
+- ``doctor_checks``: the doctor's checks, one unit each, registered with ``@check``.
+- ``budget``: ``scaleladder budget``, the campaign's cost in node-hours before submission.
+- ``plan``: ``scaleladder plan``, per-GPU memory and max batch from the analytic planner.
+- ``plan_time``: ``plan``'s step time: the site's figures, the calibration, the weak-scaling chart.
+- ``failures``: a failed workflow job's one-line cause on the console (the Snakefile's ``onerror``).
+"""
