@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ import torch.distributed as dist
 from scaleladder.log import get_logger
 from scaleladder.rung.run import RunConfig, add_arguments as add_run_arguments, config_from_args
 from scaleladder.spec import SpecError, parse_positive
+
+if TYPE_CHECKING:
+    from scaleladder.rung.launch import DistEnv
 
 _log = get_logger(__name__)
 KIND = "convergence"
@@ -80,9 +83,7 @@ def config_from(a: argparse.Namespace) -> ConvergeConfig:
         raise SpecError("a convergence rung needs a fixed batch, not 'max'")
     if run.spec.strategy.compile:
         raise SpecError(f"{run.spec.strategy}: -compile rungs are not convergence rungs yet (each chunk would recompile)")
-    from scaleladder.models.flavors import get_flavor
-
-    if get_flavor(run.spec.model).family != "vit":
+    if run.flavor.family != "vit":
         raise SpecError(f"{run.spec.model}: convergence needs a classifier (a ViT flavor); FLAVA has no held-out accuracy")
     if run.data == "synthetic":
         raise SpecError("--data synthetic: a convergence rung trains on real labelled shards (see `scaleladder digits`)")
@@ -143,7 +144,7 @@ def load_test_set(test_data: str, flavor: Any, seed: int) -> tuple[torch.Tensor,
     Read with the loader's own transform (no augmentation: the whole image, resized),
     straight from the shards, so train and test images are decoded the same way.
     """
-    import webdataset as wds  # type: ignore[import-untyped]
+    import webdataset as wds
 
     from scaleladder.data.errors import DataError
     from scaleladder.data.manifest import read_manifest
@@ -164,7 +165,8 @@ def _head(model: torch.nn.Module) -> torch.nn.Module:
     """The classifier head inside any wrapper (DDP's ``module.``, FSDP's ``_fsdp_wrapped_module.``)."""
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] == "head":
-            return module
+            head: torch.nn.Module = module
+            return head
     raise SpecError(f"{type(model).__name__}: no classifier head to read logits from")
 
 
@@ -227,7 +229,7 @@ class _Curve:
     reached: bool = False
 
 
-def _converge(cfg: ConvergeConfig, env: Any, device: torch.device) -> int:
+def _converge(cfg: ConvergeConfig, env: DistEnv, device: torch.device) -> int:
     built = _build(cfg, env, device)
     curve = _train_to_target(cfg, env, device, built)
     if env.rank != 0:
@@ -236,9 +238,8 @@ def _converge(cfg: ConvergeConfig, env: Any, device: torch.device) -> int:
     return 0
 
 
-def _build(cfg: ConvergeConfig, env: Any, device: torch.device) -> _Built:
+def _build(cfg: ConvergeConfig, env: DistEnv, device: torch.device) -> _Built:
     from scaleladder.data.loader import make_loader
-    from scaleladder.models.flavors import get_flavor
     from scaleladder.rung import provenance
     from scaleladder.rung.feed import DeviceFeed
     from scaleladder.rung.optim import make_optimizer, make_scaler
@@ -246,7 +247,7 @@ def _build(cfg: ConvergeConfig, env: Any, device: torch.device) -> _Built:
     from scaleladder.rung.run import build_wrapped, placement
 
     run, spec = cfg.run, cfg.run.spec
-    flavor = get_flavor(spec.model)
+    flavor = run.flavor
     where = placement(env, device, provenance.hosts())
     prec = policy(spec.precision)
     prec.apply_backend_flags()
@@ -266,7 +267,7 @@ def _build(cfg: ConvergeConfig, env: Any, device: torch.device) -> _Built:
                   scaler, injected)
 
 
-def _train_to_target(cfg: ConvergeConfig, env: Any, device: torch.device, built: _Built) -> _Curve:
+def _train_to_target(cfg: ConvergeConfig, env: DistEnv, device: torch.device, built: _Built) -> _Curve:
     """Chunks of ``eval_every`` timed steps, each followed by an evaluation, until the target
     or the step budget; rank 0 says where it stands after each."""
     from scaleladder.rung.loop import train_loop
@@ -295,7 +296,7 @@ def _train_to_target(cfg: ConvergeConfig, env: Any, device: torch.device, built:
     return curve
 
 
-def _record(cfg: ConvergeConfig, env: Any, built: _Built, curve: _Curve) -> None:
+def _record(cfg: ConvergeConfig, env: DistEnv, built: _Built, curve: _Curve) -> None:
     """Rank 0 writes the convergence record and prints its one-line verdict."""
     from scaleladder.results.store import write_record
     from scaleladder.rung import provenance

@@ -24,6 +24,7 @@ from torch import nn
 
 from scaleladder.models.build import TrainModule
 from scaleladder.planner.static import fsdp1_use_orig_params
+from scaleladder.results.record import Build
 from scaleladder.rung.precision import PrecisionPolicy
 from scaleladder.spec import COMPILE_BACKENDS, AnyKnobs, Fsdp2Knobs, Knobs, SpecError, Strategy
 
@@ -529,7 +530,8 @@ def _qualname(cls: type) -> str:
 
 def sharding_ran(model: nn.Module) -> dict[str, Any]:
     """What the data-parallel wrapper actually does on this rank, read from the WRAPPED
-    model, never from the spec (record attributes ``sharding_ran``, ``param_shard_fraction``).
+    model, never from the spec (record attributes ``Build.sharding_ran``,
+    ``Build.param_shard_fraction``: results/record.py).
 
     TRAP (torch FSDP1, ``_init_utils._init_core_state``): at world size 1 FSDP1 silently
     replaces FULL_SHARD and SHARD_GRAD_OP with NO_SHARD (a warning only), so one-GPU
@@ -550,7 +552,7 @@ def sharding_ran(model: nn.Module) -> dict[str, Any]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     if isinstance(model, nn.parallel.DistributedDataParallel):
-        return {"sharding_ran": "ddp", "param_shard_fraction": 1.0}
+        return {Build.sharding_ran: "ddp", Build.param_shard_fraction: 1.0}
     fsdp1 = [m for m in model.modules() if isinstance(m, FSDP)]
     if fsdp1:
         names = sorted({m.sharding_strategy.name for m in fsdp1})
@@ -563,14 +565,14 @@ def sharding_ran(model: nn.Module) -> dict[str, Any]:
             full += flat._unpadded_unsharded_size.numel()
             # the shard's padding is not model state; the unpadded count is what the rank owns
             local += flat.numel() - int(getattr(flat, "_shard_numel_padded", 0))
-        return {"sharding_ran": "fsdp1:" + "+".join(names), "param_shard_fraction": local / full if full else 1.0}
+        return {Build.sharding_ran: "fsdp1:" + "+".join(names), Build.param_shard_fraction: local / full if full else 1.0}
     fsdp2 = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if fsdp2:
         kinds = set()
-        for m in fsdp2:
-            if m is model:
+        for unit in fsdp2:
+            if unit is model:
                 continue  # the root: FSDP2 never reshards it after forward
-            group = m._get_fsdp_state()._fsdp_param_group
+            group = unit._get_fsdp_state()._fsdp_param_group
             if group is None:
                 continue
             info = group.mesh_info
@@ -582,5 +584,5 @@ def sharding_ran(model: nn.Module) -> dict[str, Any]:
         for p in model.parameters():
             full += p.numel()
             local += p._local_tensor.numel() if hasattr(p, "_local_tensor") else p.numel()
-        return {"sharding_ran": "fsdp2:" + "+".join(sorted(kinds)), "param_shard_fraction": local / full if full else 1.0}
-    return {"sharding_ran": "none", "param_shard_fraction": 1.0}
+        return {Build.sharding_ran: "fsdp2:" + "+".join(sorted(kinds)), Build.param_shard_fraction: local / full if full else 1.0}
+    return {Build.sharding_ran: "none", Build.param_shard_fraction: 1.0}

@@ -23,10 +23,13 @@ from torch import Tensor, nn
 
 from scaleladder.errors import SpecError
 from scaleladder.log import get_logger
-from scaleladder.rung.optim import backward_and_step
+from scaleladder.rung.optim import LocalShardAdamW, MasterWeightAdamW, backward_and_step
 from scaleladder.rung.precision import PrecisionPolicy
 
 _log = get_logger(__name__)
+
+# What rung.optim.make_optimizer returns: torch's fused AdamW, or a stand-in that steps one of its own.
+RungOptimizer = torch.optim.Optimizer | MasterWeightAdamW | LocalShardAdamW
 
 
 @dataclass
@@ -271,7 +274,7 @@ def _duration(seconds: float) -> str:
 
 def train_loop(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: RungOptimizer,
     batches: Iterable[dict[str, Tensor]],
     *,
     steps: int,
@@ -434,7 +437,7 @@ def _step_error(e: Exception, step: int, warmup: int, compiled: bool) -> Excepti
 
 def _train_loop(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: RungOptimizer,
     batches: Iterable[dict[str, Tensor]],
     *,
     steps: int,

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ import numpy as np
 # rung seconds (docs/performance.md, "Start-up"). The rank-side functions import it
 # themselves; tests/test_startup.py checks that importing this module loads no torch.
 from scaleladder.log import get_logger
+from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.rung import startup
 from scaleladder.spec import (
     COMPILE_BACKENDS,
@@ -45,7 +46,17 @@ from scaleladder.spec import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     import torch
+
+    from scaleladder.models.flops import FlopCount
+    from scaleladder.rung.batches import SyntheticBatches
+    from scaleladder.rung.feed import Batch, DeviceFeed
+    from scaleladder.rung.ladder import LadderReport
+    from scaleladder.rung.launch import DistEnv
+    from scaleladder.rung.loop import Measurement, RungOptimizer
+    from scaleladder.rung.precision import PrecisionPolicy
 
 _log = get_logger(__name__)
 EXIT_OOM = 3
@@ -74,6 +85,12 @@ class RunConfig:
     memory_snapshot: bool = False  # CUDA allocator memory snapshot of the loop (rung/profiling.py)
     flava_impl: str = "sdpa"  # FLAVA's implementation (models/flava_impl.py); ignored by ViT rungs
     transport: str = "uint8"  # --data rungs, decode cpu: the workers' images as uint8 (normalised on the device) or float32
+    # The spec's flavor, resolved once here (RunSpec has checked the name): not an argument,
+    # so argv and the constructor are unchanged, and dataclasses.replace resolves it again.
+    flavor: Flavor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flavor", get_flavor(self.spec.model))  # frozen: set once, here
 
     def argv(self, **override: Any) -> list[str]:
         """The `run` arguments that reproduce this config (used by launch and maxbatch)."""
@@ -103,12 +120,11 @@ class RunConfig:
     def attrs(self) -> dict[str, Any]:
         """The spec and these settings as record attributes (results/record.py: Spec, Settings)."""
         from scaleladder.models.flava_impl import recorded
-        from scaleladder.models.flavors import get_flavor
         from scaleladder.results.record import Settings as S
 
         return {**self.spec.as_attrs(), S.steps: self.steps, S.warmup: self.warmup, S.data: self.data, S.seed: self.seed,
                 S.lr: self.lr, S.compile_backend: self.compile_backend,
-                S.flava_impl: recorded(get_flavor(self.spec.model).family, self.flava_impl)}
+                S.flava_impl: recorded(self.flavor.family, self.flava_impl)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -158,8 +174,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     """The one place where `run`-style arguments become a RunSpec."""
-    from scaleladder.models.flavors import get_flavor
-
     parts = (a.model, a.strategy, a.precision, a.knobs, a.nodes, a.batch)
     if a.spec:
         if any(x is not None for x in parts):
@@ -226,12 +240,11 @@ def write_oom_record(cfg: RunConfig, events: list[dict[str, Any]], world: int, s
     the markers of a multi-rank one, or for a rung the planner says cannot fit.
     """
     from scaleladder.models.build import meta_parameter_count
-    from scaleladder.models.flavors import get_flavor
     from scaleladder.results.oom import oom_attrs
     from scaleladder.results.store import write_record
     from scaleladder.rung import provenance
 
-    attrs = oom_attrs(cfg.attrs(), cfg.spec.nodes, events, world, meta_parameter_count(get_flavor(cfg.spec.model)),
+    attrs = oom_attrs(cfg.attrs(), cfg.spec.nodes, events, world, meta_parameter_count(cfg.flavor),
                       provenance.collect(""), status, extra)
     write_record(cfg.out, attrs)
 
@@ -278,16 +291,14 @@ def check_world(cfg: RunConfig, world: int, nodes: int) -> None:
         raise SpecError(f"the spec says n{cfg.spec.nodes} but the launcher started ranks on {nodes} node(s)")
 
 
-def _main(args: argparse.Namespace, env: Any) -> int:
+def _main(args: argparse.Namespace, env: DistEnv) -> int:
     from scaleladder.rung import launch
 
     cfg = config_from_args(args)
     if cfg.spec.batch == "max":
         raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `run`")
     check_world(cfg, env.world, env.nodes)
-    from scaleladder.models.flavors import get_flavor
-
-    startup.import_rank_modules(get_flavor(cfg.spec.model).family)
+    startup.import_rank_modules(cfg.flavor.family)
     CLOCK.mark("imports")
     if env.rank == 0:  # the writer: a read-only or full results/ fails now, not after training
         from scaleladder.results.store import check_writable, record_bytes
@@ -304,10 +315,9 @@ def _main(args: argparse.Namespace, env: Any) -> int:
     # contrastive loss all-gathers whenever a group exists. An NCCL/RCCL group serves
     # only GPU tensors ("No backend type associated with device type cpu"); gloo serves
     # both, so only the order keeps this off the GPU path (rung.ladder.unused_parameter_names).
-    from scaleladder.models.flavors import get_flavor
     from scaleladder.rung.ladder import unused_parameter_names
 
-    unused_parameter_names(get_flavor(cfg.spec.model).family)
+    unused_parameter_names(cfg.flavor.family)
     launch.init(env, device)
     CLOCK.mark("group")
     try:
@@ -319,7 +329,7 @@ def _main(args: argparse.Namespace, env: Any) -> int:
             dist.destroy_process_group()
 
 
-def placement(env: Any, device: torch.device, hosts: list[str]) -> dict[str, Any]:
+def placement(env: DistEnv, device: torch.device, hosts: list[str]) -> dict[str, Any]:
     """Where the rung ran, as record attributes: the same keys in ok and oom records."""
     from scaleladder.results.record import Placement as P
     from scaleladder.rung.devices import device_name
@@ -335,10 +345,10 @@ def placement(env: Any, device: torch.device, hosts: list[str]) -> dict[str, Any
 
 @dataclass(frozen=True)
 class RankContext:
-    """One rank's run: the rung, this rank's place in the world (rung.launch.Env), its device."""
+    """One rank's run: the rung, this rank's place in the world, its device."""
 
     cfg: RunConfig
-    env: Any
+    env: DistEnv
     device: torch.device
 
 
@@ -371,16 +381,15 @@ def _run_rank(ctx: RankContext) -> int:
         os._exit(EXIT_OOM)
 
 
-def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Any) -> tuple[torch.nn.Module, Any, int]:
+def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: PrecisionPolicy) -> tuple[torch.nn.Module, LadderReport, int]:
     """The model of ``cfg`` on ``device``, through the ladder: (wrapped, ladder report, params)."""
     from scaleladder.models.build import build_model, count_parameters
-    from scaleladder.models.flavors import get_flavor
     from scaleladder.models.init import make_param_init_fn, materialize
     from scaleladder.rung.ladder import apply_strategy
 
     import torch
 
-    spec, flavor = cfg.spec, get_flavor(cfg.spec.model)
+    spec, flavor = cfg.spec, cfg.flavor
     torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
     param_init_fn = None
     if init == "meta":
@@ -414,18 +423,18 @@ def _codebook_state(model: Any, weights: str | None) -> dict[str, torch.Tensor] 
 class Built:
     """What the build step made for the loop: the wrapped model, its optimizer and batches."""
 
-    flavor: Any
-    prec: Any  # rung.precision.Policy
+    flavor: Flavor
+    prec: PrecisionPolicy
     init: str  # "device" or "meta"
-    source: Any  # SyntheticBatches or DeviceFeed: the loader's wait and rate live on it
+    source: SyntheticBatches | DeviceFeed  # a DeviceFeed carries the loader's wait and rate
     data_attrs: dict[str, Any]  # what the record says about the data beyond --data
     wrapped: torch.nn.Module
-    report: Any  # rung.ladder's report of what wrapping did
+    report: LadderReport  # what wrapping did
     params: int
-    optimizer: Any
-    scaler: Any
-    flops: Any  # models.flops: FLOPs per sample, model and hardware
-    batches: Any  # the source again, its first batch peeked at and put back
+    optimizer: RungOptimizer
+    scaler: torch.amp.GradScaler | None  # fp16-mixed only (FSDP1's sharded scaler is a GradScaler too)
+    flops: FlopCount  # FLOPs per sample, model and hardware
+    batches: Iterator[Batch]  # the source again, its first batch peeked at and put back
 
 
 def _train_and_record(ctx: RankContext, where: dict[str, Any]) -> int:
@@ -438,11 +447,10 @@ def _train_and_record(ctx: RankContext, where: dict[str, Any]) -> int:
 
 def _build(ctx: RankContext) -> Built:
     """Data source, model (through the ladder), optimizer and scaler; the first batch's FLOPs."""
-    from scaleladder.models.flavors import get_flavor
     from scaleladder.rung.optim import make_optimizer, make_scaler
     from scaleladder.rung.precision import policy
 
-    cfg, spec, flavor = ctx.cfg, ctx.cfg.spec, get_flavor(ctx.cfg.spec.model)
+    cfg, spec, flavor = ctx.cfg, ctx.cfg.spec, ctx.cfg.flavor
     prec = policy(spec.precision)
     prec.apply_backend_flags()
     batch = int(spec.batch)
@@ -462,7 +470,7 @@ def _build(ctx: RankContext) -> Built:
     return Built(flavor, prec, init, source, data_attrs, wrapped, report, params, optimizer, scaler, flops, batches)
 
 
-def _measure(ctx: RankContext, built: Built) -> tuple[Any, dict[str, Any], float]:
+def _measure(ctx: RankContext, built: Built) -> tuple[Measurement, dict[str, Any], float]:
     """The loop: (its measurements, the profiler's record attributes, when the last step ended)."""
     from scaleladder.rung.loop import train_loop
     from scaleladder.rung.profiling import StepProfiler
@@ -476,7 +484,7 @@ def _measure(ctx: RankContext, built: Built) -> tuple[Any, dict[str, Any], float
     return m, profiler.attrs(), time.monotonic()
 
 
-def ok_attrs(ctx: RankContext, built: Built, m: Any, where: dict[str, Any]) -> dict[str, Any]:
+def ok_attrs(ctx: RankContext, built: Built, m: Measurement, where: dict[str, Any]) -> dict[str, Any]:
     """The ok record's attributes from the loop's measurements (names: results/record.py)."""
     from scaleladder.results.record import Build, Compile, Memory, Peak, Placement, Record, Throughput
     from scaleladder.results.stats import within_run
@@ -539,7 +547,7 @@ def ok_attrs(ctx: RankContext, built: Built, m: Any, where: dict[str, Any]) -> d
     return attrs
 
 
-def _record(ctx: RankContext, built: Built, m: Any, profiled: dict[str, Any], where: dict[str, Any], steps_done: float) -> int:
+def _record(ctx: RankContext, built: Built, m: Measurement, profiled: dict[str, Any], where: dict[str, Any], steps_done: float) -> int:
     """Rank 0: the ok record (attributes and per-step datasets), written atomically, and its line."""
     from scaleladder.results.record import Memory, Throughput
     from scaleladder.results.store import write_record
@@ -573,11 +581,11 @@ def _record(ctx: RankContext, built: Built, m: Any, profiled: dict[str, Any], wh
     return 0
 
 
-def world_text(env: Any, device: torch.device) -> str:
+def world_text(env: DistEnv, device: torch.device) -> str:
     return f"{env.world} rank(s), {device.type}"
 
 
-def _init_mode(ctx: RankContext, flavor: Any) -> str:
+def _init_mode(ctx: RankContext, flavor: Flavor) -> str:
     cfg, device = ctx.cfg, ctx.device
     if cfg.init != "auto":
         return cfg.init
@@ -593,7 +601,7 @@ def _init_mode(ctx: RankContext, flavor: Any) -> str:
     return "meta" if fp32_bytes > 0.25 * torch.cuda.get_device_properties(device).total_memory else "device"
 
 
-def _batches(ctx: RankContext, flavor: Any, batch: int, dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
+def _batches(ctx: RankContext, flavor: Flavor, batch: int, dtype: torch.dtype) -> tuple[SyntheticBatches | DeviceFeed, dict[str, Any]]:
     """The rank's batches, and what the record should say about them beyond --data."""
     cfg, env, device = ctx.cfg, ctx.env, ctx.device
     if cfg.data == "synthetic":
@@ -614,7 +622,7 @@ def _batches(ctx: RankContext, flavor: Any, batch: int, dtype: torch.dtype) -> t
     return DeviceFeed(loader, device, dtype, cfg.steps, decoder=loader.device_transform(device)), loader.record_attrs()
 
 
-def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
+def _peek(batches: Iterable[Batch]) -> tuple[Batch, Iterator[Batch]]:
     import itertools
 
     it = iter(batches)
@@ -622,7 +630,7 @@ def _peek(batches: Any) -> tuple[dict[str, torch.Tensor], Any]:
     return first, itertools.chain([first], it)
 
 
-def _flops(flavor: Any, spec: RunSpec, global_batch: int, first: dict[str, torch.Tensor], flava_impl: str) -> Any:
+def _flops(flavor: Flavor, spec: RunSpec, global_batch: int, first: Batch, flava_impl: str) -> FlopCount:
     from scaleladder.models.flops import flava_flops, vit_flops
 
     # HFU counts a recomputed forward under -ac/-ac-reentrant; -sac keeps every matmul's output
