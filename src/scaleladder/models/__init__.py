@@ -1,0 +1,16 @@
+"""The models: every flavor by name, built as a module whose ``forward(batch)`` is the loss.
+
+- ``flavors``: the flavor registry: every model size scaleladder knows, by name (below the spec).
+- ``build``: a flavor built as a ``TrainModule`` (ViT or FLAVA), ``forward(batch) -> loss``.
+- ``init``: a model built on the meta device, materialised one module (FSDP unit) at a time.
+- ``flops``: analytic FLOPs per trained sample, from a flavor's dimensions alone.
+- ``batch_layout``: what a synthetic batch holds, as numbers (torch-free: the planner reads it).
+- ``table``: ``scaleladder models``: every flavor with its parameter count, built on the meta device.
+- ``flava_impl``: which FLAVA implementation a rung builds, by name (torch-free).
+- ``flava_attention``: FLAVA's transformer layers on fused attention, over the same parameters.
+- ``flava_losses``: FLAVA's pretraining losses without a host-device sync.
+- ``flava_norm``: FLAVA's LayerNorms in fp32 without the casts that change nothing.
+- ``flava_passes``: FLAVA's twin encoder passes (plain and masked input) as one batch.
+
+Imports from: spec and below.
+"""

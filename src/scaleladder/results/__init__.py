@@ -1,4 +1,11 @@
-"""What a rung leaves behind: the HDF5 record (``store``), the OOM record's schema
-(``records``), and the ladder file that merges them (``aggregate``).
+"""What a rung leaves behind, and what is read back from it.
+
+- ``record``: the one definition of every record attribute: name, unit, meaning, record kinds.
+- ``store``: result files: one HDF5 per rung, written atomically.
+- ``oom``: the OOM record's attributes (a rung that did not fit, or was predicted not to).
+- ``aggregate``: ``scaleladder aggregate``: the per-rung files merged into one ladder file.
+- ``stats``: how sure a throughput is: its interval within one run and between runs.
+- ``compare``: ``scaleladder compare BASE NEW``: what changed between two ladders, with noise.
+
 Imports from: spec and models only, so every stage above can write or read results.
 """

@@ -1,8 +1,20 @@
 """One rung on every rank: launch → device → ladder (the strategy) → timed loop → record.
 
-``run`` is the per-rank program (``scaleladder run``); ``loop`` is the timed window and
-what every number means; ``ladder`` applies a strategy to a model; ``precision`` and
-``optim`` say how it computes and steps; ``feed`` and ``batches`` put batches on the
-device; ``launch`` and ``devices`` say where it runs and what its peak is; ``provenance``
-records where and how. Imports from: spec, models, data, results.
+- ``run``: ``scaleladder run``, the per-rank program: spec → model → ladder → loop → HDF5.
+- ``loop``: the timed window, and what every number in it means.
+- ``ladder``: ``apply_strategy``: activation checkpointing, compile, then DDP/FSDP.
+- ``precision``: what each precision name means, in one table.
+- ``optim``: fused AdamW with no host sync in every precision, and the grad scaler.
+- ``sac``: selective activation checkpointing (``-sac``): which ops' outputs a layer keeps.
+- ``feed``: a loader's host batches put on the device one step ahead.
+- ``batches``: ``--data synthetic``: random batches made before the timed loop.
+- ``launch``: rank, world and master address (torchrun, Slurm or none), the device, the process group.
+- ``spawn``: ``scaleladder spawn``: N ranks on this machine, without torch in the launcher.
+- ``startup``: a rank's start-up as measured phases, before its first step and after its last.
+- ``devices``: a rank's own device: its chip in the device table, and the peak its MFU is against.
+- ``provenance``: where and with what a rung ran: what a reader needs to trust or redo it.
+- ``profiling``: a ``torch.profiler`` trace of a few steps, and the allocator's memory snapshot.
+- ``probe_cache``: the unused-parameter probe (``ladder.unused_parameter_names``) kept on disk.
+
+Imports from: spec, models, data, results, planner.
 """
