@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "doctor": ("scaleladder.site.doctor", "add_arguments", "main", "preflight a profile: what would make the campaign fail or lie"),
     "budget": ("scaleladder.site.budget", "add_arguments", "main", "the campaign's cost in node-hours, before submission"),
     "compare": ("scaleladder.results.compare", "add_arguments", "main", "compare two ladders (or one with references): verdicts within noise"),
-    "digits": ("scaleladder.campaign.digits", "add_arguments", "main", "export scikit-learn's handwritten digits as image folders"),
+    "digits": ("scaleladder.data.digits", "add_arguments", "main", "export scikit-learn's handwritten digits as image folders"),
     "converge": ("scaleladder.campaign.converge", "add_arguments", "main", "train a rung to a held-out accuracy; record time-to-train"),
     "converge-plots": ("scaleladder.figures.convergence", "add_arguments", "main", "draw throughput beside time-to-accuracy from convergence records"),
 }
