@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.log import get_logger
-from scaleladder.rung.run import RunConfig, add_arguments as add_run_arguments, config_from_args
+from scaleladder.rung.run import RunConfig, config_from_args
+from scaleladder.rung.run import add_arguments as add_run_arguments
 from scaleladder.spec import SpecError, parse_positive
 
 if TYPE_CHECKING:

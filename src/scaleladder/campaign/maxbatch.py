@@ -261,10 +261,9 @@ def record_result(final: Path, out: Path, spec: RunSpec, attrs: dict[str, Any], 
 
 def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeResult]) -> None:
     """Not even batch 1 trains: a status ``oom`` record carrying the probes."""
-    import h5py
 
-    from scaleladder.rung import provenance
     from scaleladder.results.store import attr_value, h5_in_memory
+    from scaleladder.rung import provenance
 
     reason = probes[-1].reason if probes else "out of memory"
     rec = checked({Record.status: "oom", **cfg.attrs(), Build.world_size: world, Oom.error: f"batch 1 does not train: {reason}",
@@ -302,8 +301,8 @@ def probe_dir(out: Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaleladder.rung.run import config_from_args
     from scaleladder.campaign.supervise import launch
+    from scaleladder.rung.run import config_from_args
 
     cfg = config_from_args(args)
     if cfg.spec.batch != "max":

@@ -123,7 +123,7 @@ def _group(world: int) -> Iterator[None]:
     # ("not initialized in the world group map"). Imported here, before any group, the default is None.
     import torch.distributed.nn.functional  # noqa: F401
     if world == 1:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
     else:
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -142,7 +142,8 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
 
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.planner.memory import Variant, predict
+    from scaleladder.planner.memory import predict
+    from scaleladder.planner.step_setup import Variant
     from scaleladder.rung.batches import SyntheticBatches
     from scaleladder.rung.ladder import apply_strategy, unused_parameter_names
     from scaleladder.rung.optim import backward_and_step, make_optimizer, make_scaler
@@ -183,7 +184,7 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
         model = build_model(flavor, "meta", flava_impl=flava_impl)
         with FakeTensorMode(allow_non_fake_inputs=True), mesh_patch:
             _fake_materialize(model, device)
-            model.to = lambda *a, **k: model  # already on the device (see _fake_materialize)
+            model.to = lambda *a, **k: model  # type: ignore[method-assign]  # already on the device (see _fake_materialize)
             if prec.storage_dtype != torch.float32:
                 for p in model.parameters():
                     p.data = p.data.to(prec.storage_dtype)

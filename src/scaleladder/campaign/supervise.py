@@ -28,7 +28,7 @@ from typing import Any
 from scaleladder.log import get_logger
 from scaleladder.results.record import FAILED, MaxBatch, Placement, Plan, Spec, checked
 from scaleladder.results.record import FailedAttempt as F
-from scaleladder.rung.run import EXIT_OOM, RunConfig, add_arguments, config_from_args, oom_marker, write_oom_record
+from scaleladder.rung.run import EXIT_OOM, RunConfig, add_arguments, config_from_args, write_oom_record
 from scaleladder.spec import SpecError, parse_positive
 
 _log = get_logger(__name__)
@@ -127,7 +127,8 @@ def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[
     else None. A fixed batch cannot run when it does not fit; a ``max`` rung, when not
     even batch 1 does. The workflow makes the same call (same arguments) while it builds
     its DAG, so the two never disagree about which rungs are skipped."""
-    from scaleladder.planner.memory import Variant, predict
+    from scaleladder.planner.memory import predict
+    from scaleladder.planner.step_setup import Variant
 
     if cfg.spec.strategy.compile:
         return None  # a compiled rung's memory is planned as its eager rung's, an upper bound: no verdict, run it (workflow.planned_not_to_fit says the same)

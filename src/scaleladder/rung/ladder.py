@@ -12,11 +12,11 @@ Why: docs/strategies.md (the table, "FSDP2 against FSDP1", "Traps we hit").
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -463,9 +463,9 @@ def unused_parameter_names(family: str) -> frozenset[str]:
         if cached is not None:
             _UNUSED_CACHE[family] = cached
             return cached
-        from scaleladder.rung.batches import synthetic_batch
         from scaleladder.models.build import build_model
         from scaleladder.models.flavors import get_flavor
+        from scaleladder.rung.batches import synthetic_batch
 
         debug = get_flavor(f"{family}-debug")
         with torch.random.fork_rng():
@@ -575,7 +575,8 @@ def sharding_ran(model: nn.Module) -> dict[str, Any]:
             group = unit._get_fsdp_state()._fsdp_param_group
             if group is None:
                 continue
-            info = group.mesh_info
+            # an FSDPMeshInfo (HSDPMeshInfo on a hybrid mesh); torch types the field as their base class
+            info: Any = group.mesh_info
             mesh = f"shard{info.shard_mesh_size}"
             if hasattr(info, "replicate_mesh_size"):
                 mesh += f"xreplicate{info.replicate_mesh_size}"

@@ -191,7 +191,7 @@ def nvidia_driver_version(path: str = NVIDIA_DRIVER_FILE) -> str | None:
             return v.decode() if isinstance(v, bytes) else str(v)
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no pynvml, no libnvidia-ml, no driver: all "none found"
+    except Exception:  # no pynvml, no libnvidia-ml, no driver: all "none found"
         return None
 
 

@@ -281,7 +281,7 @@ def train_loop(
     warmup: int,
     prec: PrecisionPolicy,
     device: torch.device,
-    scaler: "torch.amp.GradScaler | None" = None,
+    scaler: torch.amp.GradScaler | None = None,
     compiled: bool = False,
     label: str = "",
 ) -> Measurement:
@@ -444,7 +444,7 @@ def _train_loop(
     warmup: int,
     prec: PrecisionPolicy,
     device: torch.device,
-    scaler: "torch.amp.GradScaler | None",
+    scaler: torch.amp.GradScaler | None,
     compiled: bool,
     progress: Progress,
 ) -> Measurement:

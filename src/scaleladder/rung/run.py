@@ -146,7 +146,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", default=os.environ.get("SCALELADDER_LOADER_TRANSPORT", "uint8"), choices=["uint8", "float32"],
                    help="--data rungs: the workers' images cross to the rank as uint8 and are normalised on the device "
                         "(default), or float32, normalised in the workers (the reference); --decode gpu ships JPEGs")
-    p.add_argument("--decode", default=os.environ.get("SCALELADDER_DECODE", "cpu"), help="--data rungs: 'cpu' (JPEG decode + transforms in the workers) or 'gpu' "
+    p.add_argument("--decode", default=os.environ.get("SCALELADDER_DECODE", "cpu"),
+                   help="--data rungs: 'cpu' (JPEG decode + transforms in the workers) or 'gpu' "
                    "(workers pass encoded JPEGs; nvJPEG decode and transforms on the device; refused without a GPU); "
                    "default: $SCALELADDER_DECODE (a site profile's loader.decode) or cpu")
     p.add_argument("--seed", default="0", help="integer >= 0: weights, synthetic batches, data order")
@@ -155,9 +156,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--init", default="auto", choices=["auto", "device", "meta"], help="build on the device, or on meta then materialise per FSDP unit")
     p.add_argument("--codebook-weights", default=None, help="local DALL-E encoder weights for FLAVA (default: random init)")
-    from scaleladder.models.flava_impl import DEFAULT as FLAVA_IMPL, FLAVA_IMPLS
+    from scaleladder.models.flava_impl import DEFAULT as FLAVA_IMPL
+    from scaleladder.models.flava_impl import FLAVA_IMPLS
 
-    p.add_argument("--flava-impl", default=FLAVA_IMPL, choices=list(FLAVA_IMPLS), help="FLAVA rungs: 'sdpa' (fused attention, sync-free losses; the default) or "
+    p.add_argument("--flava-impl", default=FLAVA_IMPL, choices=list(FLAVA_IMPLS),
+                   help="FLAVA rungs: 'sdpa' (fused attention, sync-free losses; the default) or "
                    "'torchmultimodal' (the package's own modules, for comparison); the same parameters and loss (docs/models.md)")
     p.add_argument("--peak-tflops", default=None, type=float, help="peak TFLOP/s of one rank's device, for a device not in the table")
     p.add_argument("--compile-backend", default=None, choices=list(COMPILE_BACKENDS),
@@ -256,9 +259,8 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaleladder.rung import launch
-
     from scaleladder.data.errors import DataError, speaker
+    from scaleladder.rung import launch
 
     env = launch.detect()  # no process group yet: bad input must fail before one exists
     try:
@@ -383,11 +385,11 @@ def _run_rank(ctx: RankContext) -> int:
 
 def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: PrecisionPolicy) -> tuple[torch.nn.Module, LadderReport, int]:
     """The model of ``cfg`` on ``device``, through the ladder: (wrapped, ladder report, params)."""
+    import torch
+
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.models.init import make_param_init_fn, materialize
     from scaleladder.rung.ladder import apply_strategy
-
-    import torch
 
     spec, flavor = cfg.spec, cfg.flavor
     torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
