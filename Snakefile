@@ -33,6 +33,6 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        swf.final_targets(LADDER),
+        site_ladder.final_targets(LADDER),
         CONVERGE_TARGETS,
     default_target: True

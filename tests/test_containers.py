@@ -366,7 +366,7 @@ def test_the_conda_env_installs_this_checkout_from_snakemakes_copy_of_it(tmp_pat
                         env={**os.environ, "SCALELADDER_REPO": str(REPO)})
     assert ok.returncode == 0 and "Would install scaleladder" in ok.stdout, ok.stderr[-2000:]
     assert "swf.export_repo(" in (REPO / "workflow/rules/common.smk").read_text()
-    import scaleladder.site.workflow as swf
+    import scaleladder.site.commands as swf
 
     saved = os.environ.pop("SCALELADDER_REPO", None)
     try:

@@ -376,14 +376,14 @@ def test_a_failed_attempt_with_other_settings_never_reruns_a_finished_rung(tmp_p
 def test_a_value_of_no_allowed_form_names_the_forms() -> None:
     import yaml
 
-    import scaleladder.site.workflow as swf
+    import scaleladder.site.config as site_config
 
     repo = Path(__file__).resolve().parents[1]
     cfg = {**yaml.safe_load((repo / "config/config.yaml").read_text()), **yaml.safe_load((repo / "profiles/local/site.yaml").read_text())}
     cfg["ladders"][0]["batches"] = ["four"]  # before: "'four' is not valid under any of the given schemas"
-    with pytest.raises(swf.ConfigError, match=r"config key 'ladders\[0\]\.batches\[0\]': 'four' is none of the allowed "
-                                              r"forms: an integer >= 1, or 'max'"):
-        swf.validate_config(cfg, repo / "workflow/schemas/config.schema.yaml")
+    with pytest.raises(site_config.ConfigError, match=r"config key 'ladders\[0\]\.batches\[0\]': 'four' is none of the allowed "
+                                                      r"forms: an integer >= 1, or 'max'"):
+        site_config.validate_config(cfg, repo / "workflow/schemas/config.schema.yaml")
 
 
 def test_every_reader_of_a_ladder_names_an_unreadable_one(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, VENV_BIN, snakemake, workflow_copy
-from scaleladder.site import workflow as wf
+from scaleladder.site import commands as swf, config as site_config
 
 # Each of these would create a CANARY file if a shell ever ran it.
 HOSTILE = "my imgs; touch CANARY_1 $(touch CANARY_2) `touch CANARY_3` 'q' \"dq\" & touch CANARY_4 |"
@@ -97,7 +97,7 @@ def assert_sources_intact(argv: list[str], files: dict[str, Path]) -> None:
 def test_shard_sources_are_each_one_word_through_a_real_shell(tmp_path: Path) -> None:
     value = HOSTILE + "\nsecond line"  # a newline too: quoting carries it (the config check refuses it)
     cfg = {"data": {"images": value, "captions": value, "wds": [value, "b " + value], "vocab": value}}
-    line = wf.shard_sources(cfg)
+    line = swf.shard_sources(cfg)
     out = subprocess.run(["bash", "-c", "printf '%s\\0' " + line], cwd=tmp_path, capture_output=True, check=True).stdout
     assert out.decode().split("\0")[:-1] == ["--images", value, "--captions", value, "--wds", value, "b " + value,
                                              "--vocab", value]
@@ -109,27 +109,27 @@ def test_shard_sources_are_each_one_word_through_a_real_shell(tmp_path: Path) ->
 
 @pytest.mark.parametrize("key", ["images", "captions", "vocab"])
 def test_a_newline_in_a_data_path_is_refused_naming_the_key(key: str) -> None:
-    with pytest.raises(wf.ConfigError, match=rf"config key 'data\.{key}': .*control character"):
-        wf.check_data_values({"data": {key: "/data/a\nb"}})
+    with pytest.raises(site_config.ConfigError, match=rf"config key 'data\.{key}': .*control character"):
+        site_config.check_data_values({"data": {key: "/data/a\nb"}})
 
 
 def test_a_newline_in_a_wds_url_or_converge_manifest_is_refused() -> None:
-    with pytest.raises(wf.ConfigError, match=r"config key 'data\.wds\[1\]'"):
-        wf.check_data_values({"data": {"wds": ["a.tar", "b\n.tar"]}})
-    with pytest.raises(wf.ConfigError, match=r"config key 'converge\.test'"):
-        wf.check_data_values({"converge": {"test": "m\r.json"}})
+    with pytest.raises(site_config.ConfigError, match=r"config key 'data\.wds\[1\]'"):
+        site_config.check_data_values({"data": {"wds": ["a.tar", "b\n.tar"]}})
+    with pytest.raises(site_config.ConfigError, match=r"config key 'converge\.test'"):
+        site_config.check_data_values({"converge": {"test": "m\r.json"}})
 
 
 def test_dollar_or_quote_given_with_dash_dash_config_is_refused_but_not_in_a_file(hostile: dict[str, Path]) -> None:
     cfg = {"data": {"images": str(hostile["images"])}}
-    wf.check_data_values(cfg)  # from a config file: carried, quoted
-    with pytest.raises(wf.ConfigError, match=r"config key 'data\.images': .*--configfile"):
-        wf.check_data_values(cfg, cli_config={"data": {"images": str(hostile["images"])}})
+    site_config.check_data_values(cfg)  # from a config file: carried, quoted
+    with pytest.raises(site_config.ConfigError, match=r"config key 'data\.images': .*--configfile"):
+        site_config.check_data_values(cfg, cli_config={"data": {"images": str(hostile["images"])}})
 
 
 def test_a_missing_image_folder_is_refused_when_the_dag_is_built(tmp_path: Path) -> None:
-    with pytest.raises(wf.ConfigError, match=r"config key 'data\.images': no such folder"):
-        wf.check_data_values({"data": {"images": str(tmp_path / "nope")}})
+    with pytest.raises(site_config.ConfigError, match=r"config key 'data\.images': no such folder"):
+        site_config.check_data_values({"data": {"images": str(tmp_path / "nope")}})
 
 
 def test_snakemake_refuses_a_newline_before_any_job(wf: Path, tmp_path: Path, hostile: dict[str, Path]) -> None:

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from conftest import VENV_BIN, snakemake, snakemake_env, workflow_copy
-from scaleladder.site import workflow as swf
+from scaleladder.site import commands as swf
 from scaleladder.data import synthetic
 from scaleladder.data.cli import main as shard
 from scaleladder.data.jpeg import read_frame

@@ -165,7 +165,7 @@ def test_every_rung_of_every_profile_has_a_step_time() -> None:
     from scaleladder.site.plan_time import Timing, memory_model, step_fields
     from scaleladder.planner.memory import predict
     from scaleladder.site.profiles import load_profile
-    from scaleladder.site.workflow import rank_args
+    from scaleladder.site.ladder import rank_args
 
     compiled = 0
     for name in sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "site.yaml").is_file()):

@@ -1,4 +1,4 @@
-"""scaleladder.site.workflow, the logic behind workflow/rules/*.smk, called directly: config
+"""scaleladder.site's config, ladder and commands, the logic behind workflow/rules/*.smk, called directly: config
 validation and its defaults, --config string coercion, the ladder's expansion and skips,
 the planner's routing, the site's strings. No Snakemake run, except the last tests, which
 pin how many jobs of each rule every profile's dry run plans (so a change to the rules or
@@ -7,6 +7,7 @@ to this module cannot alter a site's DAG silently)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO, snakemake, workflow_copy
-from scaleladder.site import workflow as wf
+from scaleladder.site import commands as swf, config as site_config, ladder as site_ladder
 from scaleladder.spec import DEFAULT_KNOBS, RunSpec, parse_knobs, parse_strategy
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -52,12 +53,12 @@ def cfg(*ladders: dict[str, Any], **over: Any) -> dict[str, Any]:
     return merged(base, {"site": SITE, "ladders": blocks}, over)
 
 
-def prepare(config: dict[str, Any], gpu_count: Any = no_gpu) -> tuple[wf.Ladder, str]:
+def prepare(config: dict[str, Any], gpu_count: Any = no_gpu) -> tuple[site_ladder.Ladder, str]:
     log = io.StringIO()
-    return wf.prepare(config, SCHEMA, log=log, gpu_count=gpu_count), log.getvalue()
+    return site_ladder.prepare(config, SCHEMA, log=log, gpu_count=gpu_count), log.getvalue()
 
 
-def paths(ladder: wf.Ladder) -> list[str]:
+def paths(ladder: site_ladder.Ladder) -> list[str]:
     return [s.path for s in ladder.rungs]
 
 
@@ -103,7 +104,7 @@ def test_max_batches_are_rungs_of_their_own() -> None:
     ladder, _ = prepare(cfg({"models": ["vit-debug"], "strategies": ["fsdp-full-ac"], "batches": ["max", 4]}))
     top = ladder.rungs[0]
     assert top.batch == "max" and top.path == "vit-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax"
-    assert wf.rung_path(top) == "results/rungs/vit-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax.h5"
+    assert site_ladder.rung_path(top) == "results/rungs/vit-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax.h5"
     assert ladder.rungs[1].batch == 4
 
 
@@ -118,28 +119,28 @@ def test_combinations_that_do_not_exist_are_skipped_with_the_reason() -> None:
     ]
     assert notes.startswith("scaleladder: 2 combination(s) of the ladder do not exist and are skipped:\n  vit-debug/single/")
     # and the aggregate records them
-    assert '"skipped": ["vit-debug/single/fp32/pre-lag/n2/b4: ' in wf.provenance_json(ladder)
+    assert '"skipped": ["vit-debug/single/fp32/pre-lag/n2/b4: ' in swf.provenance_json(ladder)
 
 
 def test_expand_ladder_uses_the_world_the_site_launches() -> None:
     block = {"models": ["vit-debug"], "strategies": ["fsdp-hybrid8"], "precisions": ["fp32"], "knobs": ["pre-lag"],
              "nodes": [1], "batches": [4]}
-    assert [s.path for s in wf.expand_ladder([block], 8)[0]] == ["vit-debug/fsdp-hybrid8/fp32/pre-lag/n1/b4"]
-    assert wf.expand_ladder([block], 4)[0] == []
+    assert [s.path for s in site_ladder.expand_ladder([block], 8)[0]] == ["vit-debug/fsdp-hybrid8/fp32/pre-lag/n1/b4"]
+    assert site_ladder.expand_ladder([block], 4)[0] == []
 
 
 def test_ranks_per_node_auto_is_every_gpu_else_cpu_ranks() -> None:
     auto = {"ranks_per_node": "auto", "cpu_ranks": 3}
-    assert wf.resolve_ranks_per_node(auto, lambda: 0) == 3
-    assert wf.resolve_ranks_per_node(auto, lambda: 8) == 8
-    assert wf.resolve_ranks_per_node({"ranks_per_node": "auto"}, lambda: 0) == 2
+    assert site_ladder.resolve_ranks_per_node(auto, lambda: 0) == 3
+    assert site_ladder.resolve_ranks_per_node(auto, lambda: 8) == 8
+    assert site_ladder.resolve_ranks_per_node({"ranks_per_node": "auto"}, lambda: 0) == 2
 
     def never() -> int:
         raise AssertionError("a fixed ranks_per_node must not ask for GPUs (that imports torch)")
 
-    assert wf.resolve_ranks_per_node({"ranks_per_node": 8}, never) == 8
-    assert wf.ranks_of(spec("vit-debug/single/fp32/pre-lag/n1/b4"), 8) == 1  # the one-process reference
-    assert wf.rank_args(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), 8) == (16, 8)
+    assert site_ladder.resolve_ranks_per_node({"ranks_per_node": 8}, never) == 8
+    assert site_ladder.ranks_of(spec("vit-debug/single/fp32/pre-lag/n1/b4"), 8) == 1  # the one-process reference
+    assert site_ladder.rank_args(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), 8) == (16, 8)
 
 
 def test_select_keeps_some_rungs_and_the_targets_follow() -> None:
@@ -147,26 +148,26 @@ def test_select_keeps_some_rungs_and_the_targets_follow() -> None:
     ladder, _ = prepare(cfg(block, select={"models": ["flava-debug"], "batches": "max"}))
     assert [s.path for s in ladder.selected] == ["flava-debug/ddp/fp32/pre-lag/n1/bmax", "flava-debug/fsdp-full/fp32/pre-lag/n1/bmax"]
     # issue 29: a select run ends with the ladder, figures and report of what it selected
-    assert wf.final_targets(ladder) == wf.final_targets(prepare(cfg(block))[0])
+    assert site_ladder.final_targets(ladder) == site_ladder.final_targets(prepare(cfg(block))[0])
     assert ladder.rung_files == ["results/rungs/flava-debug/ddp/fp32/pre-lag/n1/bmax.h5",
                                  "results/rungs/flava-debug/fsdp-full/fp32/pre-lag/n1/bmax.h5"]
-    assert "select kept 2 of 8 rungs" in wf.select_note(ladder)
-    assert '"select"' in wf.provenance_json(ladder) and '"select"' not in wf.provenance_json(prepare(cfg(block))[0])
-    assert wf.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": "1, 2", "strategies": ["ddp"]})
-    assert not wf.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": 1})
+    assert "select kept 2 of 8 rungs" in site_ladder.select_note(ladder)
+    assert '"select"' in swf.provenance_json(ladder) and '"select"' not in swf.provenance_json(prepare(cfg(block))[0])
+    assert site_ladder.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": "1, 2", "strategies": ["ddp"]})
+    assert not site_ladder.is_selected(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), {"nodes": 1})
 
 
 def test_without_select_the_targets_are_the_ladder_its_figures_and_report() -> None:
     ladder, _ = prepare(cfg())
-    targets = wf.final_targets(ladder)
+    targets = site_ladder.final_targets(ladder)
     assert targets[:2] == ["results/ladder.h5", "results/report.html"]
     assert "results/plots/pareto.png" in targets and "results/plots/pareto.pdf" in targets
-    assert len(targets) == 2 + 2 * len(wf.FIGURES) and "results/plots/fits.png" not in targets
+    assert len(targets) == 2 + 2 * len(site_ladder.FIGURES) and "results/plots/fits.png" not in targets
 
 
 def test_wildcards_take_only_what_the_ladder_declares() -> None:
     ladder, _ = prepare(cfg({"models": ["vit-debug"], "strategies": ["fsdp-full-ac", "ddp"], "batches": [4]}))
-    c = wf.wildcard_constraints(ladder.rungs)
+    c = site_ladder.wildcard_constraints(ladder.rungs)
     assert re.fullmatch(c["model"], "vit-debug") and not re.fullmatch(c["model"], "vit-tiny")
     assert re.fullmatch(c["strategy"], "fsdp-full-ac") and re.fullmatch(c["strategy"], "ddp")
     assert not re.fullmatch(c["strategy"], "fsdp-full")  # not declared, although a valid name
@@ -176,15 +177,15 @@ def test_wildcards_take_only_what_the_ladder_declares() -> None:
 
 def test_spec_of_reads_a_rules_wildcards() -> None:
     w = SimpleNamespace(model="vit-debug", strategy="fsdp-hybrid2", precision="bf16-mixed", knobs="post-nolag", nodes="2", batch="max")
-    assert wf.spec_of(w).path == "vit-debug/fsdp-hybrid2/bf16-mixed/post-nolag/n2/bmax"
+    assert swf.spec_of(w).path == "vit-debug/fsdp-hybrid2/bf16-mixed/post-nolag/n2/bmax"
 
 
 def test_rung_data_is_the_shard_set_for_the_models_image_size() -> None:
-    assert wf.rung_inputs(spec("vit-debug/ddp/fp32/pre-lag/n1/b4"), "embedded") == ["results/shards/32px/manifest.json"]
-    assert wf.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "embedded") == ["results/shards/224px/manifest.json"]
-    assert wf.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == []
-    assert wf.rung_data_path(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == "synthetic"
-    assert wf.data_source({"data": {}}) == "embedded" and wf.data_source({"data": {"source": "synthetic"}}) == "synthetic"
+    assert site_ladder.rung_inputs(spec("vit-debug/ddp/fp32/pre-lag/n1/b4"), "embedded") == ["results/shards/32px/manifest.json"]
+    assert site_ladder.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "embedded") == ["results/shards/224px/manifest.json"]
+    assert site_ladder.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == []
+    assert site_ladder.rung_data_path(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == "synthetic"
+    assert site_ladder.data_source({"data": {}}) == "embedded" and site_ladder.data_source({"data": {"source": "synthetic"}}) == "synthetic"
 
 
 # -- the planner's routing ------------------------------------------------------------------
@@ -199,10 +200,10 @@ def test_a_site_with_a_plan_device_records_rungs_that_cannot_fit() -> None:
                                  "results/predicted/flava-10b/ddp/fp32/pre-lag/n1/b4.h5"]
     assert "scaleladder: 1 rung(s) are predicted not to fit on a100-40gb" in notes
     # the planner's own figures join the targets, and its rule and the search get the device
-    assert "results/plots/fits.png" in wf.final_targets(ladder) and wf.plan_figures(ladder.site) == ["fits", "predicted_vs_measured"]
+    assert "results/plots/fits.png" in site_ladder.final_targets(ladder) and site_ladder.plan_figures(ladder.site) == ["fits", "predicted_vs_measured"]
     big = spec("flava-10b/ddp/fp32/pre-lag/n1/b4")
-    assert wf.plan_args(ladder.config, ladder.ranks_per_node, big) == " --plan-device a100-40gb --ranks-per-node 4"
-    assert wf.plan_chart_args(ladder) == "--device a100-40gb --nodes 1 --gpus-per-node 4 --precision fp32"
+    assert swf.plan_args(ladder.config, ladder.ranks_per_node, big) == " --plan-device a100-40gb --ranks-per-node 4"
+    assert swf.plan_chart_args(ladder) == "--device a100-40gb --nodes 1 --gpus-per-node 4 --precision fp32"
 
 
 def test_repeats_run_each_measured_rung_again_and_keep_the_one_path_without() -> None:
@@ -218,10 +219,10 @@ def test_repeats_run_each_measured_rung_again_and_keep_the_one_path_without() ->
     selected, _ = prepare(cfg(PLANNED, data={"source": "synthetic"}, repeats=2, select={"models": ["vit-debug"]}))
     assert selected.rung_files == ["results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.h5",
                                    "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/b4.r1.h5"]
-    assert re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], ".r2")
-    assert re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], "")
-    assert not re.fullmatch(wf.wildcard_constraints(three.rungs)["rep"], ".r0")  # repeat 0 has no suffix
-    with pytest.raises(wf.ConfigError, match="config key 'repeats'"):
+    assert re.fullmatch(site_ladder.wildcard_constraints(three.rungs)["rep"], ".r2")
+    assert re.fullmatch(site_ladder.wildcard_constraints(three.rungs)["rep"], "")
+    assert not re.fullmatch(site_ladder.wildcard_constraints(three.rungs)["rep"], ".r0")  # repeat 0 has no suffix
+    with pytest.raises(site_config.ConfigError, match="config key 'repeats'"):
         prepare(cfg(repeats=0))
 
 
@@ -229,22 +230,22 @@ def test_without_a_plan_device_every_rung_runs() -> None:
     ladder, notes = prepare(cfg(PLANNED, data={"source": "synthetic"}))
     assert ladder.predicted_oom == frozenset() and "predicted" not in notes
     assert all(f.startswith("results/rungs/") for f in ladder.rung_files)
-    assert wf.plan_figures(ladder.site) == [] and "results/plots/fits.png" not in wf.final_targets(ladder)
-    assert wf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")) == ""
+    assert site_ladder.plan_figures(ladder.site) == [] and "results/plots/fits.png" not in site_ladder.final_targets(ladder)
+    assert swf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")) == ""
 
 
 def test_run_predicted_oom_runs_them_and_tells_the_search() -> None:
     # a --config string, as Snakemake passes it
     ladder, _ = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, run_predicted_oom="true"))
     assert ladder.predicted_oom == frozenset()
-    assert wf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")).endswith(" --run-predicted-oom")
+    assert swf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")).endswith(" --run-predicted-oom")
 
 
 def test_plan_chart_shows_the_smallest_node_count_and_most_common_precision() -> None:
     blocks = ({"models": ["vit-debug"], "strategies": ["ddp"], "precisions": ["bf16-mixed", "fp32"], "batches": [4, 8], "nodes": [2]},
               {"models": ["vit-debug"], "strategies": ["fsdp-full"], "precisions": ["bf16-mixed"], "batches": [4], "nodes": [2, 4]})
     ladder, _ = prepare(cfg(*blocks, site={"plan_device": "h100-80gb"}))
-    assert wf.plan_chart_args(ladder) == "--device h100-80gb --nodes 2 --gpus-per-node 4 --precision bf16-mixed"
+    assert swf.plan_chart_args(ladder) == "--device h100-80gb --nodes 2 --gpus-per-node 4 --precision bf16-mixed"
 
 
 # -- the site's strings ---------------------------------------------------------------------
@@ -252,50 +253,50 @@ def test_plan_chart_shows_the_smallest_node_count_and_most_common_precision() ->
 
 def test_env_exports_quote_every_value_and_keep_shell_variables() -> None:
     site = {"env": {"A": "x y", "B": "$HOME/cache", "N": 5, "F": "FALSE"}}
-    assert wf.env_exports(site) == 'export A="x y"; export B="$HOME/cache"; export N="5"; export F="FALSE"; '
-    assert wf.env_exports({"env": {}}) == wf.env_exports({}) == ""
+    assert swf.env_exports(site) == 'export A="x y"; export B="$HOME/cache"; export N="5"; export F="FALSE"; '
+    assert swf.env_exports({"env": {}}) == swf.env_exports({}) == ""
 
 
 def test_launcher_fills_nodes_ranks_and_image_but_no_shell_braces() -> None:
     site = {"launcher": "srun -N{nodes} -n{ranks} --per {ranks_per_node} {image} run", "image": "${IMG:-$PWD/a.sif}"}
-    assert wf.launcher(site, 8, spec("vit-base/fsdp-full/bf16-mixed/pre-lag/n2/b32")) == \
+    assert swf.launcher(site, 8, spec("vit-base/fsdp-full/bf16-mixed/pre-lag/n2/b32")) == \
         "srun -N2 -n16 --per 8 ${IMG:-$PWD/a.sif} run"
-    assert wf.launcher(site, 8, spec("vit-base/single/bf16-mixed/pre-lag/n1/b32")).startswith("srun -N1 -n1 ")
+    assert swf.launcher(site, 8, spec("vit-base/single/bf16-mixed/pre-lag/n1/b32")).startswith("srun -N1 -n1 ")
     # without a rung (how a job calls scaleladder), {nodes} and {ranks} stay as they are
-    assert wf.fill("{image} sl {nodes}", site, 8) == "${IMG:-$PWD/a.sif} sl {nodes}"
-    assert wf.fill("{image} sl", {}, 8) == " sl"
+    assert swf.fill("{image} sl {nodes}", site, 8) == "${IMG:-$PWD/a.sif} sl {nodes}"
+    assert swf.fill("{image} sl", {}, 8) == " sl"
 
 
 def test_prologue_runs_before_the_launcher_or_not_at_all() -> None:
     s = spec("vit-base/ddp/fp32/pre-lag/n4/b8")
-    assert wf.prologue({"prologue": "srun -N{nodes} mkdir -p /tmp/x  "}, 8, s) == "srun -N4 mkdir -p /tmp/x; "
-    assert wf.prologue({"prologue": ""}, 8, s) == wf.prologue({}, 8, s) == ""
+    assert swf.prologue({"prologue": "srun -N{nodes} mkdir -p /tmp/x  "}, 8, s) == "srun -N4 mkdir -p /tmp/x; "
+    assert swf.prologue({"prologue": ""}, 8, s) == swf.prologue({}, 8, s) == ""
 
 
 def test_ranks_and_device_arguments() -> None:
-    assert wf.ranks_arg(spec("vit-base/ddp/fp32/pre-lag/n2/b8"), 8) == " --ranks-per-node 8"
-    assert wf.ranks_arg(spec("vit-base/single/fp32/pre-lag/n1/b8"), 8) == " --ranks-per-node 1"
-    assert wf.device_arg({"device": "cuda"}) == " --device cuda"
-    assert wf.device_arg({"device": "cpu"}) == " --device cpu"
-    assert wf.device_arg({"device": "auto"}) == wf.device_arg({}) == ""
+    assert swf.ranks_arg(spec("vit-base/ddp/fp32/pre-lag/n2/b8"), 8) == " --ranks-per-node 8"
+    assert swf.ranks_arg(spec("vit-base/single/fp32/pre-lag/n1/b8"), 8) == " --ranks-per-node 1"
+    assert swf.device_arg({"device": "cuda"}) == " --device cuda"
+    assert swf.device_arg({"device": "cpu"}) == " --device cpu"
+    assert swf.device_arg({"device": "auto"}) == swf.device_arg({}) == ""
 
 
 def test_the_device_argument_comes_from_the_sites_device() -> None:
     ladder, _ = prepare(cfg(site={"device": "cuda"}))
-    assert wf.device_arg(ladder.site) == " --device cuda"
+    assert swf.device_arg(ladder.site) == " --device cuda"
     ladder, _ = prepare(cfg())
-    assert ladder.site["device"] == "auto" and wf.device_arg(ladder.site) == ""  # the schema's default
+    assert ladder.site["device"] == "auto" and swf.device_arg(ladder.site) == ""  # the schema's default
 
 
 def test_maxbatch_arguments_only_those_given() -> None:
-    assert wf.maxbatch_args({"site": {}, "maxbatch": {}}) == ""
-    assert wf.maxbatch_args({"site": {"max_batch_cap": 4}, "maxbatch": {"probe_warmup": 1, "max_retries": 2}}) == \
+    assert swf.maxbatch_args({"site": {}, "maxbatch": {}}) == ""
+    assert swf.maxbatch_args({"site": {"max_batch_cap": 4}, "maxbatch": {"probe_warmup": 1, "max_retries": 2}}) == \
         " --max-batch-cap 4 --max-retries 2 --probe-warmup 1"
 
 
 def test_shard_sources() -> None:
-    assert wf.shard_sources({"data": {"source": "embedded"}}) == ""
-    assert wf.shard_sources({"data": {"images": "im", "captions": "c.csv", "wds": ["a.tar", "b.tar"], "vocab": "v.txt"}}) == \
+    assert swf.shard_sources({"data": {"source": "embedded"}}) == ""
+    assert swf.shard_sources({"data": {"images": "im", "captions": "c.csv", "wds": ["a.tar", "b.tar"], "vocab": "v.txt"}}) == \
         "--images im --captions c.csv --wds a.tar b.tar --vocab v.txt"
 
 
@@ -303,12 +304,12 @@ def test_provenance_records_the_ladder_as_declared_with_defaults() -> None:
     import json
 
     ladder, _ = prepare(cfg(steps=4, warmup=1))
-    prov = json.loads(wf.provenance_json(ladder))
+    prov = json.loads(swf.provenance_json(ladder))
     assert prov == {"site": "testsite", "ranks_per_node": 4, "steps": 4, "warmup": 1, "repeats": 1, "seed": 0, "skipped": [],
                     "data": ladder.config["data"],
                     "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4], "precisions": ["fp32"],
                                  "knobs": ["pre-lag"], "nodes": [1]}]}
-    assert wf.provenance_json(ladder).startswith('{"data": ')  # sorted keys: one config, one string
+    assert swf.provenance_json(ladder).startswith('{"data": ')  # sorted keys: one config, one string
 
 
 # -- --config strings -----------------------------------------------------------------------
@@ -322,27 +323,49 @@ def test_config_strings_become_numbers_and_booleans_where_the_schema_wants_them(
         "ladders": [{"models": ["123"], "batches": ["8", "max"], "nodes": ["1", "2"]}, "not a block"],
         "data": {"samples": "32", "per_shard": "16", "seed": "0", "source": "synthetic"},
     }
-    wf.coerce_config_strings(c)
+    site_config.coerce_config_strings(c)
     assert c["run_predicted_oom"] is True and c["site"]["supervisor_can_launch"] is False
     assert c["site"] == {"ranks_per_node": 8, "cpu_ranks": 2, "max_nodes": 4, "supervisor_can_launch": False, "name": "7"}
     assert c["maxbatch"] == {"max_retries": 1, "probe_steps": "-1"}  # only digits: the schema names '-1'
     assert c["ladders"][0] == {"models": ["123"], "batches": [8, "max"], "nodes": [1, 2]}  # a name stays a name
     assert c["data"] == {"samples": 32, "per_shard": 16, "seed": 0, "source": "synthetic"}
     c = {"run_predicted_oom": "FALSE", "site": {"ranks_per_node": "auto"}}
-    wf.coerce_config_strings(c)
+    site_config.coerce_config_strings(c)
     assert c == {"run_predicted_oom": False, "site": {"ranks_per_node": "auto"}}
-    assert wf.as_bool("maybe") == "maybe" and wf.as_bool(1) == 1 and wf.as_int("07") == 7 and wf.as_int(" 7") == " 7"
+    assert site_config.as_bool("maybe") == "maybe" and site_config.as_bool(1) == 1 and site_config.as_int("07") == 7 and site_config.as_int(" 7") == " 7"
+
+
+def test_the_coercion_is_read_from_the_schema() -> None:
+    """A key the schema declares (through $ref and anyOf too) is coerced without a line of code;
+    one that allows a string besides stays a string."""
+    schema = {"type": "object", "definitions": {"n": {"type": "number"}},
+              "properties": {"new": {"type": "integer"}, "ref": {"$ref": "#/definitions/n"},
+                             "either": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                             "flags": {"type": "array", "items": {"type": "boolean"}}}}
+    c: dict[str, Any] = {"new": "3", "ref": "0.5", "either": "7", "flags": ["true", "False"], "unknown": "1"}
+    site_config.coerce_config_strings(c, schema)
+    assert c == {"new": 3, "ref": 0.5, "either": "7", "flags": [True, False], "unknown": "1"}
+
+
+def test_the_rules_read_a_frozen_typed_config_built_once() -> None:
+    ladder, _ = prepare(cfg(maxbatch={"probe_steps": 3}, data={"source": "synthetic"}))
+    s = ladder.settings
+    assert (s.steps, s.warmup, s.seed, s.repeats) == tuple(ladder.config[k] for k in ("steps", "warmup", "seed", "repeats"))
+    assert s.site.name == "testsite" and s.site.device == "auto" and s.site.launcher == SITE["launcher"]
+    assert s.data.source == "synthetic" and s.maxbatch.probe_steps == 3 and s.maxbatch.max_retries is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.steps = 1  # type: ignore[misc]
+    assert swf.maxbatch_args(s) == swf.maxbatch_args(ladder.config) == " --probe-steps 3"
 
 
 def test_a_config_given_entirely_as_strings_validates() -> None:
     strings = cfg({"models": ["vit-debug"], "strategies": ["ddp"], "batches": ["4", "max"], "nodes": ["1"]},
                   steps="5", warmup="1", run_predicted_oom="false",
                   site={"ranks_per_node": "2", "supervisor_can_launch": "true"}, maxbatch={"probe_steps": "3"})
-    # steps and warmup are not coerced (as before the move): the schema refuses them as strings
-    with pytest.raises(wf.ConfigError, match=r"config key 'steps': '5' is not of type 'integer'"):
-        prepare(strings)
-    strings["steps"], strings["warmup"] = 5, 1
+    # every key the schema declares an integer is coerced, steps and warmup too (issue 33: the
+    # coercion is read from the schema; before it, a hand-written list left these two out)
     ladder, _ = prepare(strings)
+    assert ladder.config["steps"] == 5 and ladder.config["warmup"] == 1
     assert paths(ladder) == ["vit-debug/ddp/fp32/pre-lag/n1/b4", "vit-debug/ddp/fp32/pre-lag/n1/bmax"]
     assert ladder.ranks_per_node == 2 and ladder.config["maxbatch"] == {"probe_steps": 3}
 
@@ -382,14 +405,14 @@ def test_a_config_given_entirely_as_strings_validates() -> None:
     ],
 )
 def test_a_bad_config_fails_naming_the_key(over: dict[str, Any], message: str) -> None:
-    with pytest.raises(wf.ConfigError) as e:
+    with pytest.raises(site_config.ConfigError) as e:
         prepare(cfg(**over))
     assert str(e.value).startswith("invalid scaleladder config:\n  config key '")
     assert message in str(e.value)
 
 
 def test_every_schema_error_is_named_at_once_sorted_by_key() -> None:
-    with pytest.raises(wf.ConfigError) as e:
+    with pytest.raises(site_config.ConfigError) as e:
         prepare(cfg(steps="abc", workers=-1, site={"name": 3}))
     assert str(e.value).splitlines() == [
         "invalid scaleladder config:",
@@ -402,7 +425,7 @@ def test_every_schema_error_is_named_at_once_sorted_by_key() -> None:
 def test_without_a_site_the_error_points_to_the_profiles() -> None:
     c = cfg()
     del c["site"]
-    with pytest.raises(wf.ConfigError) as e:
+    with pytest.raises(site_config.ConfigError) as e:
         prepare(c)
     assert str(e.value).splitlines()[1:] == [
         "  config key '(top level)': 'site' is a required property",
@@ -411,16 +434,16 @@ def test_without_a_site_the_error_points_to_the_profiles() -> None:
 
 
 def test_a_select_matching_no_rung_fails_naming_the_value_and_the_nearest_name() -> None:
-    with pytest.raises(wf.ConfigError, match=r"^scaleladder: config key 'select.models\[0\]': 'vit-huge' matches no rung of the "
+    with pytest.raises(site_config.ConfigError, match=r"^scaleladder: config key 'select.models\[0\]': 'vit-huge' matches no rung of the "
                        r"ladder(; did you mean '[a-z-]+'\?)? \(the ladder's models: "):
         prepare(cfg(select={"models": ["vit-huge"]}))
-    with pytest.raises(wf.ConfigError) as e:  # a typo among good values is not silently dropped
+    with pytest.raises(site_config.ConfigError) as e:  # a typo among good values is not silently dropped
         prepare(cfg({"models": ["vit-debug", "flava-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4]},
                     select={"models": ["flava-debug", "vit-debg"]}))
     assert "'select.models[1]': 'vit-debg' matches no rung of the ladder; did you mean 'vit-debug'?" in str(e.value)
-    with pytest.raises(wf.ConfigError, match=r"'select.strategies\[0\]': 'fsdp-ful' .*did you mean 'fsdp-full'\?"):
+    with pytest.raises(site_config.ConfigError, match=r"'select.strategies\[0\]': 'fsdp-ful' .*did you mean 'fsdp-full'\?"):
         prepare(cfg({"models": ["vit-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4]}, select={"strategies": "fsdp-ful"}))
-    with pytest.raises(wf.ConfigError, match=r"no rung has all of models: flava-debug; strategies: fsdp-full$"):
+    with pytest.raises(site_config.ConfigError, match=r"no rung has all of models: flava-debug; strategies: fsdp-full$"):
         prepare(cfg({"models": ["vit-debug"], "strategies": ["fsdp-full"], "batches": [4]},
                     {"models": ["flava-debug"], "strategies": ["ddp"], "batches": [4]},
                     select={"models": ["flava-debug"], "strategies": ["fsdp-full"]}))
@@ -442,9 +465,9 @@ def test_validation_fills_the_schemas_defaults_once_everywhere() -> None:
     c = {"site": dict(SITE), "steps": 3, "warmup": 1,
          "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4]},
                      {"models": ["vit-debug"], "strategies": ["fsdp-full"], "batches": [4], "precisions": ["bf16-mixed"]}]}
-    schema = wf.load_schema(SCHEMA)
+    schema = site_config.load_schema(SCHEMA)
     pristine = copy.deepcopy(schema)
-    wf.validate_config(c, schema)
+    site_config.validate_config(c, schema)
     first, second = c["ladders"]
     assert first == {"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4], "precisions": ["fp32"],
                      "knobs": [DEFAULT_KNOBS], "nodes": [1]}
@@ -457,14 +480,14 @@ def test_validation_fills_the_schemas_defaults_once_everywhere() -> None:
     # TRAP: each default is a copy, not the schema's own object
     assert schema == pristine
     c2 = {"site": dict(SITE), "steps": 3, "warmup": 1, "ladders": [{"models": ["vit-debug"], "strategies": ["ddp"], "batches": [4]}]}
-    wf.validate_config(c2, schema)
+    site_config.validate_config(c2, schema)
     assert c2["ladders"][0]["precisions"] is not first["precisions"]
     first["precisions"].append("tf32")
     assert c2["ladders"][0]["precisions"] == ["fp32"] and schema == pristine
 
 
 def test_the_schema_defaults_are_the_run_spec_defaults() -> None:
-    block = wf.load_schema(SCHEMA)["properties"]["ladders"]["items"]["properties"]
+    block = site_config.load_schema(SCHEMA)["properties"]["ladders"]["items"]["properties"]
     assert block["knobs"]["default"] == [DEFAULT_KNOBS] and str(parse_knobs(DEFAULT_KNOBS)) == DEFAULT_KNOBS
     assert block["precisions"]["default"] == [RunSpec(model="vit-debug", strategy=parse_strategy("ddp")).precision]
     assert block["nodes"]["default"] == [1]
@@ -472,7 +495,7 @@ def test_the_schema_defaults_are_the_run_spec_defaults() -> None:
 
 def test_the_rules_hold_no_logic_of_their_own() -> None:
     """common.smk is the rules' glue only: every function in it is a line or two that calls
-    scaleladder.site.workflow, and no .smk file parses, validates or expands anything itself."""
+    scaleladder.site, and no .smk file parses, validates or expands anything itself."""
     common = (REPO / "workflow" / "rules" / "common.smk").read_text()
     functions = re.findall(r"^def (\w+)\(.*\):\n((?:    .*\n)+)", common, re.M)
     assert len(functions) >= 7
@@ -483,14 +506,14 @@ def test_the_rules_hold_no_logic_of_their_own() -> None:
     for f in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
         text = f.read_text()
         for word in ("jsonschema", "itertools", "parse_strategy", "set_default", "setdefault(", "DEFAULT_KNOBS", "import torch"):
-            assert word not in text, f"{f.name} does {word}: that belongs in scaleladder.site.workflow"
+            assert word not in text, f"{f.name} does {word}: that belongs in scaleladder.site"
 
 
 # -- every profile's DAG, pinned -------------------------------------------------------------
 
 # Jobs per rule of `snakemake --profile profiles/P -n --config data={source: synthetic}`
 # (with embedded data each also runs one shard job per image size: `SHARDS`). Recorded
-# before the workflow's logic moved into scaleladder.site.workflow and unchanged by it; a
+# before the workflow's logic moved into scaleladder.workflow (now scaleladder.site) and unchanged by it; a
 # change here is a change to a site's ladder and must be deliberate.
 PINNED: dict[str, dict[str, int]] = {
     "local": {"rung": 16, "rung_max": 4, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 24},
@@ -514,7 +537,7 @@ def profile_config(profile: str, **over: Any) -> dict[str, Any]:
     return merged(base, site, over)
 
 
-def rule_counts(ladder: wf.Ladder) -> dict[str, int]:
+def rule_counts(ladder: site_ladder.Ladder) -> dict[str, int]:
     counts: dict[str, int] = {}
     for s in ladder.rungs:
         rule = "predicted_oom" if s.path in ladder.predicted_oom else ("rung_max" if s.batch == "max" else "rung")
@@ -527,7 +550,7 @@ def test_each_profiles_ladder_as_the_module_sees_it(profile: str) -> None:
     ladder, _ = prepare(profile_config(profile, data={"source": "synthetic"}))  # no GPU: 'auto' is 2 CPU ranks
     pinned = {k: v for k, v in PINNED[profile].items() if k in ("rung", "rung_max", "predicted_oom")}
     assert rule_counts(ladder) == pinned
-    sizes = {wf.rung_data_path(s, "embedded") for s in ladder.rungs}
+    sizes = {site_ladder.rung_data_path(s, "embedded") for s in ladder.rungs}
     assert len(sizes) == SHARDS[profile]
 
 
@@ -564,13 +587,13 @@ def test_each_fsdp_generation_takes_its_own_knobs() -> None:
     generation the block names no knob of (and every non-FSDP rung) gets its default."""
     block = {"models": ["vit-debug"], "strategies": ["ddp", "fsdp-full", "fsdp2-full"], "precisions": ["fp32"],
              "knobs": ["post-nolag", "pf1"], "nodes": [1], "batches": [4]}
-    specs, skipped = wf.expand_ladder([block], 2)
+    specs, skipped = site_ladder.expand_ladder([block], 2)
     assert sorted(s.path for s in specs) == [
         "vit-debug/ddp/fp32/pre-lag/n1/b4",
         "vit-debug/fsdp-full/fp32/post-nolag/n1/b4", "vit-debug/fsdp2-full/fp32/pf1/n1/b4",
     ] and not skipped
     only_fsdp1 = {**block, "knobs": ["post-nolag"]}  # FSDP2 rungs then get their default, pf0
-    assert "vit-debug/fsdp2-full/fp32/pf0/n1/b4" in [s.path for s in wf.expand_ladder([only_fsdp1], 2)[0]]
+    assert "vit-debug/fsdp2-full/fp32/pf0/n1/b4" in [s.path for s in site_ladder.expand_ladder([only_fsdp1], 2)[0]]
 
 
 def test_a_profiles_profiling_block_reaches_every_rung_through_the_job_environment() -> None:
@@ -580,7 +603,7 @@ def test_a_profiles_profiling_block_reaches_every_rung_through_the_job_environme
     assert env["SCALELADDER_TRACE_STEPS"] == "3" and env["SCALELADDER_MEMORY_SNAPSHOT"] == "1"
     plain, _ = prepare(cfg())
     assert not {"SCALELADDER_TRACE_STEPS", "SCALELADDER_MEMORY_SNAPSHOT"} & set(plain.config["site"].get("env") or {})
-    with pytest.raises(wf.ConfigError, match="profiling"):
+    with pytest.raises(site_config.ConfigError, match="profiling"):
         prepare(cfg(profiling={"trace_step": 3}))
 
 
@@ -592,12 +615,12 @@ def test_shards_are_settled_only_when_written_with_todays_data_settings(tmp_path
 
     manifest = tmp_path / "manifest.json"
     cfg = {"data": {"source": "embedded", "images": "/data/imgs/", "samples": 64, "per_shard": 16, "seed": 0}}
-    assert not wf.shards_settled(str(manifest), cfg)  # none yet
+    assert not site_ladder.shards_settled(str(manifest), cfg)  # none yet
     options = {"images": "/data/imgs", "captions": None, "wds": None, "vocab": None, "samples": 64, "per_shard": 16, "seed": 0,
                "out": "results/shards/32px", "image_size": 32}
     manifest.write_text(json.dumps({"scaleladder": {"options": options}}))
-    assert wf.shards_settled(str(manifest), cfg)
+    assert site_ladder.shards_settled(str(manifest), cfg)
     for key, value in (("images", "/data/other"), ("samples", 128), ("seed", 1), ("wds", ["a.tar"]), ("captions", "/c.tsv")):
-        assert not wf.shards_settled(str(manifest), {"data": {**cfg["data"], key: value}}), key
+        assert not site_ladder.shards_settled(str(manifest), {"data": {**cfg["data"], key: value}}), key
     manifest.write_text("{not json")
-    assert not wf.shards_settled(str(manifest), cfg)
+    assert not site_ladder.shards_settled(str(manifest), cfg)

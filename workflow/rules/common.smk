@@ -1,7 +1,7 @@
-# What the rules need from the config and the site, each a line calling
-# scaleladder.site.workflow (src/scaleladder/site/workflow.py), where the logic lives and is
-# unit-tested (tests/test_workflow_logic.py): config validation, the ladder as run specs,
-# the planner's routing, the site's strings.
+# What the rules need from the config and the site, each a line calling scaleladder.site
+# (src/scaleladder/site/), where the logic lives and is unit-tested (tests/test_workflow_logic.py):
+# config validation (site/config.py), the ladder as run specs and the planner's routing
+# (site/ladder.py), the site's strings in the rules' commands (site/commands.py, as `swf`).
 #
 # Everything a site is (launcher, container, environment, ranks per node) comes from
 # `config["site"]`, which the profile's site.yaml provides. Nothing here names a site.
@@ -11,9 +11,11 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-# TRAP: not `from scaleladder.site import workflow`: that name would shadow Snakemake's own
-# `workflow` object, which every directive below (rule, include, ...) is compiled into.
-import scaleladder.site.workflow as swf
+# TRAP: no module here may be bound to the name `workflow` (or `config`, `rules`): it would shadow
+# Snakemake's own object, which every directive below (rule, include, ...) is compiled into.
+import scaleladder.site.commands as swf
+import scaleladder.site.config as site_config
+import scaleladder.site.ladder as site_ladder
 import scaleladder.site.site_check as site_check
 import scaleladder.site.failures as failures
 
@@ -26,13 +28,15 @@ swf.export_repo(os.path.join(workflow.current_basedir, "..", ".."))
 # Validates `config` once (filling the schema's defaults into it), expands the ladder and
 # asks the planner about every rung. A bad config fails here, before any job, naming the key.
 # The --config overrides go in too: a data value given there must also survive Snakemake's
-# re-quoting of --config into cluster jobs (swf.check_data_values says why).
+# re-quoting of --config into cluster jobs (site_config.check_data_values says why).
 try:
-    LADDER = swf.prepare(config, SCHEMA, cli_config=workflow.config_settings.config)
-except swf.ConfigError as e:
+    LADDER = site_ladder.prepare(config, SCHEMA, cli_config=workflow.config_settings.config)
+except site_config.ConfigError as e:
     raise WorkflowError(str(e)) from None
 
-SITE = LADDER.site
+# The config read once into typed fields (scaleladder.site.settings.SiteConfig): what the rules read.
+SETTINGS = LADDER.settings
+SITE = LADDER.site  # the same site as a mapping, for site_check and report.smk
 # The site's required settings (site.requires) that are missing, in a few lines before any job
 # is submitted, -n included; not again inside each job (scaleladder.site.site_check).
 if workflow.is_main_process and (_missing := site_check.announce(SITE)):
@@ -66,14 +70,14 @@ onerror:
 # say so, and how to get every rung back.
 onsuccess:
     if config.get("select"):
-        print(swf.select_note(LADDER), file=sys.stderr)
-SCALELADDER = swf.fill(SITE["scaleladder"], SITE, RPN)  # how a job calls scaleladder
+        print(site_ladder.select_note(LADDER), file=sys.stderr)
+SCALELADDER = swf.fill(SETTINGS.site.scaleladder, SETTINGS.site, RPN)  # how a job calls scaleladder
 
 
 # Wildcards may only take values the ladder declares, so a typo in a target path
 # cannot match a rule by accident.
 wildcard_constraints:
-    **swf.wildcard_constraints(LADDER.rungs),
+    **site_ladder.wildcard_constraints(LADDER.rungs),
 
 
 # -- input and params functions of the rung rules (wildcards -> run spec -> string) --------
@@ -83,9 +87,9 @@ wildcard_constraints:
 # them to exist, not to be older than itself. TRAP: a failed shard attempt with other settings
 # leaves its params in Snakemake's metadata, so the next run reshards (the same bytes), which
 # would otherwise make every finished rung run again (issue 21). Data changed on purpose: a
-# plain input, so the rungs run again on the new shards (swf.shards_settled).
+# plain input, so the rungs run again on the new shards (site_ladder.shards_settled).
 def rung_data(wildcards):
-    return [ancient(f) if settled else f for f, settled in swf.rung_shards(swf.spec_of(wildcards), config)]
+    return [ancient(f) if settled else f for f, settled in site_ladder.rung_shards(swf.spec_of(wildcards), config)]
 
 
 def data_arg(wildcards, input):
@@ -97,11 +101,11 @@ def spec_path(wildcards):
 
 
 def launcher(wildcards):
-    return swf.launcher(SITE, RPN, swf.spec_of(wildcards))
+    return swf.launcher(SETTINGS.site, RPN, swf.spec_of(wildcards))
 
 
 def prologue(wildcards):
-    return swf.prologue(SITE, RPN, swf.spec_of(wildcards))
+    return swf.prologue(SETTINGS.site, RPN, swf.spec_of(wildcards))
 
 
 def ranks_arg(wildcards):
@@ -109,4 +113,4 @@ def ranks_arg(wildcards):
 
 
 def plan_args(wildcards):
-    return swf.plan_args(config, RPN, swf.spec_of(wildcards))
+    return swf.plan_args(SETTINGS, RPN, swf.spec_of(wildcards))

@@ -32,7 +32,7 @@ rule digits:
     log:
         "results/logs/converge/digits.log",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
     conda:
@@ -51,7 +51,7 @@ rule digits_shard:
     wildcard_constraints:
         csplit="train|test",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         images=lambda wildcards, input: os.path.join(os.path.dirname(input[0]), wildcards.csplit),
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
@@ -73,13 +73,13 @@ rule converge_rung:
     wildcard_constraints:
         cseed=r"\d+",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         spec=lambda wildcards: cvr.rung_spec(CONVERGE, wildcards.cstrategy, wildcards.cprecision, RPN).path,
         launcher=lambda wildcards: cvr.launcher_arg(
-            wildcards.cstrategy, swf.launcher(SITE, RPN, cvr.rung_spec(CONVERGE, wildcards.cstrategy, wildcards.cprecision, RPN))
+            wildcards.cstrategy, swf.launcher(SETTINGS.site, RPN, cvr.rung_spec(CONVERGE, wildcards.cstrategy, wildcards.cprecision, RPN))
         ),
-        device=swf.device_arg(SITE),
+        device=swf.device_arg(SETTINGS.site),
         cv=CONVERGE,
     resources:
         bench_slot=1,
@@ -100,7 +100,7 @@ rule converge_plots:
     log:
         "results/logs/converge/plots.log",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         outdir=lambda wildcards, output: os.path.dirname(output.png),
     conda:

@@ -16,7 +16,7 @@
 # (common.smk), a failed attempt with other data settings never makes the finished rungs run
 # again once the settings are back (issue 21; `shard` itself replaces the set atomically).
 
-SHARD_SLICES = swf.shard_slices(config)
+SHARD_SLICES = swf.shard_slices(SETTINGS)
 
 
 if SHARD_SLICES == 1:
@@ -27,14 +27,14 @@ if SHARD_SLICES == 1:
         log:
             "results/logs/shard/{px}px.log",
         params:
-            env=swf.env_exports(SITE),
+            env=swf.env_exports(SETTINGS.site),
             scaleladder=SCALELADDER,
             # the shard directory is the manifest's folder (a function, not a hardcoded prefix)
             outdir=lambda wildcards, output: os.path.dirname(output[0]),
-            samples=config["data"]["samples"],
-            per_shard=config["data"]["per_shard"],
-            seed=config["data"]["seed"],
-            sources=swf.shard_sources(config),
+            samples=SETTINGS.data.samples,
+            per_shard=SETTINGS.data.per_shard,
+            seed=SETTINGS.data.seed,
+            sources=swf.shard_sources(SETTINGS),
         conda:
             "../envs/scaleladder.yaml"
         shell:
@@ -54,14 +54,14 @@ else:
             n=r"\d{4}",
         threads: 2  # the reader threads overlap I/O; the work is one core's
         params:
-            env=swf.env_exports(SITE),
+            env=swf.env_exports(SETTINGS.site),
             scaleladder=SCALELADDER,
             parts=lambda wildcards, output: os.path.dirname(output[0]),
             slice=lambda wildcards: f"{int(wildcards.k)}/{int(wildcards.n)}",
-            samples=config["data"]["samples"],
-            per_shard=config["data"]["per_shard"],
-            seed=config["data"]["seed"],
-            sources=swf.shard_sources(config),
+            samples=SETTINGS.data.samples,
+            per_shard=SETTINGS.data.per_shard,
+            seed=SETTINGS.data.seed,
+            sources=swf.shard_sources(SETTINGS),
         conda:
             "../envs/scaleladder.yaml"
         shell:
@@ -77,15 +77,15 @@ else:
         log:
             "results/logs/shard/{px}px.log",
         params:
-            env=swf.env_exports(SITE),
+            env=swf.env_exports(SETTINGS.site),
             scaleladder=SCALELADDER,
             outdir=lambda wildcards, output: os.path.dirname(output[0]),
             parts=lambda wildcards, input: os.path.dirname(input[0]),
             slices=SHARD_SLICES,
-            samples=config["data"]["samples"],
-            per_shard=config["data"]["per_shard"],
-            seed=config["data"]["seed"],
-            sources=swf.shard_sources(config),
+            samples=SETTINGS.data.samples,
+            per_shard=SETTINGS.data.per_shard,
+            seed=SETTINGS.data.seed,
+            sources=swf.shard_sources(SETTINGS),
         conda:
             "../envs/scaleladder.yaml"
         shell:
@@ -98,7 +98,7 @@ else:
 # the shards where Snakemake runs: as a cluster job a few MB of shards cost a whole exclusive
 # node in node-hours and hours in the queue. Elsewhere they stay jobs (data.slices spreads a
 # large set over several).
-if SITE.get("local_data"):
+if SETTINGS.site.local_data:
 
     localrules:
         shard,

@@ -19,12 +19,12 @@
 
 RUNG = "{model}/{strategy}/{precision}/{knobs}/n{nodes}/b{batch}"
 # `repeats: R` runs a measured rung R times, each a job of its own in fresh processes:
-# repeat 0 is <spec>.h5 as ever ({rep} empty), repeat k is <spec>.r<k>.h5 (scaleladder.site.workflow.rung_path).
+# repeat 0 is <spec>.h5 as ever ({rep} empty), repeat k is <spec>.r<k>.h5 (scaleladder.site.ladder.rung_path).
 # Every repeat runs the same command with the same seed: what differs is only the run.
 REP = "{rep}"
 
 
-if SITE["supervise"] == "launch":
+if SETTINGS.site.supervise == "launch":
 
     # `scaleladder launch` runs the launcher itself: torchrun on a workstation or inside
     # a single-node container, or srun where scaleladder lives on the batch node.
@@ -38,17 +38,17 @@ if SITE["supervise"] == "launch":
         wildcard_constraints:
             batch=r"\d+",
         params:
-            env=swf.env_exports(SITE),
+            env=swf.env_exports(SETTINGS.site),
             scaleladder=SCALELADDER,
             launcher=launcher,
             ranks=ranks_arg,
-            device=swf.device_arg(SITE),
+            device=swf.device_arg(SETTINGS.site),
             spec=spec_path,
             data=data_arg,
-            steps=config["steps"],
-            warmup=config["warmup"],
-            workers=config["workers"],
-            seed=config["seed"],
+            steps=SETTINGS.steps,
+            warmup=SETTINGS.warmup,
+            workers=SETTINGS.workers,
+            seed=SETTINGS.seed,
         resources:
             bench_slot=1,
         conda:
@@ -77,17 +77,17 @@ else:
         wildcard_constraints:
             batch=r"\d+",
         params:
-            env=swf.env_exports(SITE),
+            env=swf.env_exports(SETTINGS.site),
             prologue=prologue,
             scaleladder=SCALELADDER,
             launcher=launcher,
-            device=swf.device_arg(SITE),
+            device=swf.device_arg(SETTINGS.site),
             spec=spec_path,
             data=data_arg,
-            steps=config["steps"],
-            warmup=config["warmup"],
-            workers=config["workers"],
-            seed=config["seed"],
+            steps=SETTINGS.steps,
+            warmup=SETTINGS.warmup,
+            workers=SETTINGS.workers,
+            seed=SETTINGS.seed,
         resources:
             bench_slot=1,
         conda:
@@ -114,19 +114,19 @@ rule rung_max:
     wildcard_constraints:
         batch="max",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         prologue=prologue,
         scaleladder=SCALELADDER,
         launcher=launcher,
         plan=plan_args,
-        cap=swf.maxbatch_args(config),
-        device=swf.device_arg(SITE),
+        cap=swf.maxbatch_args(SETTINGS),
+        device=swf.device_arg(SETTINGS.site),
         spec=spec_path,
         data=data_arg,
-        steps=config["steps"],
-        warmup=config["warmup"],
-        workers=config["workers"],
-        seed=config["seed"],
+        steps=SETTINGS.steps,
+        warmup=SETTINGS.warmup,
+        workers=SETTINGS.workers,
+        seed=SETTINGS.seed,
     resources:
         bench_slot=1,
     conda:
@@ -137,7 +137,7 @@ rule rung_max:
         "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
 
 
-# A rung the memory planner predicts cannot fit (scaleladder.site.workflow decides while
+# A rung the memory planner predicts cannot fit (scaleladder.site.ladder decides while
 # building the DAG, with site.plan_device) is recorded, not run: `launch --plan-only` writes its
 # 'predicted-oom' record here in a second, on the machine that runs Snakemake, and the
 # ladder takes it from results/predicted/ instead of results/rungs/. So no allocation is
@@ -154,15 +154,15 @@ rule predicted_oom:
     log:
         f"results/logs/predicted/{RUNG}.log",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         plan=plan_args,
         spec=spec_path,
         data=data_arg,
-        steps=config["steps"],
-        warmup=config["warmup"],
-        workers=config["workers"],
-        seed=config["seed"],
+        steps=SETTINGS.steps,
+        warmup=SETTINGS.warmup,
+        workers=SETTINGS.workers,
+        seed=SETTINGS.seed,
     conda:
         "../envs/scaleladder.yaml"
     shell:

@@ -1,6 +1,9 @@
 """The site's front doors: what a profile is, what it would run, and what it costs, before anything is queued.
 
-- ``workflow``: the workflow's logic that ``workflow/rules/*.smk`` call (config, ladder, rule commands).
+- ``config``: the workflow's config checked once (schema, defaults, --config strings, data values).
+- ``settings``: ``SiteConfig``, the validated config read once into frozen, typed fields (the rules read them).
+- ``ladder``: the ladder as run specs, the planner's routing, result paths, targets (:func:`ladder.prepare`).
+- ``commands``: the site's strings and arguments in the rules' shell commands (``swf`` in the .smk files).
 - ``profiles``: a profile folder read as Snakemake and the job's shell read it (config, resources, site strings).
 - ``site_check``: the settings a site cannot run without (``site.requires``), said while the DAG is built.
 - ``doctor``: ``scaleladder doctor``, a profile's preflight on the login node.

@@ -2,7 +2,7 @@
 in node-hours, before anything is submitted.
 
 The rungs come from the workflow's own expansion of the profile's ladder
-(:func:`scaleladder.site.workflow.prepare`, the planner's verdict included), per ladder block in
+(:func:`scaleladder.site.ladder.prepare`, the planner's verdict included), per ladder block in
 config order (a rung in two blocks counts in the first, as the workflow runs it once); the
 time model and its calibration from finished rungs are ``campaign/cost.py``; the time limits
 are the ``runtime`` (minutes) the profile gives the ``rung`` and ``rung_max`` jobs. Finished
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder import markdown
-from scaleladder.site import workflow as swf
+from scaleladder.site import config as site_config, ladder as site_ladder
 from scaleladder.campaign import cost
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
@@ -53,20 +53,20 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
     seen: set[str] = set()
     blocks: list[tuple[str, list[cost.Estimate]]] = []
     for i, block in enumerate(cfg["ladders"]):
-        specs, _ = swf.expand_ladder([block], ladder.ranks_per_node)
+        specs, _ = site_ladder.expand_ladder([block], ladder.ranks_per_node)
         ests = []
         for spec in specs:
             if spec.path in seen or spec.path not in chosen:
                 continue
             seen.add(spec.path)
-            world, rpn = swf.rank_args(spec, ladder.ranks_per_node)
+            world, rpn = site_ladder.rank_args(spec, ladder.ranks_per_node)
             fits = spec.path not in ladder.predicted_oom
             max_batch, why = None, ""
             if spec.batch == "max" and fits:
                 try:
                     # where the search starts: the planner's max batch; for a -compile rung, whose memory
                     # the planner gives only as an upper bound, its eager counterpart's (maxbatch.planned_start)
-                    max_batch = planned_start(spec, site["plan_device"], rpn, swf.rung_data_path(spec, swf.data_source(cfg)))[0]
+                    max_batch = planned_start(spec, site["plan_device"], rpn, site_ladder.rung_data_path(spec, site_ladder.data_source(cfg)))[0]
                 except (SpecError, ValueError) as e:
                     why = f"not priced: no predicted max batch ({e})"
                 if max_batch is None and spec.strategy.compile and not why:
@@ -93,7 +93,7 @@ def jobs(blocks: Sequence[tuple[str, Sequence[cost.Estimate]]], repo: Path, n_re
         for e in ests:
             if e.fits:
                 rule = "rung_max" if e.spec.batch == "max" else "rung"
-                out[rule] += sum(not (repo / swf.rung_path(e.spec, k)).exists() for k in range(n_repeats))
+                out[rule] += sum(not (repo / site_ladder.rung_path(e.spec, k)).exists() for k in range(n_repeats))
     return out
 
 
@@ -154,7 +154,7 @@ def job_line(args: argparse.Namespace, blocks: Sequence[tuple[str, Sequence[cost
     """What was priced, as jobs: the count ``snakemake -n`` shows for the rung rules with the same
     profile and config, and the ``select`` it applied."""
     raw = profile_config(repo, find_profile(args.profile, repo), getattr(args, "configfile", None), overrides)
-    cfg_repeats = int(swf.as_int(raw.get("repeats", 1)))  # validated already (estimates)
+    cfg_repeats = int(site_config.as_int(raw.get("repeats", 1)))  # validated already (estimates)
     n = jobs(blocks, repo, cfg_repeats)
     rungs = sum(len(ests) for _, ests in blocks)
     same = " ".join(["--profile", f"profiles/{Path(args.profile).name}"]

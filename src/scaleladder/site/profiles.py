@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
-from scaleladder.site import workflow as swf
+from scaleladder.site import commands as swf, config as site_config, ladder as site_ladder
 from scaleladder.errors import SpecError
+from scaleladder.site.settings import SiteConfig
 
 
 @dataclass
@@ -31,7 +32,7 @@ class SiteProfile:
     folder: Path
     repo: Path
     smk: dict[str, Any]
-    ladder: swf.Ladder | None
+    ladder: site_ladder.Ladder | None
     config: dict[str, Any]
     config_error: str | None = None
 
@@ -158,14 +159,14 @@ def load_profile(name: str, repo: Path, plan: bool = False, configfiles: Sequenc
     schema = repo / "workflow" / "schemas" / "config.schema.yaml"
     try:
         if plan:
-            ladder = swf.prepare(cfg, schema, log=StringIO(), gpu_count=lambda: 0, cli_config=overrides)
+            ladder = site_ladder.prepare(cfg, schema, log=StringIO(), gpu_count=lambda: 0, cli_config=overrides)
         else:
-            swf.validate_config(cfg, schema)
-            rpn = swf.resolve_ranks_per_node(cfg["site"], lambda: 0)
-            rungs, skipped = swf.expand_ladder(cfg["ladders"], rpn)
-            ladder = swf.Ladder(cfg, rpn, tuple(rungs), tuple(skipped), tuple(rungs), frozenset())
+            site_config.validate_config(cfg, schema)
+            rpn = site_ladder.resolve_ranks_per_node(cfg["site"], lambda: 0)
+            rungs, skipped = site_ladder.expand_ladder(cfg["ladders"], rpn)
+            ladder = site_ladder.Ladder(cfg, SiteConfig.of(cfg), rpn, tuple(rungs), tuple(skipped), tuple(rungs), frozenset())
         return SiteProfile(name, folder, repo, smk, ladder, cfg)
-    except swf.ConfigError as e:
+    except site_config.ConfigError as e:
         return SiteProfile(name, folder, repo, smk, None, cfg, " ".join(str(e).split()))
 
 

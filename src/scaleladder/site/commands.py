@@ -1,0 +1,180 @@
+"""What the rules' shell commands need: the site's strings filled for one rung, and the arguments.
+
+``workflow/rules/*.smk`` import this module as ``swf``: the launcher and prologue with
+their placeholders filled (:func:`fill`), the ``export`` line, the ``--ranks-per-node``,
+``--device``, planner and max-batch arguments, the shard sources (shell-quoted: they are
+user data), the provenance the aggregate records and the planner chart's arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from scaleladder.site.ladder import Ladder, plan_figures, rank_args, ranks_of
+from scaleladder.site.settings import Site, SiteConfig
+from scaleladder.spec import RunSpec
+
+# plan_figures is the ladder's (its targets); report.smk reads it as swf.plan_figures
+__all__ = ["plan_figures", "RungWildcards", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg", "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices", "shard_slice_records", "provenance_json", "plan_chart_args", "export_repo"]
+
+
+class RungWildcards(Protocol):
+    """The wildcards of a rung rule (Snakemake's Wildcards object has them as attributes)."""
+
+    model: str
+    strategy: str
+    precision: str
+    knobs: str
+    nodes: str
+    batch: str
+
+
+def spec_of(wildcards: RungWildcards) -> RunSpec:
+    return RunSpec.from_path(
+        f"{wildcards.model}/{wildcards.strategy}/{wildcards.precision}/{wildcards.knobs}/n{wildcards.nodes}/b{wildcards.batch}"
+    )
+
+
+def fill(template: str, site: Site | Mapping[str, Any], ranks_per_node: int, spec: RunSpec | None = None) -> str:
+    """Substitute the site placeholders {image} and {ranks_per_node}, and with a rung also
+    {nodes} and {ranks}. TRAP: str.replace, not str.format: site strings hold shell
+    syntax such as ``${SCALELADDER_IMAGE:-...}``, whose braces format() would eat."""
+    values = {"{image}": str(Site.of(site).image), "{ranks_per_node}": str(ranks_per_node)}
+    if spec is not None:
+        values |= {"{nodes}": str(spec.nodes), "{ranks}": str(ranks_of(spec, ranks_per_node))}
+    for k, v in values.items():
+        template = template.replace(k, v)
+    return template
+
+
+def env_exports(site: Site | Mapping[str, Any]) -> str:
+    """``export K="V"; ...`` for every ``site.env`` variable, in the site's order.
+    Double quotes: values may use $VARS, which the job's shell expands on the node that
+    runs it. TRAP: a value is not escaped, so one holding a double quote breaks the line."""
+    return "".join(f'export {k}="{v}"; ' for k, v in Site.of(site).env)
+
+
+def launcher(site: Site | Mapping[str, Any], ranks_per_node: int, spec: RunSpec) -> str:
+    """The launcher prefix that starts this rung's ranks (ends with the program)."""
+    site = Site.of(site)
+    return fill(site.launcher, site, ranks_per_node, spec)
+
+
+def prologue(site: Site | Mapping[str, Any], ranks_per_node: int, spec: RunSpec) -> str:
+    """``site.prologue`` for this rung and a ``; ``, or nothing."""
+    site = Site.of(site)
+    p = fill(site.prologue, site, ranks_per_node, spec).strip()
+    return f"{p}; " if p else ""
+
+
+def ranks_arg(spec: RunSpec, ranks_per_node: int) -> str:
+    """``launch`` checks the rung's world (a hybrid group must divide it) before any rank starts."""
+    return f" --ranks-per-node {rank_args(spec, ranks_per_node)[1]}"
+
+
+def device_arg(site: Site | Mapping[str, Any]) -> str:
+    """`` --device cuda`` where the site expects GPUs (site.device), so a rank that finds
+    none fails naming why instead of training on the CPU; nothing for 'auto' (the
+    runner's default)."""
+    device = Site.of(site).device
+    return "" if device == "auto" else f" --device {device}"
+
+
+def plan_args(cfg: SiteConfig | Mapping[str, Any], ranks_per_node: int, spec: RunSpec) -> str:
+    """The planner: the max-batch search starts at its prediction; the predicted-oom
+    rule records its verdict. Nothing without ``site.plan_device``."""
+    cfg = SiteConfig.of(cfg)
+    if not cfg.site.plan_device:
+        return ""
+    args = f" --plan-device {cfg.site.plan_device}{ranks_arg(spec, ranks_per_node)}"
+    return args + (" --run-predicted-oom" if cfg.run_predicted_oom else "")
+
+
+def maxbatch_args(cfg: SiteConfig | Mapping[str, Any]) -> str:
+    """The search's site cap and the config's probe settings (config key ``maxbatch``),
+    only those given: ``scaleladder maxbatch`` has its own defaults."""
+    cfg = SiteConfig.of(cfg)
+    cap = cfg.site.max_batch_cap
+    args = f" --max-batch-cap {cap}" if cap else ""
+    for key in ("max_retries", "probe_steps", "probe_warmup"):
+        if (value := getattr(cfg.maxbatch, key)) is not None:
+            args += f" --{key.replace('_', '-')} {value}"
+    return args
+
+
+def shard_sources(cfg: SiteConfig | Mapping[str, Any]) -> str:
+    """``scaleladder shard`` source options, each value shell-quoted; none = its embedded set.
+
+    TRAP: these values are user data that land in a shell line (workflow/rules/data.smk), so
+    each one is ``shlex.quote``d here: a folder named ``my imgs; echo PWNED`` is one argument,
+    never a command (tests/test_quoting.py runs every such rule with one)."""
+    data = SiteConfig.of(cfg).data
+    q = shlex.quote
+    args = []
+    if data.images:
+        args.append(f"--images {q(data.images)}")
+    if data.captions:
+        args.append(f"--captions {q(data.captions)}")
+    if data.wds:
+        args.append("--wds " + " ".join(q(u) for u in data.wds))
+    if data.vocab:
+        args.append(f"--vocab {q(data.vocab)}")
+    return " ".join(args)
+
+
+def shard_slices(cfg: SiteConfig | Mapping[str, Any]) -> int:
+    """How many ``scaleladder shard --slice K/N`` jobs write each shard set (data.slices, default 1)."""
+    return int(SiteConfig.of(cfg).data.slices)
+
+
+def shard_slice_records(px: str | int, slices: int) -> list[str]:
+    """The slice records the gather job of a ``px`` shard set waits for (one Snakemake output per slice)."""
+    # The name `shard --slice K/N` writes (scaleladder.data.slices.record_name; not imported:
+    # it would load PIL and tokenizers into every Snakefile parse. tests/test_shard_parallel.py checks they agree).
+    return [f"results/shards/{px}px.parts/slice-{k:04d}-of-{slices:04d}.json" for k in range(slices)]
+
+
+def provenance_json(ladder: Ladder) -> str:
+    """What the aggregated file records about how the ladder was declared (sorted keys,
+    so the same config always gives the same string)."""
+    cfg, settings = ladder.config, ladder.settings  # the blocks as the config gives them; the scalars typed
+    return json.dumps(
+        {
+            "site": settings.site.name,
+            "ranks_per_node": ladder.ranks_per_node,
+            "ladders": cfg["ladders"],
+            "steps": settings.steps,
+            "warmup": settings.warmup,
+            "repeats": settings.repeats,
+            "seed": settings.seed,
+            "data": cfg.get("data", {}),
+            "skipped": list(ladder.skipped),
+            # only with one: a plain run's provenance (a rule param: a change reruns the aggregate) is as before
+            **({"select": cfg["select"]} if cfg.get("select") else {}),
+        },
+        sort_keys=True,
+    )
+
+
+def plan_chart_args(ladder: Ladder) -> str:
+    """What the fits chart shows: the site's device and ranks per node, at the ladder's
+    smallest node count and most common precision (ties: the first in sorted order)."""
+    precisions = [s.precision for s in ladder.rungs]
+    precision = max(sorted(set(precisions)), key=precisions.count)
+    nodes = min(s.nodes for s in ladder.rungs)
+    return (f"--device {ladder.settings.site.plan_device} --nodes {nodes} --gpus-per-node {ladder.ranks_per_node} "
+            f"--precision {precision}")
+
+
+def export_repo(root: str) -> None:
+    """Set ``SCALELADDER_REPO`` (unless set) to this checkout, for the conda env's pip lines.
+
+    workflow/envs/scaleladder.yaml installs ``-e ${SCALELADDER_REPO}[...]``, which pip expands
+    from the environment. TRAP: Snakemake builds an env from its own copy of the file under
+    .snakemake/conda/, so a path relative to the file (``../..``) points nowhere; conda runs
+    pip as Snakemake's child, so a variable set in Snakemake's process reaches it."""
+    os.environ.setdefault("SCALELADDER_REPO", os.path.normpath(root))
