@@ -86,6 +86,8 @@ def config_from(a: argparse.Namespace) -> ConvergeConfig:
         raise SpecError(f"{run.spec.strategy}: -compile rungs are not convergence rungs yet (each chunk would recompile)")
     if run.flavor.family != "vit":
         raise SpecError(f"{run.spec.model}: convergence needs a classifier (a ViT flavor); FLAVA has no held-out accuracy")
+    if not isinstance(run.workers, int):
+        raise SpecError(f"--workers {run.workers}: a convergence rung takes a count of loader workers (the workflow gives 0)")
     if run.data == "synthetic":
         raise SpecError("--data synthetic: a convergence rung trains on real labelled shards (see `scaleladder digits`)")
     from scaleladder.data.manifest import resolve
@@ -254,6 +256,7 @@ def _build(cfg: ConvergeConfig, env: DistEnv, device: torch.device) -> _Built:
     prec.apply_backend_flags()
     batch = int(spec.batch)
     test_images, test_labels = load_test_set(cfg.test_data, flavor, run.seed)
+    assert isinstance(run.workers, int)  # config_from refused "auto"
     loader = make_loader(run.data, flavor, batch, env.rank, env.world, run.steps, run.workers, run.seed,
                          pin_memory=device.type == "cuda", augment=cfg.augment)
     feed = iter(DeviceFeed(loader, device, prec.storage_dtype, run.steps))

@@ -18,14 +18,10 @@ from scaleladder.planner.devices import DEVICES as DEVICES
 from scaleladder.planner.devices import GIB as GIB
 
 # InputBatches and Variant are re-exported: callers name the planner's inputs from here.
-from scaleladder.planner.step_setup import (  # noqa: F401
-    RUNNER,
-    InputBatches,
-    StepSetup,
-    Variant,
-    input_batches,
-    step_setup,
-)
+from scaleladder.planner.step_setup import RUNNER, StepSetup, step_setup
+from scaleladder.planner.step_setup import InputBatches as InputBatches
+from scaleladder.planner.step_setup import Variant as Variant
+from scaleladder.planner.step_setup import input_batches as input_batches
 from scaleladder.planner.timeline import simulate
 from scaleladder.spec import RunSpec, SpecError
 
@@ -57,7 +53,7 @@ class Overheads:
     context_bytes: float = CONTEXT_BYTES
     comm_lib_bytes: float = COMM_LIB_BYTES
 
-    def scaled(self, k: float) -> "Overheads":
+    def scaled(self, k: float) -> Overheads:
         return Overheads(self.fragmentation * k, self.context_bytes * k, self.comm_lib_bytes * k)
 
     def fixed(self, world: int) -> float:
