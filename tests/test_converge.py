@@ -173,6 +173,7 @@ def test_bad_input_is_one_line(digits: dict[str, Path], tmp_path: Path, capsys: 
         (["--spec", "flava-debug/single/fp32/pre-lag/n1/b4", *data], "classifier"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", "--warmup", "5", *data], "--warmup"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", *data, "--data", "synthetic"], "synthetic"),
+        (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", *data, "--workers", "auto"], "--workers auto"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/b32", *data, "--test-data", str(tmp_path / "nope")], "--test-data"),
     ]
     for args, culprit in cases:
