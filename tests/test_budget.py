@@ -3,20 +3,19 @@ stated MFU, calibrated by finished rungs (real HDF5 records planted in results/r
 
 from __future__ import annotations
 
-import re
-
 import argparse
 import math
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-from scaleladder.site import budget
 from scaleladder.campaign import cost
 from scaleladder.results.store import write_record
 from scaleladder.rung.devices import PEAKS
+from scaleladder.site import budget
 from scaleladder.spec import RunSpec
 
 PEAK_A100_BF16 = PEAKS["a100"].bf16

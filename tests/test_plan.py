@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from scaleladder.cli import main as cli
-from scaleladder.site.plan import DEVICES, fits_table, predict, static_bytes_per_rank
 from scaleladder.planner import seeds
 from scaleladder.planner.inventory import ParamInfo, UnitLayout, inventory
 from scaleladder.planner.memory import CALIBRATED, GIB, Variant, required_bytes
+from scaleladder.planner.static import ALLOC_BLOCK_BYTES, STEP_COUNTER_BYTES, Sharding, flat_layout, local_counts
 from scaleladder.planner.step_setup import step_setup
 from scaleladder.planner.timeline import optimizer_transient, simulate
-from scaleladder.planner.static import ALLOC_BLOCK_BYTES, STEP_COUNTER_BYTES, Sharding, flat_layout, local_counts
+from scaleladder.site.plan import DEVICES, fits_table, predict, static_bytes_per_rank
 from scaleladder.spec import Knobs, RunSpec, SpecError, parse_strategy
 
 A100 = "a100-40gb"
@@ -46,8 +46,8 @@ def test_inventory_counts_every_parameter_of_the_full_model(model: str, params: 
 def test_debug_inventories_match_a_full_build_and_the_ladders_frozen_set() -> None:
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.rung.ladder import unused_parameter_names
     from scaleladder.planner.inventory import is_unused
+    from scaleladder.rung.ladder import unused_parameter_names
 
     for name in ("vit-debug", "flava-debug"):
         inv = inventory(name)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from scaleladder.cli import main as cli
-from scaleladder.site.plan import DEVICES, custom_device, predict
 from scaleladder.planner.memory import GIB, InputBatches, input_batches
+from scaleladder.site.plan import DEVICES, custom_device, predict
 from scaleladder.spec import RunSpec
 
 SPEC = "vit-huge/ddp/bf16-mixed/pre-lag/n1/b16"

@@ -96,8 +96,8 @@ def test_a_changed_flavor_is_not_served_a_stale_layout() -> None:
 
 def test_the_runner_and_the_planner_share_one_synthetic_layout() -> None:
     from scaleladder.models import batch_layout
-    from scaleladder.rung import batches
     from scaleladder.planner import activations, step_setup
+    from scaleladder.rung import batches
 
     # one definition, imported by both (no restated copies to drift apart)
     assert step_setup.SYNTHETIC_POOL is batch_layout.SYNTHETIC_POOL

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, VENV_BIN, snakemake, workflow_copy
-from scaleladder.site import commands as swf, config as site_config
+from scaleladder.site import commands as swf
+from scaleladder.site import config as site_config
 
 # Each of these would create a CANARY file if a shell ever ran it.
 HOSTILE = "my imgs; touch CANARY_1 $(touch CANARY_2) `touch CANARY_3` 'q' \"dq\" & touch CANARY_4 |"

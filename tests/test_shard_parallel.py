@@ -20,7 +20,6 @@ import pytest
 from PIL import Image
 
 from conftest import VENV_BIN, snakemake, snakemake_env, workflow_copy
-from scaleladder.site import commands as swf
 from scaleladder.data import synthetic
 from scaleladder.data.cli import main as shard
 from scaleladder.data.jpeg import read_frame
@@ -28,6 +27,7 @@ from scaleladder.data.manifest import read_manifest
 from scaleladder.data.prepare import prepare_image
 from scaleladder.data.slices import record_name
 from scaleladder.data.tarout import header
+from scaleladder.site import commands as swf
 
 PY = sys.executable
 

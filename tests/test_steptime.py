@@ -162,10 +162,10 @@ def test_datasheet_matches_the_runner_peaks() -> None:
 def test_every_rung_of_every_profile_has_a_step_time() -> None:
     """-compile rungs included (their memory the eager rung's, an upper bound); on a GPU site every
     rung's host work comes from the measured host table, never the stated per-op fallback."""
-    from scaleladder.site.plan_time import Timing, memory_model, step_fields
     from scaleladder.planner.memory import predict
-    from scaleladder.site.profiles import load_profile
     from scaleladder.site.ladder import rank_args
+    from scaleladder.site.plan_time import Timing, memory_model, step_fields
+    from scaleladder.site.profiles import load_profile
 
     compiled = 0
     for name in sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "site.yaml").is_file()):

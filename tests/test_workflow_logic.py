@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from conftest import REPO, snakemake, workflow_copy
-from scaleladder.site import commands as swf, config as site_config, ladder as site_ladder
+from scaleladder.site import commands as swf
+from scaleladder.site import config as site_config
+from scaleladder.site import ladder as site_ladder
 from scaleladder.spec import DEFAULT_KNOBS, RunSpec, parse_knobs, parse_strategy
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -491,6 +493,19 @@ def test_the_schema_defaults_are_the_run_spec_defaults() -> None:
     assert block["knobs"]["default"] == [DEFAULT_KNOBS] and str(parse_knobs(DEFAULT_KNOBS)) == DEFAULT_KNOBS
     assert block["precisions"]["default"] == [RunSpec(model="vit-debug", strategy=parse_strategy("ddp")).precision]
     assert block["nodes"]["default"] == [1]
+
+
+def test_every_ladder_rule_builds_its_command_in_one_place() -> None:
+    """The rung's command line is written once (swf.rung_shell, its arguments swf.RUNG_ARGS), not
+    once per ladder rule; the dry runs of every profile print the same commands as before (issue 33)."""
+    text = (REPO / "workflow" / "rules" / "ladder.smk").read_text()
+    assert len(re.findall(r"^ +shell:$", text, re.M)) == text.count("swf.rung_shell(") == 4
+    assert "--spec" not in text and "--steps" not in text
+    for command in ("launch", "maxbatch", "plan-only"):
+        assert swf.rung_shell(command).count(swf.RUNG_ARGS) == 1
+    assert swf.rung_shell("finalize").count(swf.RUNG_ARGS) == 2  # `<launcher> run`, then `finalize`
+    with pytest.raises(ValueError, match="unknown command 'run'"):
+        swf.rung_shell("run")
 
 
 def test_the_rules_hold_no_logic_of_their_own() -> None:

@@ -114,3 +114,15 @@ def ranks_arg(wildcards):
 
 def plan_args(wildcards):
     return swf.plan_args(SETTINGS, RPN, swf.spec_of(wildcards))
+
+
+# The params every ladder rule's command reads for the rung's own arguments (swf.RUNG_ARGS),
+# once: each rule adds those of its own command (env, launcher, ...).
+RUNG_PARAMS = dict(
+    spec=spec_path,
+    data=data_arg,
+    steps=SETTINGS.steps,
+    warmup=SETTINGS.warmup,
+    workers=SETTINGS.workers,
+    seed=SETTINGS.seed,
+)

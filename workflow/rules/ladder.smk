@@ -13,6 +13,9 @@
 # The jobs are benchmarks: `bench_slot` keeps two of them off one workstation at once
 # (a SLURM site gives each its own allocation).
 #
+# The commands themselves are built in one place, scaleladder.site.commands.rung_shell: the rung's
+# arguments (RUNG_ARGS) are the same in each. Each rule adds the params its own command reads to RUNG_PARAMS.
+#
 # update(): Snakemake keeps a rung's previous result while the job runs (it would delete it
 # first), and puts it back if the job fails: a forced rerun that fails never costs the good
 # result. The runner writes the new one atomically, so no half-written file stands in between.
@@ -43,20 +46,13 @@ if SETTINGS.site.supervise == "launch":
             launcher=launcher,
             ranks=ranks_arg,
             device=swf.device_arg(SETTINGS.site),
-            spec=spec_path,
-            data=data_arg,
-            steps=SETTINGS.steps,
-            warmup=SETTINGS.warmup,
-            workers=SETTINGS.workers,
-            seed=SETTINGS.seed,
+            **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.ranks}{params.device} "
-            "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
-            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
+            swf.rung_shell("launch")
 
 else:
 
@@ -82,23 +78,13 @@ else:
             scaleladder=SCALELADDER,
             launcher=launcher,
             device=swf.device_arg(SETTINGS.site),
-            spec=spec_path,
-            data=data_arg,
-            steps=SETTINGS.steps,
-            warmup=SETTINGS.warmup,
-            workers=SETTINGS.workers,
-            seed=SETTINGS.seed,
+            **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
         conda:
             "../envs/scaleladder.yaml"
         shell:
-            "rm -f {output:q}.oom-rank*.json; {params.env}{params.prologue}{params.launcher} run{params.device} "
-            "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
-            "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1 && rc=0 || rc=$?; "
-            "{params.scaleladder} finalize --rc $rc{params.device} "
-            "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
-            "--workers {params.workers} --seed {params.seed} --out {output:q} >> {log:q} 2>&1"
+            swf.rung_shell("finalize")
 
 
 # The max-batch search probes several batches, each a full launch, so `scaleladder
@@ -121,20 +107,13 @@ rule rung_max:
         plan=plan_args,
         cap=swf.maxbatch_args(SETTINGS),
         device=swf.device_arg(SETTINGS.site),
-        spec=spec_path,
-        data=data_arg,
-        steps=SETTINGS.steps,
-        warmup=SETTINGS.warmup,
-        workers=SETTINGS.workers,
-        seed=SETTINGS.seed,
+        **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
     resources:
         bench_slot=1,
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan}{params.cap}{params.device} "
-        "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
-        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
+        swf.rung_shell("maxbatch")
 
 
 # A rung the memory planner predicts cannot fit (scaleladder.site.ladder decides while
@@ -157,15 +136,8 @@ rule predicted_oom:
         env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         plan=plan_args,
-        spec=spec_path,
-        data=data_arg,
-        steps=SETTINGS.steps,
-        warmup=SETTINGS.warmup,
-        workers=SETTINGS.workers,
-        seed=SETTINGS.seed,
+        **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
     conda:
         "../envs/scaleladder.yaml"
     shell:
-        "{params.env}{params.scaleladder} launch --plan-only{params.plan} "
-        "--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
-        "--workers {params.workers} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
+        swf.rung_shell("plan-only")

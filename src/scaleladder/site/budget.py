@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder import markdown
-from scaleladder.site import config as site_config, ladder as site_ladder
 from scaleladder.campaign import cost
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
 from scaleladder.planner.steptime import site_from_config
+from scaleladder.site import config as site_config
+from scaleladder.site import ladder as site_ladder
 from scaleladder.site.profiles import find_profile, load_profile, parse_config, profile_config
 
 

@@ -19,7 +19,12 @@ from scaleladder.site.settings import Site, SiteConfig
 from scaleladder.spec import RunSpec
 
 # plan_figures is the ladder's (its targets); report.smk reads it as swf.plan_figures
-__all__ = ["plan_figures", "RungWildcards", "spec_of", "fill", "env_exports", "launcher", "prologue", "ranks_arg", "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices", "shard_slice_records", "provenance_json", "plan_chart_args", "export_repo"]
+__all__ = [
+    "plan_figures", "RungWildcards", "spec_of", "fill", "env_exports", "launcher", "prologue",
+    "ranks_arg", "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices",
+    "shard_slice_records", "RUNG_ARGS", "rung_shell", "provenance_json", "plan_chart_args",
+    "export_repo",
+]
 
 
 class RungWildcards(Protocol):
@@ -168,6 +173,43 @@ def plan_chart_args(ladder: Ladder) -> str:
     nodes = min(s.nodes for s in ladder.rungs)
     return (f"--device {ladder.settings.site.plan_device} --nodes {nodes} --gpus-per-node {ladder.ranks_per_node} "
             f"--precision {precision}")
+
+
+#: The rung's own arguments, the same for every ladder rule and every command that runs a rung
+#: (``run``, ``launch``, ``finalize``, ``maxbatch``, ``launch --plan-only``). Snakemake fills the
+#: placeholders from the rule's params and output (``:q``: shell-quoted, paths are data).
+RUNG_ARGS = ("--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
+             "--workers {params.workers} --seed {params.seed} --out {output:q}")
+
+
+def rung_shell(command: str) -> str:
+    """The shell command of a ladder rule (workflow/rules/ladder.smk), by what starts the rung:
+
+    - ``launch``: ``scaleladder launch`` runs the site's launcher itself (site.supervise: launch);
+    - ``finalize``: the rule runs ``<launcher> run``, then ``scaleladder finalize --rc`` (an
+      Apptainer-only site); ``&& rc=0 || rc=$?`` because Snakemake runs commands under ``set -e``;
+      first it removes OOM markers an earlier attempt that Slurm killed may have left;
+    - ``maxbatch``: the max-batch search, several launches;
+    - ``plan-only``: ``launch --plan-only``, the planner's predicted-oom record in a second.
+
+    TRAP: a template with Snakemake's placeholders, not the finished line: Snakemake reruns a
+    finished rung whose rule's shell template or params changed (rerun trigger "code", and
+    "params"), so these strings are the rules' exactly as they were written in the rules, and
+    the params keep their values. Not ``RunConfig.argv``: that is ``run``'s whole argv (``--lr``,
+    ``--init``, ...), built from a RunConfig in the job, where the rules pass only these.
+    """
+    log = " > {log:q} 2>&1"
+    if command == "launch":
+        return "{params.env}{params.scaleladder} launch --launcher {params.launcher:q}{params.ranks}{params.device} " + RUNG_ARGS + log
+    if command == "finalize":
+        return ("rm -f {output:q}.oom-rank*.json; {params.env}{params.prologue}{params.launcher} run{params.device} " + RUNG_ARGS + log
+                + " && rc=0 || rc=$?; {params.scaleladder} finalize --rc $rc{params.device} " + RUNG_ARGS + " >> {log:q} 2>&1")
+    if command == "maxbatch":
+        return ("{params.env}{params.prologue}{params.scaleladder} maxbatch --launcher {params.launcher:q}{params.plan}{params.cap}"
+                "{params.device} " + RUNG_ARGS + log)
+    if command == "plan-only":
+        return "{params.env}{params.scaleladder} launch --plan-only{params.plan} " + RUNG_ARGS + log
+    raise ValueError(f"rung_shell: unknown command {command!r} (launch, finalize, maxbatch, plan-only)")
 
 
 def export_repo(root: str) -> None:

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
-import yaml  # type: ignore[import-untyped]
+import jsonschema
+import yaml
 
 from scaleladder.models.flavors import get_flavor
 from scaleladder.spec import (
@@ -37,7 +37,11 @@ from scaleladder.spec import (
     parse_strategy,
 )
 
-__all__ = ["INVALID", "ConfigError", "config_key", "as_int", "as_bool", "coerce_config_strings", "load_schema", "schema_errors", "validate_config", "DATA_KEYS", "data_values", "check_data_values", "apply_loader", "apply_profiling"]
+__all__ = [
+    "INVALID", "ConfigError", "config_key", "as_int", "as_bool", "coerce_config_strings", "load_schema",
+    "schema_errors", "validate_config", "DATA_KEYS", "data_values", "check_data_values", "apply_loader",
+    "apply_profiling",
+]
 
 
 #: The header every config error starts with; tests and users grep for the key after it.

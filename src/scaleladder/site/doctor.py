@@ -18,12 +18,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from scaleladder.site import commands as swf
-from scaleladder.site.doctor_checks import (CHECKS, DRIVER_FLOOR, FATAL, OK, WARN, Context, Finding, compile_toolchain, run_checks,
-                                            select)
 from scaleladder.errors import SpecError
+from scaleladder.site import commands as swf
+from scaleladder.site.doctor_checks import CHECKS, DRIVER_FLOOR, FATAL, OK, WARN, Context, Finding, compile_toolchain, run_checks, select
 from scaleladder.site.profiles import fill_site, load_profile
-
 
 # -- --compute: one tiny job through the site's launcher ------------------------------------
 

@@ -42,7 +42,13 @@ from scaleladder.spec import (
     parse_strategy,
 )
 
-__all__ = ["torch_gpu_count", "resolve_ranks_per_node", "ranks_of", "rank_args", "knobs_for", "expand_ladder", "is_selected", "check_select", "data_source", "rung_path", "repeats", "rung_data_path", "shards_settled", "rung_shards", "rung_inputs", "planned_not_to_fit", "result_path", "result_paths", "Ladder", "prepare", "wildcard_constraints", "FIGURES", "plan_figures", "final_targets", "select_note"]
+__all__ = [
+    "torch_gpu_count", "resolve_ranks_per_node", "ranks_of", "rank_args", "knobs_for", "expand_ladder",
+    "is_selected", "check_select", "data_source", "rung_path", "repeats", "rung_data_path",
+    "shards_settled", "rung_shards", "rung_inputs", "planned_not_to_fit", "result_path", "result_paths",
+    "Ladder", "prepare", "wildcard_constraints", "FIGURES", "plan_figures", "final_targets",
+    "select_note",
+]
 
 
 def torch_gpu_count() -> int:

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scaleladder.models.flavors import FLAVORS
+from scaleladder.planner.fits import TABLE_STRATEGIES, FitsCell, fits_table, seed_differences
 from scaleladder.planner.memory import (
     COMM_LIB_BYTES,
     CONTEXT_BYTES,
@@ -33,20 +33,16 @@ from scaleladder.planner.memory import (
     GIB,
     Device,
     Prediction,
-    Variant,
     custom_device,
-    input_batches,
     predict,
     resolve_device,
 )
-from scaleladder.planner.fits import TABLE_STRATEGIES, FitsCell, fits_table, seed_differences
 from scaleladder.planner.static import static_bytes_per_rank
+from scaleladder.planner.step_setup import Variant, input_batches
 from scaleladder.spec import (
-    DEFAULT_KNOBS,
     RunSpec,
     SpecError,
     parse_batch,
-    parse_knobs,
     parse_positive,
     parse_precision,
     parse_strategy,

@@ -16,10 +16,12 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
-from scaleladder.site import commands as swf, config as site_config, ladder as site_ladder
 from scaleladder.errors import SpecError
+from scaleladder.site import commands as swf
+from scaleladder.site import config as site_config
+from scaleladder.site import ladder as site_ladder
 from scaleladder.site.settings import SiteConfig
 
 
@@ -57,12 +59,12 @@ def _evaluate(value: Any, nodes: int) -> Any:
         return value
     names = {"os": os, "int": int, "repr": repr}
     if value.startswith("?"):  # YTE's pass first: `?repr(os.environ.get(...))` -> "'abc123'"
-        value = eval(value[1:], names)  # noqa: S307 - the profile's own expressions
+        value = eval(value[1:], names)
         if not isinstance(value, str):
             return value
     try:  # then Snakemake's: a resource string is a Python expression ("'srun'", "int(wildcards.nodes)")
-        return eval(value, names, {"wildcards": argparse.Namespace(nodes=str(nodes))})  # noqa: S307
-    except Exception:  # noqa: BLE001 - a bare word is a string resource
+        return eval(value, names, {"wildcards": argparse.Namespace(nodes=str(nodes))})
+    except Exception:
         return value
 
 
