@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import write_rung
-from scaleladder.results.aggregate import aggregate, read_ladder
 from scaleladder.cli import main as cli
+from scaleladder.results.aggregate import aggregate, read_ladder
 from scaleladder.spec import SpecError
 
 

@@ -14,11 +14,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from helpers.gloo import one_rank_group
+from scaleladder.campaign.maxbatch import is_oom_message
+from scaleladder.results.record import Host, checked
 from scaleladder.rung import loop
 from scaleladder.rung.loop import OOMDuringStep, is_oom, oom_line, train_loop
-from scaleladder.campaign.maxbatch import is_oom_message
 from scaleladder.rung.precision import policy
-from scaleladder.results.record import Host, checked
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -121,7 +121,7 @@ class _FakeDevice:
             def record(self) -> None:  # the step before ends, then this event passes
                 self.t = device.free = max(device.host[0], device.free)
 
-            def elapsed_time(self, other: "Event") -> float:
+            def elapsed_time(self, other: Event) -> float:
                 return (other.t - self.t) * 1e3  # ms, as torch.cuda.Event's
 
         return Event()

@@ -128,9 +128,9 @@ def test_planted_nonlearner_is_caught_and_shown(digits: dict[str, Path], tmp_pat
 
     records = read_records([out, ok])
     md = section_markdown(records, "plots")
-    failing_lines = [l for l in md.splitlines() if l.startswith("- **FAILING**")]
+    failing_lines = [ln for ln in md.splitlines() if ln.startswith("- **FAILING**")]
     assert len(failing_lines) == 1 and "bf16-mixed" in failing_lines[0]
-    rows = [l for l in md.splitlines() if l.startswith("|") and "bf16-mixed" in l]
+    rows = [ln for ln in md.splitlines() if ln.startswith("|") and "bf16-mixed" in ln]
     assert len(rows) == 1 and "FAILING: did not converge" in rows[0] and "0/1" in rows[0]
     page = with_section("<html><body><h1>r</h1></body></html>", records, "plots", html_page=True)
     assert page.index("FAILING") < page.index("</body>") and "convergence.png" in page
@@ -178,7 +178,7 @@ def test_bad_input_is_one_line(digits: dict[str, Path], tmp_path: Path, capsys: 
     ]
     for args, culprit in cases:
         assert main(["converge", *args]) == 2
-        lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert len(lines) == 1 and culprit in lines[0], lines
     assert not list(tmp_path.iterdir())
 

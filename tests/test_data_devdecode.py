@@ -189,7 +189,8 @@ def test_the_report_names_input_bound_rungs() -> None:
                "loader_wait_fraction": 0.25, "loader_samples_per_s": 410.0}
     md = render_markdown([fed, starved], {}, "plots", figures=[])
     assert "## Input-bound rungs" in md
-    assert "- vit-debug/ddp/fp32/pre-lag/n1/b8: waited 25.0% of its step time for batches (decode cpu, 2 worker(s) per rank, loader 410 samples/s per rank)" in md
+    assert ("- vit-debug/ddp/fp32/pre-lag/n1/b8: waited 25.0% of its step time for batches"
+            " (decode cpu, 2 worker(s) per rank, loader 410 samples/s per rank)") in md
     assert "n1/b4: waited" not in md and "Input-bound rungs" in render_html([fed, starved], {}, "plots", figures=[])
     assert "Input-bound" not in render_markdown([fed], {}, "plots", figures=[])
 

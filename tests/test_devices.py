@@ -9,9 +9,7 @@ import math
 import pytest
 import torch
 
-from scaleladder.rung import devices
-
-from scaleladder.rung import provenance
+from scaleladder.rung import devices, provenance
 from scaleladder.rung.devices import PEAKS, device_key, peak_for, peak_info, rank_device_peak_flops
 
 

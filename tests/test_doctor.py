@@ -104,7 +104,7 @@ def test_the_fixed_frontier_profile_passes_on_a_frontier_login_node(login: Path)
     text = "\n".join(lines)
     assert "plugin /sw/frontier/rccl-net-plugin/1.0/lib/librccl-net.so and its libraries resolve inside the image" in text
     assert "threads: 56 on 56 cores per node" in text and "results/: lustre" in text
-    assert lines[-1] == "doctor: 0 fatal, %d warnings (profile frontier)" % sum(x.startswith("WARN") for x in lines)
+    assert lines[-1] == f"doctor: 0 fatal, {sum(x.startswith('WARN') for x in lines)} warnings (profile frontier)"
 
 
 SITE = "profiles/frontier/site.yaml"

@@ -241,7 +241,7 @@ def test_rank_0_prints_progress_lines_at_a_steady_interval(tmp_path: Path) -> No
         return [line for line in p.stderr.splitlines() if line.startswith(f"scaleladder run: {RUNG}: ")]
 
     lines = run("0.01")  # 40 steps of ~5-250 ms: several lines
-    assert lines[0].endswith(f"building vit-debug (device init) on 1 rank(s), cpu ...")  # before the model exists
+    assert lines[0].endswith("building vit-debug (device init) on 1 rank(s), cpu ...")  # before the model exists
     lines = lines[1:]
     assert lines[0].endswith("training 40 steps (2 warm-up) ...")
     assert lines[1].startswith(f"scaleladder run: {RUNG}: step 1/40 after ") and "max RSS" in lines[1]

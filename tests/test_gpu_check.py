@@ -29,6 +29,7 @@ from gpucheck import machine, report, rows  # noqa: E402
 from gpucheck.config import CPU, FULL, GPU, ONE_RANK_SAME, ROLES, SECTIONS, SMOKE  # noqa: E402
 from gpucheck.rows import Command, judge  # noqa: E402
 from gpucheck.runner import Check, parse_args  # noqa: E402
+
 HEADINGS = ("## Targets", "## Strategies at a fixed batch", "## Max batch", "## Harness overhead",
             "## Loader against synthetic data", "## Precision", "## Planner against measurement", "## Figures",
             "## Time per section", "## Commands")

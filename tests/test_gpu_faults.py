@@ -13,7 +13,6 @@ property that a GPU would enforce, in a form a CPU can check:
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,12 +24,11 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.gloo import one_rank_group
-from scaleladder.rung import loop
-from scaleladder.rung import ladder
-from scaleladder.rung.batches import SyntheticBatches
-from scaleladder.rung.feed import DeviceFeed
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
+from scaleladder.rung import ladder, loop
+from scaleladder.rung.batches import SyntheticBatches
+from scaleladder.rung.feed import DeviceFeed
 from scaleladder.rung.optim import make_optimizer, make_scaler
 from scaleladder.rung.precision import policy
 from scaleladder.spec import Knobs, default_knobs, parse_strategy
@@ -259,7 +257,7 @@ def test_the_scaler_skips_the_step_on_every_rank_or_none() -> None:
                         str(HELPERS / "scaler_worker.py")], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = sorted(l for l in p.stdout.splitlines() if l.startswith("CASE"))
+    lines = sorted(ln for ln in p.stdout.splitlines() if ln.startswith("CASE"))
     expected = []
     for generation in ("fsdp1", "fsdp2"):
         for rank in (0, 1):

@@ -15,9 +15,9 @@ import torch._dynamo
 from torch import nn
 
 from helpers.gloo import one_rank_group
-from scaleladder.rung import ladder
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
+from scaleladder.rung import ladder
 from scaleladder.rung.ladder import apply_strategy
 from scaleladder.rung.precision import policy
 from scaleladder.spec import SpecError, default_knobs, parse_knobs, parse_strategy
@@ -320,7 +320,6 @@ def _cfg(tmp_path: Path, strategy: str, weights: Path) -> object:
 def _codebook_params(wrapped: nn.Module) -> dict[str, torch.Tensor]:
     """The DALL-E encoder's parameters after wrapping, under their state-dict names."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
     from torch.distributed.tensor import DTensor
 
     marker = "image_codebook.encoder."

@@ -84,7 +84,7 @@ ONE_RANK = {"vit-debug": (8, SINGLE),
             "flava-debug": (20, [*SINGLE, f"single*{IMPL_STEPS}", f"single@torchmultimodal*{IMPL_STEPS}", "single=40"])}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _one_rank(flavor: str) -> dict[str, list[float]]:
     global_batch, runs = ONE_RANK[flavor]
     return _torchrun(1, flavor, global_batch, runs)
@@ -102,8 +102,8 @@ def _torchrun(nproc: int, flavor: str, global_batch: int, strategies: list[str])
     # (FLAVA's 1-rank launch, 68 steps, took 900 s at a load average of 38 on the 2-core VM)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
-    line = next(l for l in out.stdout.splitlines() if l.startswith("PARITY "))
-    groups = next(l for l in out.stdout.splitlines() if l.startswith("GROUPS "))
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("PARITY "))
+    groups = next(ln for ln in out.stdout.splitlines() if ln.startswith("GROUPS "))
     GROUPS[(nproc, flavor)] = json.loads(groups[len("GROUPS "):])
     RUNS[(nproc, flavor, global_batch)] = json.loads(line[len("PARITY "):])
     return RUNS[(nproc, flavor, global_batch)]

@@ -32,8 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from scaleladder.models.flavors import get_flavor
-from scaleladder.rung.optim import make_optimizer
 from scaleladder.planner.activations import dtypes, flava_layer, forward_passes, vit_layer
+from scaleladder.rung.optim import make_optimizer
 
 B, T = 3, 50  # activation sizes (B·T·h = 9600, B·T·m = 38400) never equal a parameter's numel
 FLAVOR = dataclasses.replace(get_flavor("vit-debug"), hidden=64, mlp=256, heads=4)
@@ -240,8 +240,8 @@ class LiveBytes(TorchDispatchMode):
 
 def _measured(flavor: Any, batch: int, ac: str, flava_impl: str = "torchmultimodal") -> tuple[int, int]:
     """(peak bytes of a steady-state step, bytes the forward left alive when it returned)."""
-    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.ladder import _checkpoint, freeze_unused
 
     torch.manual_seed(0)
@@ -310,12 +310,12 @@ def test_optimizer_step_allocates_and_keeps_what_the_planner_says(precision: str
     # The runner's optimizer on real tensors: fused AdamW allocates nothing inside step(); bf16-true's
     # MasterWeightAdamW gives every fp32 master an fp32 copy of its gradient first (4 B per trainable
     # element, all alive at once) and keeps master + exp_avg + exp_avg_sq (12 B) and a `step` counter.
-    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.planner.inventory import inventory
+    from scaleladder.planner.static import STEP_COUNTER_BYTES, bytes_of, local_counts
     from scaleladder.planner.step_setup import step_setup
     from scaleladder.planner.timeline import optimizer_transient
-    from scaleladder.planner.static import STEP_COUNTER_BYTES, bytes_of, local_counts
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.spec import Knobs, parse_strategy
 
     flavor = get_flavor("vit-debug")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaleladder.cli import main as cli
 from scaleladder.campaign.plan_check import measure
+from scaleladder.cli import main as cli
 from scaleladder.spec import RunSpec, SpecError
 
 TOLERANCE = 0.05

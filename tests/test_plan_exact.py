@@ -79,11 +79,11 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
-    from scaleladder.rung.optim import make_optimizer
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.ladder import apply_strategy
+    from scaleladder.rung.optim import make_optimizer
     from scaleladder.rung.precision import policy
     from scaleladder.spec import default_knobs, parse_strategy
 
@@ -139,16 +139,15 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
 def _count_gathered_units(flavor_name: str, strategy: str, flava_impl: str = "torchmultimodal") -> dict[str, int]:
     """Max number of FSDP units all-gathered at once during a FULL_SHARD backward (and of them, frozen)."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.fsdp._traversal_utils import _get_fsdp_handles
 
-    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
+    from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.ladder import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.spec import Knobs, parse_strategy
-
-    import torch.distributed as dist
 
     flavor = get_flavor(flavor_name)
     torch.manual_seed(0)
@@ -245,7 +244,7 @@ def _run_ranks(n: int) -> list[dict[str, Any]]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", str(Path(__file__))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("EXACT "))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("EXACT "))
     return json.loads(line[len("EXACT "):])  # type: ignore[no-any-return]
 
 
@@ -289,9 +288,9 @@ def test_static_bytes_differ_between_ranks_and_none_means_the_largest(measured: 
 @pytest.mark.parametrize("flavor,strategy,precision", CASES_4)
 def test_hybrid_pads_to_the_shard_group_not_the_world(measured_4: list[dict[str, Any]], flavor: str, strategy: str,
                                                        precision: str) -> None:
-    from scaleladder.site.plan import static_bytes_per_rank
     from scaleladder.planner.inventory import inventory
     from scaleladder.planner.static import aligned_numel, flat_layout
+    from scaleladder.site.plan import static_bytes_per_rank
     from scaleladder.spec import RunSpec
 
     # The case discriminates: padded to the world (4), the root's chunk on 2 ranks would differ.

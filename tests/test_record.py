@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from scaleladder.results import record
-from scaleladder.results.record import OK, OOM, Attr, Interval, Spec, Throughput, UnknownAttr, checked
+from scaleladder.results.record import OK, Attr, Interval, Spec, Throughput, UnknownAttr, checked
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"

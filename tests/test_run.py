@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from scaleladder.cli import build_parser
-from scaleladder.rung.launch import detect, first_slurm_host
 from scaleladder.models.build import build_model, count_parameters
 from scaleladder.models.flavors import get_flavor
+from scaleladder.rung.launch import detect, first_slurm_host
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scaleladder"]
 
@@ -31,7 +31,7 @@ def sl(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> sub
 def assert_bad_input(p: subprocess.CompletedProcess[str], culprit: str, folder: Path) -> None:
     """Exit 2, one line naming the culprit, and nothing written."""
     assert p.returncode == 2, p.stderr
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and culprit in lines[0], p.stderr
     assert not list(folder.iterdir())
 
@@ -203,7 +203,7 @@ def test_a_world_fault_under_torchrun_is_one_line_from_rank_0(tmp_path: Path) ->
     p = subprocess.run([*TORCHRUN, "run", "--spec", "vit-debug/fsdp-hybrid3/fp32/pre-lag/n1/b2", "--out", str(tmp_path / "x.h5")],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0
-    ours = [l for l in p.stderr.splitlines() if l.startswith("scaleladder run:")]
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("scaleladder run:")]
     assert ours == ["scaleladder run: error: hybrid group 3 does not divide the world size 2"], p.stderr
     assert "exitcode  : 2" in p.stderr  # what the ranks returned: bad input, not a crash
     assert not list(tmp_path.iterdir())
@@ -215,8 +215,8 @@ def _args(command: str, *argv: str) -> object:
 
 
 def test_finalize_turns_markers_into_an_oom_record(tmp_path: Path) -> None:
-    from scaleladder.rung.run import oom_marker
     from scaleladder.campaign.supervise import finalize_main
+    from scaleladder.rung.run import oom_marker
 
     out = tmp_path / "r.h5"
     where = {"device_name": "NVIDIA H100 80GB HBM3", "hosts": ["n1", "n2"], "ranks_per_node": 2, "gpus_per_node": 2, "launcher": "slurm"}

@@ -13,7 +13,7 @@ import torch.distributed as dist
 # Imported while a group exists, they keep that group object forever, and the next group
 # in this process fails with "not initialized in the world group map". Imported first,
 # with no group yet, the default is None: "whatever the current group is".
-import torch.distributed.nn.functional  # noqa: E402,F401
+import torch.distributed.nn.functional  # noqa: F401
 
 
 @contextmanager
