@@ -77,9 +77,6 @@ def test_plots_report_and_snakemake_see_the_same_figures(tmp_path: Path) -> None
     assert "../report/convergence.rst" in (REPO / "workflow" / "rules" / "converge.smk").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="workflow.py keeps its own FIGURES list until the lead wires it to "
-                                       "figures.registry.names() after the site package lands (issue 33); "
-                                       "then this passes: remove the mark")
 def test_no_second_list_of_figures_in_src() -> None:
     """The workflow's targets come from the table too: no module but the table lists the figures."""
     listing = re.compile(r'"throughput_by_model",\s*"max_batch"|"fits",\s*"predicted_vs_measured"')

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from scaleladder.figures import registry as figure_registry
 from scaleladder.models.flavors import get_flavor
 from scaleladder.site.config import ConfigError, apply_loader, apply_profiling, check_data_values, validate_config
 from scaleladder.site.settings import Site, SiteConfig
@@ -350,13 +351,13 @@ def wildcard_constraints(rungs: Iterable[RunSpec]) -> dict[str, str]:
     }
 
 
-FIGURES: list[str] = ["throughput_by_model", "max_batch", "fsdp_knobs", "weak_scaling", "pareto"]
+FIGURES: list[str] = figure_registry.names("plots")  # the ladder's figures, from the one figure table
 
 
 def plan_figures(site: Site | Mapping[str, Any]) -> list[str]:
     """The planner's figures, where the site names a device to plan for: what fits where,
     and its predicted peaks against the measured ones."""
-    return ["fits", "predicted_vs_measured"] if Site.of(site).plan_device else []
+    return figure_registry.names("plan") if Site.of(site).plan_device else []
 
 
 def final_targets(ladder: Ladder) -> list[str]:
