@@ -31,7 +31,8 @@ from scaleladder.rung.batches import SyntheticBatches
 from scaleladder.rung.loop import train_loop
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.rung.ladder import apply_strategy, unused_parameter_names
+from scaleladder.rung.parallelize import apply_strategy
+from scaleladder.rung.unused_params import unused_parameter_names
 from scaleladder.rung.optim import make_optimizer
 from scaleladder.rung.precision import policy
 from scaleladder.spec import Knobs, parse_strategy

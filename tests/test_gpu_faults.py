@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from helpers.gloo import one_rank_group
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.rung import ladder, loop
+from scaleladder.rung import loop, parallelize, unused_params
 from scaleladder.rung.batches import SyntheticBatches
 from scaleladder.rung.feed import DeviceFeed
 from scaleladder.rung.optim import make_optimizer, make_scaler
@@ -49,14 +49,14 @@ def private_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_probe_refuses_to_run_inside_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under NCCL the probe's CPU forward dies in FLAVA's contrastive all-gather; gloo
     lets it through, so the probe itself refuses a group a CPU test can see."""
-    monkeypatch.setattr(ladder, "_UNUSED_CACHE", {})
+    monkeypatch.setattr(unused_params, "_UNUSED_CACHE", {})
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(RuntimeError, match="before the process group exists"):
-            ladder.unused_parameter_names("flava")
+            unused_params.unused_parameter_names("flava")
     finally:
         dist.destroy_process_group()
-    assert "flava" not in ladder._UNUSED_CACHE
+    assert "flava" not in unused_params._UNUSED_CACHE
 
 
 @pytest.mark.parametrize("strategy", ["single", "fsdp-full"])
@@ -68,7 +68,7 @@ def test_a_flava_rung_probes_before_it_makes_its_group(tmp_path: Path, monkeypat
     from scaleladder.rung import launch
 
     events: list[str] = []
-    real_probe, real_init = ladder.unused_parameter_names, launch.init
+    real_probe, real_init = unused_params.unused_parameter_names, launch.init
 
     def probe(family: str) -> frozenset[str]:
         events.append(f"probe:{family}:{'group' if dist.is_initialized() else 'no-group'}")
@@ -78,8 +78,8 @@ def test_a_flava_rung_probes_before_it_makes_its_group(tmp_path: Path, monkeypat
         events.append("init")
         real_init(*a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ladder, "_UNUSED_CACHE", {})
-    monkeypatch.setattr(ladder, "unused_parameter_names", probe)
+    monkeypatch.setattr(unused_params, "_UNUSED_CACHE", {})
+    monkeypatch.setattr(unused_params, "unused_parameter_names", probe)
     monkeypatch.setattr(launch, "init", init)
     out = tmp_path / "r.h5"
     rc = cli.main(["run", "--spec", f"flava-debug/{strategy}/fp32/pre-lag/n1/b4", "--steps", "2", "--warmup", "1",
@@ -88,7 +88,7 @@ def test_a_flava_rung_probes_before_it_makes_its_group(tmp_path: Path, monkeypat
     assert events[0] == "probe:flava:no-group" and events.index("init") > 0, events
     assert all(e.endswith("no-group") or e == "init" or "group" in e and e.startswith("probe") for e in events)
     # every later lookup hits the cache: no probe forward ever runs inside the group
-    assert ladder._UNUSED_CACHE.keys() == {"flava"}
+    assert unused_params._UNUSED_CACHE.keys() == {"flava"}
 
 
 # -- faults 3 and 9: host syncs inside the step ---------------------------------------------
@@ -137,7 +137,7 @@ def _syncs(flavor_name: str, strategy: str, precision: str, steps: int) -> int:
     flavor, prec = get_flavor(flavor_name), policy(precision)
     torch.manual_seed(0)
     model = build_model(flavor, CPU).to(dtype=prec.storage_dtype)
-    wrapped, _ = ladder.apply_strategy(model, parse_strategy(strategy), default_knobs(parse_strategy(strategy)), prec, CPU)
+    wrapped, _ = parallelize.apply_strategy(model, parse_strategy(strategy), default_knobs(parse_strategy(strategy)), prec, CPU)
     opt = make_optimizer(wrapped.parameters(), 1e-4, precision)
     scaler = make_scaler(precision, parse_strategy(strategy), CPU)
     batches = SyntheticBatches(flavor, 4, 0, steps, 0, CPU, dtype=prec.storage_dtype)
@@ -183,7 +183,7 @@ def _final_loss(precision: str, steps: int = 200) -> float:
     flavor, prec = get_flavor("vit-debug"), policy(precision)
     torch.manual_seed(0)
     model = build_model(flavor, CPU).to(dtype=prec.storage_dtype)
-    wrapped, _ = ladder.apply_strategy(model, parse_strategy("single"), Knobs(), prec, CPU)
+    wrapped, _ = parallelize.apply_strategy(model, parse_strategy("single"), Knobs(), prec, CPU)
     opt = make_optimizer(wrapped.parameters(), 1e-4, precision)
     m = loop.train_loop(wrapped, opt, SyntheticBatches(flavor, 8, 0, steps, 0, CPU, dtype=prec.storage_dtype),
                          steps=steps, warmup=1, prec=prec, device=CPU)
@@ -228,7 +228,7 @@ def test_bf16_true_masters_work_on_fsdp2_shards() -> None:
         torch.manual_seed(0)
         model = build_model(flavor, CPU).to(dtype=torch.bfloat16)
         strategy = parse_strategy("fsdp2-full")
-        wrapped, _ = ladder.apply_strategy(model, strategy, default_knobs(strategy), prec, CPU)
+        wrapped, _ = parallelize.apply_strategy(model, strategy, default_knobs(strategy), prec, CPU)
         opt = make_optimizer(wrapped.parameters(), 1e-3, "bf16-true")
         before = [p.to_local().clone() for p in wrapped.parameters()]
         m = loop.train_loop(wrapped, opt, SyntheticBatches(flavor, 4, 0, 3, 0, CPU, dtype=torch.bfloat16), steps=3, warmup=1, prec=prec, device=CPU)

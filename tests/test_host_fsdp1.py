@@ -19,13 +19,13 @@ import os
 import pytest
 
 from helpers.host import StepCounts, count_steps
-from scaleladder.rung.ladder import FSDP1_UNSAFE_SETATTR
+from scaleladder.rung.parallelize import FSDP1_UNSAFE_SETATTR
 
 # Measured at 2.14.1 (dev-cpu): top-level aten ops a step, single 245 / fsdp-full 306 (bench_host's
 # rung loop adds 4 to each: the loss kept; the 61 more: a view per parameter in each forward and its reshape in backward, the flat
 # parameter's split/cat/slices, `.data` swaps, one expand_as per unit; the optimizer steps 3
 # flat parameters instead of 32); Python calls a step, single 873 / fsdp-full 2,432 (3,008
-# with nn.Module's checked setattr for the views: rung.ladder._fsdp1_plain_setattr).
+# with nn.Module's checked setattr for the views: rung.parallelize._fsdp1_plain_setattr).
 MAX_EXTRA_OPS = 70
 MAX_PY_CALLS_PER_UNIT = 600  # 520 today (3 units); 712 with the checked setattr, 2,070 with use_orig_params
 

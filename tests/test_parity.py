@@ -138,7 +138,7 @@ def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_b
     _check(got, ref, f"{flavor} on 2 ranks:")
     # Why fsdp-hybrid1 runs as NO_SHARD: upstream HYBRID_SHARD with 1-rank shard groups never
     # synchronises gradients, so its loss leaves the reference after the first update.
-    # If this ever fails, torch fixed the trap and rung.ladder.wrap_fsdp can drop its workaround.
+    # If this ever fails, torch fixed the trap and rung.parallelize.wrap_fsdp can drop its workaround.
     # (FSDP2's fsdp2-hybrid1, a (world, 1) mesh, needs no workaround: it is in ALL above.)
     raw = np.array(got["raw-hybrid1"])
     assert raw[0] == pytest.approx(ref[0], rel=1e-5) and not np.allclose(raw[1:], ref[1:], rtol=1e-3)

@@ -47,7 +47,7 @@ def test_debug_inventories_match_a_full_build_and_the_ladders_frozen_set() -> No
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.models.flavors import get_flavor
     from scaleladder.planner.inventory import is_unused
-    from scaleladder.rung.ladder import unused_parameter_names
+    from scaleladder.rung.unused_params import unused_parameter_names
 
     for name in ("vit-debug", "flava-debug"):
         inv = inventory(name)

@@ -242,7 +242,8 @@ def _measured(flavor: Any, batch: int, ac: str, flava_impl: str = "torchmultimod
     """(peak bytes of a steady-state step, bytes the forward left alive when it returned)."""
     from scaleladder.models.build import build_model
     from scaleladder.rung.batches import synthetic_batch
-    from scaleladder.rung.ladder import _checkpoint, freeze_unused
+    from scaleladder.rung.parallelize import _checkpoint
+    from scaleladder.rung.unused_params import freeze_unused
 
     torch.manual_seed(0)
     model = build_model(flavor, "cpu", flava_impl=flava_impl)

@@ -1,7 +1,7 @@
 """Exact validation of the planner's static memory, on real tensors (CPU, gloo).
 
 Two ranks build vit-debug and flava-debug, wrap them with the ladder's own
-``rung.ladder.apply_strategy`` (every strategy, three precisions), run one training
+``rung.parallelize.apply_strategy`` (every strategy, three precisions), run one training
 step with the runner's own optimizer (``optim.make_optimizer``: fused AdamW; under
 bf16-true with fp32 master weights), and sum — per rank — the bytes of the
 parameters' storage, of the gradients and of the optimizer's state (moments, masters,
@@ -82,8 +82,8 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
     from scaleladder.rung.batches import synthetic_batch
-    from scaleladder.rung.ladder import apply_strategy
     from scaleladder.rung.optim import make_optimizer
+    from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.spec import default_knobs, parse_strategy
 
@@ -145,7 +145,7 @@ def _count_gathered_units(flavor_name: str, strategy: str, flava_impl: str = "to
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
     from scaleladder.rung.batches import synthetic_batch
-    from scaleladder.rung.ladder import apply_strategy
+    from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.spec import Knobs, parse_strategy
 
@@ -186,7 +186,7 @@ def _count_gathered_units_fsdp2(flavor_name: str, strategy: str) -> dict[str, in
     from scaleladder.models.build import build_model
     from scaleladder.models.flavors import get_flavor
     from scaleladder.rung.batches import synthetic_batch
-    from scaleladder.rung.ladder import apply_strategy
+    from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.spec import default_knobs, parse_strategy
 
@@ -212,7 +212,7 @@ def _count_gathered_units_fsdp2(flavor_name: str, strategy: str) -> dict[str, in
 def _worker() -> None:
     import torch.distributed as dist
 
-    from scaleladder.rung.ladder import unused_parameter_names
+    from scaleladder.rung.unused_params import unused_parameter_names
 
     unused_parameter_names("flava")  # before the group, as the runner does (rung/ladder.py)
     dist.init_process_group("gloo")

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scaleladder.rung import ladder, probe_cache
+from scaleladder.rung import probe_cache, unused_params
 
 FRESH = """import json, sys
-from scaleladder.rung.ladder import unused_parameter_names
+from scaleladder.rung.unused_params import unused_parameter_names
 print(json.dumps(sorted(unused_parameter_names(sys.argv[1]))))
 """
 
@@ -51,13 +51,13 @@ def test_an_unwritable_or_corrupt_cache_only_costs_the_probe(tmp_path: Path, mon
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("SCALELADDER_CACHE", str(blocker / "sub"))  # a folder under a file: cannot be made
-    monkeypatch.setattr(ladder, "_UNUSED_CACHE", {})
-    assert ladder.unused_parameter_names("vit") == frozenset()
+    monkeypatch.setattr(unused_params, "_UNUSED_CACHE", {})
+    assert unused_params.unused_parameter_names("vit") == frozenset()
     monkeypatch.setenv("SCALELADDER_CACHE", str(tmp_path / "c"))
-    monkeypatch.setattr(ladder, "_UNUSED_CACHE", {})
+    monkeypatch.setattr(unused_params, "_UNUSED_CACHE", {})
     probe_cache.path("vit").parent.mkdir(parents=True)
     probe_cache.path("vit").write_text("{not json")
     assert probe_cache.load("vit") is None
-    assert ladder.unused_parameter_names("vit") == frozenset()
+    assert unused_params.unused_parameter_names("vit") == frozenset()
     assert probe_cache.load("vit") == frozenset()  # rewritten whole
     assert not list((tmp_path / "c").glob(".*.tmp"))

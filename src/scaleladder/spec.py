@@ -30,7 +30,7 @@ from typing import Literal
 from scaleladder.errors import SpecError as SpecError
 from scaleladder.models.flavors import get_flavor
 
-#: torch.compile backends a -compile rung may use (rung.ladder applies them; here so that the
+#: torch.compile backends a -compile rung may use (rung.parallelize applies them; here so that the
 #: CLI's choices need no torch)
 COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager")
 

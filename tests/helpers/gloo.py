@@ -22,8 +22,8 @@ def one_rank_group() -> Iterator[None]:
         yield
         return
     # As the runner does: the unused-parameter probes run before any group exists
-    # (rung.ladder.unused_parameter_names refuses to run inside one; NCCL would fail there).
-    from scaleladder.rung.ladder import unused_parameter_names
+    # (rung.unused_params.unused_parameter_names refuses to run inside one; NCCL would fail there).
+    from scaleladder.rung.unused_params import unused_parameter_names
 
     for family in ("vit", "flava"):
         unused_parameter_names(family)

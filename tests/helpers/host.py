@@ -22,8 +22,8 @@ from torch import nn
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
 from scaleladder.rung.batches import synthetic_batch
-from scaleladder.rung.ladder import apply_strategy
 from scaleladder.rung.optim import backward_and_step, make_optimizer
+from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.precision import policy
 from scaleladder.spec import default_knobs, parse_strategy
 

@@ -28,8 +28,8 @@ from scaleladder.models.flava_impl import DEFAULT as DEFAULT_FLAVA_IMPL
 from scaleladder.models.flavors import get_flavor
 from scaleladder.rung import launch
 from scaleladder.rung.batches import SyntheticBatches
-from scaleladder.rung.ladder import apply_strategy
 from scaleladder.rung.loop import train_loop
+from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.precision import policy
 from scaleladder.spec import default_knobs, parse_knobs, parse_strategy
 
@@ -89,7 +89,7 @@ def main() -> None:
     flavor, global_batch, steps, strategies = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
     backend = sys.argv[5] if len(sys.argv) > 5 else "inductor"
     env = launch.detect()
-    from scaleladder.rung.ladder import unused_parameter_names
+    from scaleladder.rung.unused_params import unused_parameter_names
 
     unused_parameter_names(get_flavor(flavor).family)  # before the group, as the runner does
     launch.init(env, torch.device("cpu"))

@@ -209,7 +209,7 @@ class _Built:
     loader: Any
     feed: Any  # one endless stream of device batches, sliced into chunks
     wrapped: torch.nn.Module
-    report: Any  # rung.ladder's wrap report (fsdp_units)
+    report: Any  # rung.parallelize's WrapReport (fsdp_units)
     params: int
     optimizer: torch.optim.Optimizer
     scaler: Any

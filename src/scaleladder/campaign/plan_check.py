@@ -145,9 +145,10 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
     from scaleladder.planner.memory import predict
     from scaleladder.planner.step_setup import Variant
     from scaleladder.rung.batches import SyntheticBatches
-    from scaleladder.rung.ladder import apply_strategy, unused_parameter_names
     from scaleladder.rung.optim import backward_and_step, make_optimizer, make_scaler
+    from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
+    from scaleladder.rung.unused_params import unused_parameter_names
 
     flavor = get_flavor(spec.model)
     if flavor.family == "flava" and flava_impl != SDPA:
@@ -159,7 +160,7 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
         raise SpecError(f"{spec.path}: the planner check covers single, ddp, FSDP1 on one rank and FSDP2 at a fixed batch")
     spec.strategy.check_world(world)
     t0 = time.perf_counter()
-    unused_parameter_names(flavor.family)  # the probe runs before any process group (rung.ladder)
+    unused_parameter_names(flavor.family)  # the probe runs before any process group (rung.unused_params)
     device = torch.device("cpu")
     prec = policy(spec.precision)
     batch = int(spec.batch)

@@ -3,7 +3,7 @@
 The planner needs the *layout*, not just a count (FSDP1 pads each parameter inside its
 unit's flat parameter; frozen parameters get no gradient or state). It builds a reduced
 copy of the flavor (one layer per encoder) on the meta device, ``full = root + codebook +
-n_layers × layer``, with units and freezing as ``rung.ladder`` makes them. Without torch it
+n_layers × layer``, with units and freezing as ``rung.parallelize`` makes them. Without torch it
 reads the stored ``layouts.json`` (``python -m scaleladder.planner.inventory`` writes it).
 Why: docs/planner.md, "1. Parameters, exactly".
 """
@@ -92,7 +92,7 @@ def n_layers(flavor: Flavor) -> int:
 
 
 # Parameters FLAVA pretraining never uses when the fusion path runs (FLAVAPretrainingLoss skips
-# the unimodal MLM/MIM heads; nothing reads the encoders' pooler outputs). rung.ladder.freeze_unused
+# the unimodal MLM/MIM heads; nothing reads the encoders' pooler outputs). rung.unused_params.freeze_unused
 # finds the same set empirically with a CPU step on flava-debug — too slow to pay for every
 # plan; tests/test_plan.py checks that the two agree.
 _UNUSED_PREFIXES = {
@@ -109,7 +109,7 @@ def is_unused(family: str, name: str) -> bool:
 def fsdp1_units(inv: Inventory) -> Inventory:
     """The units FSDP1 builds: each unused (frozen) head or pooler out of the root, a unit of its own.
 
-    rung.ladder.wrap_fsdp gives every outermost all-frozen module a unit, because a
+    rung.parallelize.wrap_fsdp gives every outermost all-frozen module a unit, because a
     FlatParameter without use_orig_params must be all trainable or all frozen; FLAVA's
     are exactly the modules named by _UNUSED_PREFIXES (tests/test_plan_exact.py holds the
     bytes to the real flat parameters). The root keeps its order minus those parameters.

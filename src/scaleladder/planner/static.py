@@ -79,7 +79,7 @@ class Sharding:
 def sharding(strategy: Strategy, world: int) -> Sharding:
     strategy.check_world(world)
     # A -compile rung is planned as its eager rung: the same parameters, gradients, states and
-    # units (rung.ladder._compile_blocks compiles each block inside them), and the eager rung's
+    # units (rung.parallelize._compile_blocks compiles each block inside them), and the eager rung's
     # activations as an UPPER BOUND (inductor's partitioner saves no more than eager in the
     # common case, often fewer; plan --json says `memory_model`).
     if strategy.is_fsdp2:
@@ -90,7 +90,7 @@ def sharding(strategy: Strategy, world: int) -> Sharding:
     if not strategy.is_fsdp:
         return Sharding("none", 1, 1)
     if strategy.sharding == "hybrid" and strategy.group == 1:
-        # rung.ladder.wrap_fsdp runs hybrid1 as NO_SHARD over the world (FSDP1's own
+        # rung.parallelize.wrap_fsdp runs hybrid1 as NO_SHARD over the world (FSDP1's own
         # hybrid-of-one drops the cross-replica all-reduce): padded to the world.
         return Sharding("no-shard", 1, world)
     if strategy.sharding == "hybrid":
@@ -132,7 +132,7 @@ def aligned_numel(precision: str, orig_params: bool = True) -> int:
 
 
 def fsdp1_use_orig_params(strategy: Strategy) -> bool:
-    """Does ``rung.ladder.wrap_fsdp`` build this FSDP1 rung with ``use_orig_params=True``?
+    """Does ``rung.parallelize.wrap_fsdp`` build this FSDP1 rung with ``use_orig_params=True``?
 
     No, the FLAVA seed's default, except under ``-ac-reentrant``: there, with bf16-mixed's
     MixedPrecision and FLAVA's two passes per step, FSDP1's flat-parameter path gave a

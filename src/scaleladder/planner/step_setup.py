@@ -143,7 +143,7 @@ def step_setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: A
         flavor = dataclasses.replace(flavor, text_len=variant.text_len)  # activations only: parameters are unchanged
     shard = sharding(strategy, world)
     if shard.fsdp and not shard.fsdp2 and variant.frozen_units:
-        inv = fsdp1_units(inv)  # FSDP1's frozen heads are units of their own (rung.ladder.wrap_fsdp)
+        inv = fsdp1_units(inv)  # FSDP1's frozen heads are units of their own (rung.parallelize.wrap_fsdp)
     passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant), strategy.selective,
                             variant.flava_impl)
     full, chunk, grad_full, grad_chunk = _unit_sizes(inv, shard, aligned_numel(precision, fsdp1_use_orig_params(strategy)))

@@ -121,7 +121,7 @@ class Settings(Section):
 
 
 class Build(Section):
-    title = "What was built (rung.ladder)"
+    title = "What was built (rung.parallelize)"
     world_size = attr("count", "ranks")
     params = attr("count", "model parameters (an oom record: counted on the meta device)")
     frozen_unused_params = attr("count", "parameters no loss reaches, frozen before wrapping")

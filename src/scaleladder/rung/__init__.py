@@ -1,8 +1,10 @@
-"""One rung on every rank: launch → device → ladder (the strategy) → timed loop → record.
+"""One rung on every rank: launch → device → parallelize (the strategy) → timed loop → record.
 
-- ``run``: ``scaleladder run``, the per-rank program: spec → model → ladder → loop → HDF5.
+- ``run``: ``scaleladder run``, the per-rank program: spec → model → parallelize → loop → HDF5.
 - ``loop``: the timed window, and what every number in it means.
-- ``ladder``: ``apply_strategy``: activation checkpointing, compile, then DDP/FSDP.
+- ``parallelize``: ``apply_strategy``: activation checkpointing, compile, then DDP/FSDP.
+- ``what_ran``: the wrapped model read back: its units and layers, and the sharding that runs.
+- ``unused_params``: FLAVA's parameters no step trains, found by a CPU probe and frozen.
 - ``precision``: what each precision name means, in one table.
 - ``optim``: fused AdamW with no host sync in every precision, and the grad scaler.
 - ``sac``: selective activation checkpointing (``-sac``): which ops' outputs a layer keeps.
@@ -14,7 +16,7 @@
 - ``devices``: a rank's own device: its chip in the device table, and the peak its MFU is against.
 - ``provenance``: where and with what a rung ran: what a reader needs to trust or redo it.
 - ``profiling``: a ``torch.profiler`` trace of a few steps, and the allocator's memory snapshot.
-- ``probe_cache``: the unused-parameter probe (``ladder.unused_parameter_names``) kept on disk.
+- ``probe_cache``: the unused-parameter probe (``unused_params.unused_parameter_names``) kept on disk.
 
 Imports from: spec, models, data, results, planner.
 """

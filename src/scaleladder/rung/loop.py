@@ -199,7 +199,7 @@ def _graphs_captured() -> int:
 
 def _compile_failure(e: BaseException) -> bool:
     """Did torch.compile fail (not the model, not memory)? Dynamo's own exceptions, and
-    the recompile limit (made an error by rung.ladder._compile_blocks)."""
+    the recompile limit (made an error by rung.parallelize._compile_blocks)."""
     import torch._dynamo.exc as dynamo_exc
 
     return isinstance(e, (dynamo_exc.TorchDynamoException, dynamo_exc.FailOnRecompileLimitHit))

@@ -1,4 +1,4 @@
-"""A disk cache for the unused-parameter probe (rung.ladder.unused_parameter_names).
+"""A disk cache for the unused-parameter probe (rung.unused_params.unused_parameter_names).
 
 The probe trains the family's debug flavor one step on the CPU in every rank of every rung:
 about 2 s for FLAVA on the 2-core VM (docs/performance.md, "Start-up"), for an answer that

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from scaleladder.models.flops import FlopCount
     from scaleladder.rung.batches import SyntheticBatches
     from scaleladder.rung.feed import Batch, DeviceFeed
-    from scaleladder.rung.ladder import LadderReport
+    from scaleladder.rung.parallelize import WrapReport
     from scaleladder.rung.launch import DistEnv
     from scaleladder.rung.loop import Measurement, RungOptimizer
     from scaleladder.rung.precision import PrecisionPolicy
@@ -316,8 +316,8 @@ def _main(args: argparse.Namespace, env: DistEnv) -> int:
     # Before the group exists: the unused-parameter probe runs a CPU forward, and FLAVA's
     # contrastive loss all-gathers whenever a group exists. An NCCL/RCCL group serves
     # only GPU tensors ("No backend type associated with device type cpu"); gloo serves
-    # both, so only the order keeps this off the GPU path (rung.ladder.unused_parameter_names).
-    from scaleladder.rung.ladder import unused_parameter_names
+    # both, so only the order keeps this off the GPU path (rung.unused_params.unused_parameter_names).
+    from scaleladder.rung.unused_params import unused_parameter_names
 
     unused_parameter_names(cfg.flavor.family)
     launch.init(env, device)
@@ -383,13 +383,13 @@ def _run_rank(ctx: RankContext) -> int:
         os._exit(EXIT_OOM)
 
 
-def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: PrecisionPolicy) -> tuple[torch.nn.Module, LadderReport, int]:
+def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: PrecisionPolicy) -> tuple[torch.nn.Module, WrapReport, int]:
     """The model of ``cfg`` on ``device``, through the ladder: (wrapped, ladder report, params)."""
     import torch
 
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.models.init import make_param_init_fn, materialize
-    from scaleladder.rung.ladder import apply_strategy
+    from scaleladder.rung.parallelize import apply_strategy
 
     spec, flavor = cfg.spec, cfg.flavor
     torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
@@ -431,7 +431,7 @@ class Built:
     source: SyntheticBatches | DeviceFeed  # a DeviceFeed carries the loader's wait and rate
     data_attrs: dict[str, Any]  # what the record says about the data beyond --data
     wrapped: torch.nn.Module
-    report: LadderReport  # what wrapping did
+    report: WrapReport  # what wrapping did
     params: int
     optimizer: RungOptimizer
     scaler: torch.amp.GradScaler | None  # fp16-mixed only (FSDP1's sharded scaler is a GradScaler too)
@@ -492,7 +492,7 @@ def ok_attrs(ctx: RankContext, built: Built, m: Measurement, where: dict[str, An
     from scaleladder.results.stats import within_run
     from scaleladder.rung import provenance
     from scaleladder.rung.devices import rank_device_peak_flops
-    from scaleladder.rung.ladder import sharding_ran
+    from scaleladder.rung.what_ran import sharding_ran
     from scaleladder.rung.loop import host_attrs
 
     cfg, spec, world, report = ctx.cfg, ctx.cfg.spec, ctx.env.world, built.report
@@ -512,7 +512,7 @@ def ok_attrs(ctx: RankContext, built: Built, m: Measurement, where: dict[str, An
         Build.ac_layers: report.ac_layers,
         Build.compiled_layers: report.compiled_layers,
         # what the wrapper actually did, read from the wrapped model (FSDP1 at world size 1
-        # is NO_SHARD whatever the spec says: rung.ladder.sharding_ran)
+        # is NO_SHARD whatever the spec says: rung.what_ran.sharding_ran)
         **sharding_ran(built.wrapped),
         Build.init: built.init,
         **built.data_attrs,
@@ -591,7 +591,7 @@ def _init_mode(ctx: RankContext, flavor: Flavor) -> str:
     cfg, device = ctx.cfg, ctx.device
     if cfg.init != "auto":
         return cfg.init
-    # FSDP1 and FSDP2 both materialise a meta model one unit at a time (rung.ladder).
+    # FSDP1 and FSDP2 both materialise a meta model one unit at a time (rung.parallelize).
     if device.type != "cuda" or not cfg.spec.strategy.is_fsdp:
         return "device"
     import torch

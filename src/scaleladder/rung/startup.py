@@ -81,7 +81,7 @@ def import_rank_modules(family: str) -> None:
     here. FLAVA's TorchMultimodal modules only for FLAVA; never plotting or workflow modules."""
     importlib.import_module("torch")
     importlib.import_module("torch.distributed")
-    importlib.import_module("scaleladder.rung.ladder")
+    importlib.import_module("scaleladder.rung.parallelize")
     importlib.import_module("scaleladder.models.build")
     if family == "flava":
         importlib.import_module("torchmultimodal.models.flava.model")

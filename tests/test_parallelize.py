@@ -1,5 +1,5 @@
-"""The ladder in one process: proof that wrapping happened (a wrong layer class is an
-error) for FSDP1 and FSDP2, compiled blocks, FSDP2's prefetch lists and how it gathers
+"""A strategy applied in one process (rung/parallelize.py): proof that wrapping happened (a
+wrong layer class is an error) for FSDP1 and FSDP2, compiled blocks, FSDP2's prefetch lists and how it gathers
 FLAVA's repeated encoder passes, and a meta-device build that keeps the codebook weights
 it was given."""
 
@@ -17,9 +17,10 @@ from torch import nn
 from helpers.gloo import one_rank_group
 from scaleladder.models.build import build_model
 from scaleladder.models.flavors import get_flavor
-from scaleladder.rung import ladder
-from scaleladder.rung.ladder import apply_strategy
+from scaleladder.rung import parallelize
+from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.precision import policy
+from scaleladder.rung.what_ran import sharding_ran
 from scaleladder.spec import SpecError, default_knobs, parse_knobs, parse_strategy
 
 CPU = torch.device("cpu")
@@ -41,8 +42,8 @@ def _wrong_layer_cls(flavor: str) -> type[nn.Module]:
     return TransformerEncoderLayer
 
 
-def _ladder(flavor: str, strategy: str, model: nn.Module | None = None, knobs: str | None = None,
-            backend: str = "aot_eager") -> tuple[nn.Module, ladder.LadderReport]:
+def _apply(flavor: str, strategy: str, model: nn.Module | None = None, knobs: str | None = None,
+            backend: str = "aot_eager") -> tuple[nn.Module, parallelize.WrapReport]:
     # aot_eager: these tests look at structure, not kernels; inductor's code generation
     # would add tens of seconds per compiled case on the CPU (tests/test_parity.py runs it).
     torch.manual_seed(0)
@@ -61,7 +62,7 @@ def test_a_wrong_layer_class_is_an_error(flavor: str, strategy: str) -> None:
     model = build_model(get_flavor(flavor))
     model.layer_cls = _wrong_layer_cls(flavor)
     with pytest.raises(SpecError, match="wrong layer class") as e:
-        _ladder(flavor, strategy, model)
+        _apply(flavor, strategy, model)
     assert "\n" not in str(e.value)
 
 
@@ -70,17 +71,17 @@ def test_a_wrong_layer_class_is_an_error(flavor: str, strategy: str) -> None:
 def test_a_policy_that_misses_the_layers_is_an_error(flavor: str, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The right class, but a policy that gives layers no unit (FLAVA still gets 2 units;
     # ViT, with nothing else to wrap, gets LayerNorm units instead).
-    real = ladder._unit_classes
-    monkeypatch.setattr(ladder, "_unit_classes", lambda m, ac: {c for c in real(m, ac) if c is not m.layer_cls} or {nn.LayerNorm})
+    real = parallelize._unit_classes
+    monkeypatch.setattr(parallelize, "_unit_classes", lambda m, ac: {c for c in real(m, ac) if c is not m.layer_cls} or {nn.LayerNorm})
     with pytest.raises(SpecError, match=r"gave 0 of the \d+ .*TransformerEncoderLayer"):
-        _ladder(flavor, strategy)
+        _apply(flavor, strategy)
 
 
 @pytest.mark.parametrize("flavor,layers,other_units", [("vit-debug", 2, 1), ("flava-debug", 5, 2)])
 @pytest.mark.parametrize("strategy", ["fsdp-full", "fsdp-hybrid1-ac", "fsdp-full-ac-reentrant", "fsdp2-full", "fsdp2-hybrid1-ac",
                                       "fsdp2-grad-op-ac-compile"])
 def test_every_layer_gets_its_own_unit_and_the_count_is_reported(flavor: str, layers: int, other_units: int, strategy: str) -> None:
-    wrapped, report = _ladder(flavor, strategy)
+    wrapped, report = _apply(flavor, strategy)
     if strategy.startswith("fsdp-") and "-ac" in strategy:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, CheckpointWrapper
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -115,7 +116,7 @@ def test_compile_wraps_each_block_after_ac_and_before_the_wrapper(strategy: str)
     from torch._dynamo.eval_frame import OptimizedModule
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    wrapped, report = _ladder("flava-debug", strategy)
+    wrapped, report = _apply("flava-debug", strategy)
     blocks = [m for m in wrapped.modules() if isinstance(m, OptimizedModule)]
     assert len(blocks) == report.compiled_layers == 5
     # AC, then compile: the compiled module is the checkpoint wrapper, not the bare layer
@@ -135,7 +136,7 @@ def test_fsdp1_flat_parameters_as_the_seed_ran_them(strategy: str) -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp._flat_param import FlatParameter
 
-    wrapped, _ = _ladder("flava-debug", strategy)
+    wrapped, _ = _apply("flava-debug", strategy)
     units = [m for m in wrapped.modules() if isinstance(m, FSDP)]
     orig = strategy.endswith("-reentrant")
     assert all(u._use_orig_params == orig for u in units)
@@ -156,7 +157,7 @@ def test_a_disabled_dynamo_is_refused_not_run_eager() -> None:
     # TRAP (tests): not monkeypatch.setattr — Dynamo's config module serves its keys through
     # __getattr__, and monkeypatch's undo then DELETES the key for the rest of the session.
     with torch._dynamo.config.patch(disable=True), pytest.raises(SpecError, match="TORCH_COMPILE_DISABLE"):
-        _ladder("vit-debug", "single-compile")
+        _apply("vit-debug", "single-compile")
 
 
 def test_a_graph_break_is_a_one_line_compile_error() -> None:
@@ -176,7 +177,7 @@ def test_a_graph_break_is_a_one_line_compile_error() -> None:
             return _real(*a, **k)
 
         layer.forward = broken  # type: ignore[method-assign]
-    wrapped, _ = _ladder("vit-debug", "single-compile", model)
+    wrapped, _ = _apply("vit-debug", "single-compile", model)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     with pytest.raises(CompileError, match="failed to compile at step 0") as e:
         train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 2, 0, CPU), steps=2, warmup=1, prec=policy("fp32"), device=CPU, compiled=True)
@@ -189,7 +190,7 @@ def test_a_recompile_inside_the_window_is_an_error() -> None:
     from scaleladder.rung.loop import CompileError, train_loop
 
     flavor = get_flavor("vit-debug")
-    wrapped, _ = _ladder("vit-debug", "single-compile")
+    wrapped, _ = _apply("vit-debug", "single-compile")
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     from scaleladder.rung.batches import synthetic_batch
 
@@ -205,7 +206,7 @@ def test_a_compiled_loop_needs_a_warmup_and_records_its_compile() -> None:
     from scaleladder.rung.loop import CompileError, train_loop
 
     flavor = get_flavor("vit-debug")
-    wrapped, _ = _ladder("vit-debug", "single-compile")
+    wrapped, _ = _apply("vit-debug", "single-compile")
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     with pytest.raises(CompileError, match="warmup >= 1"):
         train_loop(wrapped, opt, SyntheticBatches(flavor, 2, 0, 3, 0, CPU), steps=3, warmup=0, prec=policy("fp32"), device=CPU, compiled=True)
@@ -227,7 +228,7 @@ def test_fsdp2_prefetch_stays_within_each_encoder() -> None:
     """pf2 on FLAVA: each layer names the next two layers of ITS encoder for forward and the
     previous two (nearest first) for backward; nothing crosses encoders, whose order
     differs between FLAVA's two passes; pf0 sets nothing (FSDP2's implicit prefetch)."""
-    wrapped, _ = _ladder("flava-debug", "fsdp2-full", knobs="pf2")
+    wrapped, _ = _apply("flava-debug", "fsdp2-full", knobs="pf2")
     layers = {n: m for n, m in wrapped.named_modules() if isinstance(m, wrapped.layer_cls)}  # type: ignore[arg-type]
     state = {n: m._get_fsdp_state() for n, m in layers.items()}  # type: ignore[operator]
 
@@ -240,10 +241,10 @@ def test_fsdp2_prefetch_stays_within_each_encoder() -> None:
     assert _names(wrapped, targets(img + "1", "backward")) == [img + "0"]
     assert targets(img + "1", "forward") == []  # the last of its stack: never the text encoder's first
     assert targets("flava.model.mm_encoder.encoder.layer.0", "forward") == []
-    plain, _ = _ladder("vit-debug", "fsdp2-full")
+    plain, _ = _apply("vit-debug", "fsdp2-full")
     assert all(not m._get_fsdp_state()._states_to_forward_prefetch and not m._get_fsdp_state()._states_to_backward_prefetch
                for m in plain.modules() if isinstance(m, plain.layer_cls))  # type: ignore[arg-type,union-attr]
-    vit2, _ = _ladder("vit-debug", "fsdp2-full", knobs="pf2")
+    vit2, _ = _apply("vit-debug", "fsdp2-full", knobs="pf2")
     first = next(m for m in vit2.modules() if isinstance(m, vit2.layer_cls))  # type: ignore[arg-type]
     assert len(first._get_fsdp_state()._states_to_forward_prefetch) == 1  # ViT-debug has 2 layers: one ahead
 
@@ -256,7 +257,7 @@ def _fsdp2_gathers(strategy: str) -> tuple[dict[str, int], int]:
 
     from scaleladder.rung.batches import synthetic_batch
 
-    wrapped, _ = _ladder("flava-debug", strategy)
+    wrapped, _ = _apply("flava-debug", strategy)
     groups = [m._get_fsdp_state()._fsdp_param_group for m in wrapped.modules() if isinstance(m, FSDPModule)]
     unshards: dict[str, int] = {}
     real = pg.FSDPParamGroup._to_unsharded
@@ -364,8 +365,8 @@ def test_meta_init_rejects_a_codebook_file_that_does_not_fit(tmp_path: Path) -> 
     ("single", "none"), ("ddp", "ddp"),
 ])
 def test_the_record_says_what_sharding_ran_not_what_the_spec_asked(strategy: str, ran: str) -> None:
-    wrapped, _ = _ladder("vit-debug", strategy)
-    got = ladder.sharding_ran(wrapped)
+    wrapped, _ = _apply("vit-debug", strategy)
+    got = sharding_ran(wrapped)
     assert got == {"sharding_ran": ran, "param_shard_fraction": 1.0}, got
 
 
@@ -385,7 +386,7 @@ def test_fsdp2_optimizer_steps_the_local_shards_as_adamw_steps_the_dtensors(prec
     flavor, prec = get_flavor("vit-debug"), policy(precision)
     runs = []
     for local in (True, False):
-        wrapped, _ = _ladder("vit-debug", "fsdp2-full")
+        wrapped, _ = _apply("vit-debug", "fsdp2-full")
         params = [p for p in wrapped.parameters() if p.requires_grad]
         opt = make_optimizer(params, 1e-3, precision) if local else torch.optim.AdamW(params, lr=1e-3, fused=True)
         assert isinstance(opt, LocalShardAdamW) == local

@@ -1,11 +1,12 @@
-"""The ladder: one function applies a strategy to a model.
+"""How a strategy is applied to a model: what torchtitan calls ``parallelize``.
 
-Order is fixed (torchtitan's ``parallelize``): activation checkpointing first, then
-``torch.compile`` of each transformer block, then the data-parallel wrapper (FSDP1 on each
-checkpointed layer, FSDP2's ``fully_shard`` per block, codebook and root, bottom-up). Proof
-that wrapping happened is part of the result: units, layer units, checkpointed and compiled
-layers are counted, and a policy that misses any layer raises. FLAVA's unused parameters are
-frozen once, structurally, instead of DDP's ``find_unused_parameters``.
+Order is fixed: FLAVA's unused parameters frozen (``rung/unused_params.py``), activation
+checkpointing, then ``torch.compile`` of each transformer block, then the data-parallel
+wrapper (FSDP1 on each checkpointed layer, FSDP2's ``fully_shard`` per block, codebook and
+root, bottom-up, with its explicit prefetch). Proof that wrapping happened is part of the
+result (:class:`WrapReport`): units, layer units, checkpointed and compiled layers are
+counted from the wrapped model (``rung/what_ran.py``), and a policy that misses any layer
+raises.
 Why: docs/strategies.md (the table, "FSDP2 against FSDP1", "Traps we hit").
 """
 
@@ -24,13 +25,24 @@ from torch import nn
 
 from scaleladder.models.build import TrainModule
 from scaleladder.planner.static import fsdp1_use_orig_params
-from scaleladder.results.record import Build
 from scaleladder.rung.precision import PrecisionPolicy
+from scaleladder.rung.unused_params import freeze_unused
+from scaleladder.rung.what_ran import (
+    block_layer,
+    count_checkpointed,
+    count_compiled,
+    count_fsdp_layer_units,
+    count_fsdp_units,
+    count_layers,
+    uncompiled,
+)
 from scaleladder.spec import COMPILE_BACKENDS, AnyKnobs, Fsdp2Knobs, Knobs, SpecError, Strategy
 
 
 @dataclass(frozen=True)
-class LadderReport:
+class WrapReport:
+    """What wrapping did (counted from the wrapped model): the record's build attributes."""
+
     fsdp_units: int  # every FSDP instance, the root included
     fsdp_layer_units: int  # FSDP units whose module is a transformer layer (or its checkpoint wrapper)
     ac_layers: int
@@ -66,66 +78,6 @@ def _checkpoint(model: TrainModule, reentrant: bool = False, selective: bool = F
         check_fn=lambda m: isinstance(m, model.layer_cls),
     )
     return count_checkpointed(model)
-
-
-def count_checkpointed(model: nn.Module) -> int:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    return sum(isinstance(m, CheckpointWrapper) for m in model.modules())
-
-
-def count_fsdp_units(model: nn.Module) -> int:
-    """FSDP1 instances plus FSDP2 units (modules fully_shard swapped to an FSDPModule class)."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    return sum(isinstance(m, (FSDP, FSDPModule)) for m in model.modules())
-
-
-def count_layers(model: nn.Module, layer_cls: type[nn.Module]) -> int:
-    return sum(isinstance(m, layer_cls) for m in model.modules())
-
-
-def count_compiled(model: nn.Module) -> int:
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return sum(isinstance(m, OptimizedModule) for m in model.modules())
-
-
-def _uncompiled(m: nn.Module) -> nn.Module:
-    """The module torch.compile wrapped (``OptimizedModule._orig_mod``), else ``m``."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return m._orig_mod if isinstance(m, OptimizedModule) else m
-
-
-def _block_layer(m: nn.Module) -> nn.Module:
-    """What a block holds: through compile's OptimizedModule, then AC's CheckpointWrapper."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    inner = _uncompiled(m)
-    if isinstance(inner, CheckpointWrapper):
-        inner = inner._checkpoint_wrapped_module
-    return inner
-
-
-def count_fsdp_layer_units(model: nn.Module, layer_cls: type[nn.Module]) -> int:
-    """FSDP units that wrap exactly one transformer layer, bare, checkpointed or compiled.
-
-    FSDP1: ``FSDP(layer)`` / ``FSDP(CheckpointWrapper(layer))``, the layer is ``unit.module``.
-    FSDP2: fully_shard keeps the module and swaps its class (``FSDP<Class>``), so the unit
-    IS the block: the layer, its checkpoint wrapper, or compile's OptimizedModule.
-    """
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    n = 0
-    for m in model.modules():
-        if isinstance(m, FSDP):
-            n += isinstance(_block_layer(m.module), layer_cls)
-        elif isinstance(m, FSDPModule):
-            n += isinstance(_block_layer(m), layer_cls)
-    return n
 
 
 def _outermost(root: nn.Module, match: Callable[[nn.Module], bool]) -> Iterator[tuple[nn.Module, str, nn.Module]]:
@@ -322,7 +274,7 @@ def wrap_fsdp2(
                 param_init_fn(m)
 
     classes = tuple(_unit_classes(model, strategy.ac))
-    units = list(_outermost(model, lambda m: isinstance(_uncompiled(m), classes)))
+    units = list(_outermost(model, lambda m: isinstance(uncompiled(m), classes)))
     for _, _, unit in units:
         materialize(unit)
         shard(unit, reshard_after_forward=reshard)
@@ -334,7 +286,7 @@ def wrap_fsdp2(
     # gathered from forward into backward (it would be all-gathered again at once); an
     # explicit True, as for the blocks, reshards it after forward and gathers it twice.
     shard(model)
-    _set_prefetch([[u for p, _, u in units if p is parent and isinstance(_block_layer(u), model.layer_cls)]
+    _set_prefetch([[u for p, _, u in units if p is parent and isinstance(block_layer(u), model.layer_cls)]
                    for parent in _unique(p for p, _, _ in units)], knobs.prefetch_layers)
     return model
 
@@ -417,64 +369,10 @@ def _compile_blocks(model: TrainModule, backend: str, device: torch.device) -> i
     # DDP's graph splitting (DDPOptimizer) is for a model compiled whole under DDP; here
     # each block is its own graph and DDP's reducer hooks run between blocks, eagerly.
     torch._dynamo.config.optimize_ddp = False
-    blocks = list(_outermost(model, lambda m: isinstance(_block_layer(m), model.layer_cls)))
+    blocks = list(_outermost(model, lambda m: isinstance(block_layer(m), model.layer_cls)))
     for parent, name, block in blocks:
         setattr(parent, name, torch.compile(block, backend=backend, fullgraph=True))
     return count_compiled(model)
-
-
-def freeze_unused(model: TrainModule) -> int:
-    """Freeze the parameters FLAVA pretraining never uses; return how many elements."""
-    if model.flavor.family != "flava":
-        return 0
-    unused = unused_parameter_names(model.flavor.family)
-    n = 0
-    for name, p in model.named_parameters():
-        if name in unused and p.requires_grad:
-            p.requires_grad_(False)
-            n += p.numel()
-    return n
-
-
-_UNUSED_CACHE: dict[str, frozenset[str]] = {}
-
-
-def unused_parameter_names(family: str) -> frozenset[str]:
-    """Parameter names that get no gradient in one training step, found once on the
-    family's debug flavor (names are structural: heads and poolers, not layers).
-
-    The probe is a forward and backward ON THE CPU, so it must run before the process
-    group exists (rung.run._main calls this first). TRAP: FLAVA's contrastive loss
-    all-gathers whenever a group exists; an NCCL/RCCL group serves only GPU tensors and
-    fails on the probe's CPU tensors ("No backend type associated with device type
-    cpu") before the rung's first step, for every strategy. gloo accepts CPU tensors,
-    so on the CPU this ordering error is invisible: hence the refusal below, which a
-    CPU test can see.
-    """
-    if family not in _UNUSED_CACHE:
-        # refused before the disk cache is asked, so that a warm cache cannot hide a caller that
-        # probes inside the group (which a cold cache, under NCCL, would then fail on)
-        if dist.is_available() and dist.is_initialized():
-            raise RuntimeError(f"the unused-parameter probe for {family} must run before the process group exists: "
-                               "its CPU forward would issue collectives on CPU tensors, which NCCL/RCCL refuse")
-        from scaleladder.rung import probe_cache
-
-        cached = probe_cache.load(family)  # ~2 s saved per FLAVA rank (rung/probe_cache.py)
-        if cached is not None:
-            _UNUSED_CACHE[family] = cached
-            return cached
-        from scaleladder.models.build import build_model
-        from scaleladder.models.flavors import get_flavor
-        from scaleladder.rung.batches import synthetic_batch
-
-        debug = get_flavor(f"{family}-debug")
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            probe = build_model(debug, "cpu")
-        probe(synthetic_batch(debug, 10, 0, 0, 0)).backward()
-        _UNUSED_CACHE[family] = frozenset(n for n, p in probe.named_parameters() if p.requires_grad and p.grad is None)
-        probe_cache.store(family, _UNUSED_CACHE[family])
-    return _UNUSED_CACHE[family]
 
 
 def apply_strategy(
@@ -485,7 +383,7 @@ def apply_strategy(
     device: torch.device,
     param_init_fn: Callable[[nn.Module], None] | None = None,
     compile_backend: str = "inductor",
-) -> tuple[nn.Module, LadderReport]:
+) -> tuple[nn.Module, WrapReport]:
     """AC, then compile, then DDP or FSDP1/FSDP2. The process group must be initialised.
 
     ``compile_backend`` is used only by ``-compile`` strategies (and then recorded)."""
@@ -505,11 +403,11 @@ def apply_strategy(
         raise SpecError(f"torch.compile wrapped {compiled} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
     backend = compile_backend if strategy.compile else ""
     if strategy.wrapper == "single":
-        return model.to(device), LadderReport(0, 0, ac_layers, frozen, compiled, backend)
+        return model.to(device), WrapReport(0, 0, ac_layers, frozen, compiled, backend)
     if strategy.wrapper == "ddp":
         model = model.to(device)
         ids = [device.index] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids), LadderReport(0, 0, ac_layers, frozen, compiled, backend)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids), WrapReport(0, 0, ac_layers, frozen, compiled, backend)
     if strategy.is_fsdp2:
         # No model.to(device) first: like FSDP1 with device_id, fully_shard moves each unit
         # to the mesh's device as it shards it, so the model never sits there whole.
@@ -520,70 +418,9 @@ def apply_strategy(
     if layer_units != layers:
         raise SpecError(f"the FSDP wrap policy gave {layer_units} of the {layers} {_qualname(model.layer_cls)} "
                         f"in {model.flavor.name} a unit of their own")
-    return wrapped, LadderReport(count_fsdp_units(wrapped), layer_units, ac_layers, frozen, compiled, backend)
+    return wrapped, WrapReport(count_fsdp_units(wrapped), layer_units, ac_layers, frozen, compiled, backend)
 
 
 def _qualname(cls: type) -> str:
     # Two torchmultimodal classes are both called TransformerEncoderLayer: name the module.
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def sharding_ran(model: nn.Module) -> dict[str, Any]:
-    """What the data-parallel wrapper actually does on this rank, read from the WRAPPED
-    model, never from the spec (record attributes ``Build.sharding_ran``,
-    ``Build.param_shard_fraction``: results/record.py).
-
-    TRAP (torch FSDP1, ``_init_utils._init_core_state``): at world size 1 FSDP1 silently
-    replaces FULL_SHARD and SHARD_GRAD_OP with NO_SHARD (a warning only), so one-GPU
-    ``fsdp-full``, ``fsdp-grad-op`` and ``fsdp-no-shard`` rungs run the same strategy; their
-    records say ``fsdp1:NO_SHARD``. FSDP2 (``fully_shard``) keeps its schedule on a one-rank
-    mesh (it still copies each unit into an unsharded buffer before use and, with
-    reshard-after-forward, frees it after forward) but shards over 1 rank: it holds the
-    whole model, ``param_shard_fraction`` 1.0.
-
-    * ``sharding_ran``: ``none`` (single), ``ddp``, ``fsdp1:<ShardingStrategy>`` (the
-      strategies of all units, ``+``-joined if they differ), or
-      ``fsdp2:shard<S>[xreplicate<R>]:<reshard|keep>`` (the block units' mesh and
-      reshard-after-forward; the root never reshards after forward and is not counted).
-    * ``param_shard_fraction``: parameter elements this rank holds ÷ the model's (padding
-      excluded); 1.0 where nothing is sharded.
-    """
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return {Build.sharding_ran: "ddp", Build.param_shard_fraction: 1.0}
-    fsdp1 = [m for m in model.modules() if isinstance(m, FSDP)]
-    if fsdp1:
-        names = sorted({m.sharding_strategy.name for m in fsdp1})
-        local = full = 0
-        for m in fsdp1:
-            handle = m._handle
-            if handle is None:  # a unit with no parameters of its own
-                continue
-            flat = handle.flat_param
-            full += flat._unpadded_unsharded_size.numel()
-            # the shard's padding is not model state; the unpadded count is what the rank owns
-            local += flat.numel() - int(getattr(flat, "_shard_numel_padded", 0))
-        return {Build.sharding_ran: "fsdp1:" + "+".join(names), Build.param_shard_fraction: local / full if full else 1.0}
-    fsdp2 = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    if fsdp2:
-        kinds = set()
-        for unit in fsdp2:
-            if unit is model:
-                continue  # the root: FSDP2 never reshards it after forward
-            group = unit._get_fsdp_state()._fsdp_param_group
-            if group is None:
-                continue
-            # an FSDPMeshInfo (HSDPMeshInfo on a hybrid mesh); torch types the field as their base class
-            info: Any = group.mesh_info
-            mesh = f"shard{info.shard_mesh_size}"
-            if hasattr(info, "replicate_mesh_size"):
-                mesh += f"xreplicate{info.replicate_mesh_size}"
-            kinds.add(f"{mesh}:{'reshard' if group.post_forward_mesh_info is not None else 'keep'}")
-        local = full = 0
-        for p in model.parameters():
-            full += p.numel()
-            local += p._local_tensor.numel() if hasattr(p, "_local_tensor") else p.numel()
-        return {Build.sharding_ran: "fsdp2:" + "+".join(sorted(kinds)), Build.param_shard_fraction: local / full if full else 1.0}
-    return {Build.sharding_ran: "none", Build.param_shard_fraction: 1.0}
