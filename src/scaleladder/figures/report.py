@@ -32,7 +32,7 @@ from scaleladder.results.record import (
     FailedAttempt,
     Host,
     Interval,
-    Ladder,
+    LadderFile,
     Loader,
     MaxBatch,
     Memory,
@@ -289,10 +289,10 @@ def winners(rungs: list[RungAttrs]) -> list[dict[str, str]]:
 def _summary(rungs: list[RungAttrs], root: dict[str, Any]) -> list[tuple[str, str]]:
     prov = {}
     try:
-        prov = json.loads(root.get(Ladder.provenance, "{}"))
+        prov = json.loads(root.get(LadderFile.provenance, "{}"))
     except (TypeError, json.JSONDecodeError):
         pass
-    counts = json.loads(root.get(Ladder.status_counts, "{}") or "{}") if isinstance(root.get(Ladder.status_counts), str) else {}
+    counts = json.loads(root.get(LadderFile.status_counts, "{}") or "{}") if isinstance(root.get(LadderFile.status_counts), str) else {}
     devices = sorted({str(r.get(Placement.device_name)) for r in rungs if r.get(Placement.device_name)})
     return [
         ("site", str(prov.get("site", "-"))),
@@ -301,8 +301,8 @@ def _summary(rungs: list[RungAttrs], root: dict[str, Any]) -> list[tuple[str, st
         ("runs per rung", f"{prov.get('repeats', 1)} (repeats; the intervals: docs/metrics.md, 'Uncertainty')"),
         ("devices", ", ".join(devices) or "-"),
         ("torch", ", ".join(sorted({str(r.get(Provenance.torch_version)) for r in rungs if r.get(Provenance.torch_version)})) or "-"),
-        ("scaleladder", f"{root.get(Ladder.scaleladder_version, '-')} (git {str(root.get(Ladder.git_commit, ''))[:12] or '-'})"),
-        ("aggregated", str(root.get(Ladder.created_utc, "-"))),
+        ("scaleladder", f"{root.get(LadderFile.scaleladder_version, '-')} (git {str(root.get(LadderFile.git_commit, ''))[:12] or '-'})"),
+        ("aggregated", str(root.get(LadderFile.created_utc, "-"))),
         ("combinations skipped", str(len(prov.get("skipped", []))) if prov else "-"),
     ]
 

@@ -30,7 +30,7 @@ import numpy as np
 from scaleladder.files import remove_dead_leftovers
 from scaleladder.gitinfo import git_commit
 from scaleladder.log import get_logger
-from scaleladder.results.record import Corrupt, Interval, Ladder, Oom, Read, Record, Repeats, Settings, Source, Spec, Throughput
+from scaleladder.results.record import Corrupt, Interval, LadderFile, Oom, Read, Record, Repeats, Settings, Source, Spec, Throughput
 from scaleladder.results.stats import between_runs, within_run
 from scaleladder.results.store import UnreadableFile, h5_cause, h5_in_memory, open_h5
 from scaleladder.spec import RunSpec, SpecError
@@ -189,14 +189,14 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
             for k in sorted(reps):
                 sources.append({"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]),
                                 "sha256": _sha256(reps[k]) if k != lead else digest, "status": status})
-        dst.attrs[Ladder.format] = FORMAT
-        dst.attrs[Ladder.created_utc] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        dst.attrs[Ladder.scaleladder_version] = _version()
-        dst.attrs[Ladder.git_commit] = git_commit()
-        dst.attrs[Ladder.n_rungs] = len(by_spec)
-        dst.attrs[Ladder.status_counts] = json.dumps(dict(sorted(counts.items())))
-        dst.attrs[Ladder.sources] = json.dumps(sources)
-        dst.attrs[Ladder.provenance] = json.dumps(provenance or {}, sort_keys=True)
+        dst.attrs[LadderFile.format] = FORMAT
+        dst.attrs[LadderFile.created_utc] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        dst.attrs[LadderFile.scaleladder_version] = _version()
+        dst.attrs[LadderFile.git_commit] = git_commit()
+        dst.attrs[LadderFile.n_rungs] = len(by_spec)
+        dst.attrs[LadderFile.status_counts] = json.dumps(dict(sorted(counts.items())))
+        dst.attrs[LadderFile.sources] = json.dumps(sources)
+        dst.attrs[LadderFile.provenance] = json.dumps(provenance or {}, sort_keys=True)
     return dict(counts)
 
 

@@ -32,7 +32,7 @@ from scaleladder.results.record import (
     Build,
     Corrupt,
     Interval,
-    Ladder,
+    LadderFile,
     Loader,
     MaxBatch,
     Memory,
@@ -98,8 +98,8 @@ def load(path: str) -> dict[str, RungAttrs]:
         rungs, root = read_ladder(path)
         if Record.status in root:  # a rung file: its record is the root
             rungs = _aggregated([path])
-        elif root.get(Ladder.format) != FORMAT:
-            raise SpecError(f"{path}: neither a ladder file (format {root.get(Ladder.format)!r}, expected {FORMAT!r}) "
+        elif root.get(LadderFile.format) != FORMAT:
+            raise SpecError(f"{path}: neither a ladder file (format {root.get(LadderFile.format)!r}, expected {FORMAT!r}) "
                             "nor a rung file (no 'status'); give `scaleladder aggregate`'s output, a rung file or a folder of them")
     else:
         raise SpecError(f"{path}: no such ladder file, rung file or folder")

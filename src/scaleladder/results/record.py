@@ -328,7 +328,7 @@ class Convergence(Section):
     injected_nonlearner = attr("bool", "a test's injected non-learner ($SCALELADDER_INJECT_NONLEARNER)")
 
 
-class Ladder(Section):
+class LadderFile(Section):
     title = "The ladder file's root (results/aggregate.py)"
     format = attr("", "`scaleladder-ladder/1`")
     created_utc = attr("ISO 8601", "when it was aggregated")
@@ -385,7 +385,7 @@ CONVERGENCE = Kind("convergence", "`results/converge/rungs/<strategy>/<precision
 LADDER_RUNG = Kind("ladder group", "ladder file, `/rungs/<spec>`: a rung file's record plus these",
                    (Source, Repeats))
 CORRUPT = Kind("corrupt", "ladder file, `/rungs/<spec>`", (Record, Corrupt, Source), (Spec.spec, Oom.error))
-LADDER = Kind("ladder", "ladder file, root", (Ladder,))
+LADDER = Kind("ladder", "ladder file, root", (LadderFile,))
 FAILED = Kind("failed attempt", "`results/failed/<spec>.h5.json`, one object per attempt", (FailedAttempt,), (Spec.spec,))
 KINDS = (OK, OOM, PREDICTED_OOM, CONVERGENCE, LADDER_RUNG, CORRUPT, LADDER, FAILED)
 #: A rung file of a status none of the above has (a probe that failed some other way, in tests)
