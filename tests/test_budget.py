@@ -13,8 +13,8 @@ import pytest
 
 from conftest import REPO
 from scaleladder.campaign import cost
+from scaleladder.planner.devices import PEAKS
 from scaleladder.results.store import write_record
-from scaleladder.rung.devices import PEAKS
 from scaleladder.site import budget
 from scaleladder.spec import RunSpec
 

@@ -84,7 +84,7 @@ def test_outside_the_tests_an_unknown_name_warns_and_the_record_is_kept(
 def test_every_producer_of_record_attributes_uses_defined_names() -> None:
     """The helpers that add attributes to an ok record, called where they are torch-free."""
     from scaleladder.results.stats import between_runs, within_run
-    from scaleladder.rung.devices import PeakInfo
+    from scaleladder.rung.device_peak import PeakInfo
     from scaleladder.rung.run import RunConfig
     from scaleladder.rung.startup import StartupClock
     from scaleladder.spec import RunSpec

@@ -24,7 +24,7 @@ from scaleladder.planner.devices import CHIPLESS, DEVICES, GIB, PEAKS, TERA, Pea
 REPO = Path(__file__).resolve().parents[1]
 CAPTIONS = REPO / "workflow" / "report"
 
-# A name torch.cuda.get_device_name() gives for each chip that rung/devices.py's device_key
+# A name torch.cuda.get_device_name() gives for each chip that rung/device_peak.py's device_key
 # knows by its rules (a chip added with a torch_name needs none): every chip is reachable.
 TORCH_NAMES = {
     "a100": "NVIDIA A100-SXM4-40GB", "h100": "NVIDIA H100 80GB HBM3", "h100-pcie": "NVIDIA H100 PCIe",
@@ -177,8 +177,8 @@ def test_every_device_row_is_whole() -> None:
 
 
 def test_every_chip_is_named_by_the_runner() -> None:
-    """rung/devices.py's device_key reaches every chip: by its rules, or by the row's torch_name."""
-    from scaleladder.rung.devices import device_key
+    """rung/device_peak.py's device_key reaches every chip: by its rules, or by the row's torch_name."""
+    from scaleladder.rung.device_peak import device_key
 
     named = {chip: TORCH_NAMES.get(chip) or p.torch_name for chip, p in PEAKS.items()}
     assert all(named.values()), f"a chip no torch name reaches: {[c for c, n in named.items() if not n]}"
@@ -189,7 +189,7 @@ def test_a_new_device_is_one_row(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     """One row: the planner plans on its memory, the budget prices it at its peak, the runner's
     MFU finds it by its torch name and SM count."""
     from scaleladder.planner.memory import predict
-    from scaleladder.rung.devices import device_key, peak_for
+    from scaleladder.rung.device_peak import device_key, peak_for
     from scaleladder.spec import RunSpec
 
     monkeypatch.setitem(PEAKS, "b300", Peak("NVIDIA B300 (fake)", 75 * TERA, 1100 * TERA, 2250 * TERA, 2250 * TERA, 160, 1100.0,

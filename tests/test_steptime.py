@@ -149,7 +149,7 @@ def test_wide_debug_flavor_is_communication_bound_on_the_ci_cluster() -> None:
 
 def test_datasheet_matches_the_runner_peaks() -> None:
     pytest.importorskip("torch")
-    from scaleladder.rung.devices import PEAKS
+    from scaleladder.planner.devices import PEAKS
 
     for key, dev in datasheet()["devices"].items():
         if "peaks_key" not in dev:

@@ -280,7 +280,7 @@ def _md_loader(c: Check) -> list[str]:
 def _md_precision(c: Check) -> list[str]:
     rows = [r for r in c.rungs if r.section == "precision"]
     L = ["## Precision (vit-base, `single`)", "",
-         "MFU is against the device's peak for each precision (fp32, tf32, bf16 = fp16: `rung/devices.py`).", ""]
+         "MFU is against the device's peak for each precision (fp32, tf32, bf16 = fp16: `rung/device_peak.py`).", ""]
     if not rows:
         return L + ["Not run.", ""]
     fp32 = next((r.num("items_per_s") for r in rows if r.spec.split("/")[2] == "fp32" and r.status == "ok"), math.nan)

@@ -54,12 +54,12 @@ def peak_key(plan_device: str) -> str:
     head = plan_device.rsplit("-", 1)[0]
     if head in PEAKS:
         return head
-    raise KeyError(f"no peak FLOP/s for plan_device {plan_device!r} (rung/devices.py PEAKS: {', '.join(PEAKS)})")
+    raise KeyError(f"no peak FLOP/s for plan_device {plan_device!r} (planner/devices.py PEAKS: {', '.join(PEAKS)})")
 
 
 def plan_device_peak_flops(plan_device: str, precision: str) -> float:
     """The dense peak of the site's ``plan_device`` from the table: no device is at hand here
-    (cf. ``rung/devices.py``'s peak of a rank's own device, checked against its SMs and power cap)."""
+    (cf. ``rung/device_peak.py``'s peak of a rank's own device, checked against its SMs and power cap)."""
     return PEAKS[peak_key(plan_device)].for_precision(precision)
 
 

@@ -9,7 +9,7 @@ for MFU, but nothing to plan for). ``cpu`` is a planner device with no chip: unl
 memory, no peak.
 
 Read by the planner (:data:`DEVICES`, through ``planner/memory.py``), by the runner
-(``rung/devices.py``: a rank's device matched by name, SMs and power, for its MFU) and by
+(``rung/device_peak.py``: a rank's device matched by name, SMs and power, for its MFU) and by
 ``scaleladder budget`` (``campaign/cost.py``: a ``plan_device``'s peak). A new GPU is one
 :class:`Peak` row here (and, for ``plan``'s step time, its line in
 ``planner/calibration/datasheet.json``). Torch-free: the planner and the budget run on a
@@ -45,7 +45,7 @@ class Peak:
     # capacity; () when the planner has no row for the chip yet
     memories: tuple[tuple[str, float], ...] = ()
     # a word of torch.cuda.get_device_name() that names this chip, for a chip that
-    # rung/devices.py's device_key does not know by its traps ("" for the rows it does)
+    # rung/device_peak.py's device_key does not know by its traps ("" for the rows it does)
     torch_name: str = ""
 
     def for_precision(self, precision: str) -> float:
@@ -88,7 +88,7 @@ class Peak:
 # MIG slices have far fewer: A100 1g.5gb 14 SMs, H100/H200 1g 16 (nvidia-smi mig -lgip);
 # even the whole-GPU 7g profile has fewer than the part (A100 7g.40gb: 98 of 108).
 # Board power (datasheet maximum; a part "configurable" below it runs slower clocks):
-# - A100 SXM4 400 W; A100 PCIe 40GB 250 W, 80GB 300 W (rung/devices.py board_power_w picks by name).
+# - A100 SXM4 400 W; A100 PCIe 40GB 250 W, 80GB 300 W (rung/device_peak.py board_power_w picks by name).
 # - H100 SXM up to 700 W; H100 PCIe 300-350 W ("operates unconstrained up to its maximum
 #   thermal design power (TDP) level of 350 W", H100 PCIe product brief PB-11133-001);
 #   H100 NVL 350-400 W. H200 SXM up to 700 W, H200 NVL up to 600 W.

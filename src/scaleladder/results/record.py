@@ -161,7 +161,7 @@ class Provenance(Section):
 
 
 class Peak(Section):
-    title = "The peak MFU is taken against (rung.devices.peak_info)"
+    title = "The peak MFU is taken against (rung.device_peak.peak_info)"
     peak_tflops_per_device = attr("TFLOP/s", "dense peak of one rank's device for the precision (NaN: unknown)")
     device_sm_count = attr("count", "multiprocessors (CUs on ROCm) the device reports; 0 on the CPU")
     device_power_limit_w = attr("W", "enforced power limit (NaN: not read)")

@@ -13,7 +13,7 @@
 - ``launch``: rank, world and master address (torchrun, Slurm or none), the device, the process group.
 - ``spawn``: ``scaleladder spawn``: N ranks on this machine, without torch in the launcher.
 - ``startup``: a rank's start-up as measured phases, before its first step and after its last.
-- ``devices``: a rank's own device: its chip in the device table, and the peak its MFU is against.
+- ``device_peak``: a rank's own device: its chip in the device table, and the peak its MFU is against.
 - ``provenance``: where and with what a rung ran: what a reader needs to trust or redo it.
 - ``profiling``: a ``torch.profiler`` trace of a few steps, and the allocator's memory snapshot.
 - ``probe_cache``: the unused-parameter probe (``unused_params.unused_parameter_names``) kept on disk.

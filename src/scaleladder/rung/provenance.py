@@ -94,6 +94,6 @@ def peak_attrs(device: torch.device, precision: str, peak_tflops: float | None) 
     ``device_power_limit_w`` (NaN when NVML could not say) and ``peak_note`` (why MFU is
     NaN — a MIG slice, a different part, a power cap — or what was not checked; "" when
     the table's peak applies in full). Same inputs as the runner's ``rank_device_peak_flops``."""
-    from scaleladder.rung.devices import peak_info
+    from scaleladder.rung.device_peak import peak_info
 
     return peak_info(device, precision, peak_tflops).attrs()

@@ -334,7 +334,7 @@ def _main(args: argparse.Namespace, env: DistEnv) -> int:
 def placement(env: DistEnv, device: torch.device, hosts: list[str]) -> dict[str, Any]:
     """Where the rung ran, as record attributes: the same keys in ok and oom records."""
     from scaleladder.results.record import Placement as P
-    from scaleladder.rung.devices import device_name
+    from scaleladder.rung.device_peak import device_name
 
     return {
         P.device_name: device_name(device),
@@ -491,7 +491,7 @@ def ok_attrs(ctx: RankContext, built: Built, m: Measurement, where: dict[str, An
     from scaleladder.results.record import Build, Compile, Memory, Peak, Placement, Record, Throughput
     from scaleladder.results.stats import within_run
     from scaleladder.rung import provenance
-    from scaleladder.rung.devices import rank_device_peak_flops
+    from scaleladder.rung.device_peak import rank_device_peak_flops
     from scaleladder.rung.what_ran import sharding_ran
     from scaleladder.rung.loop import host_attrs
 

@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from scaleladder.rung import devices, provenance
-from scaleladder.rung.devices import PEAKS, device_key, peak_for, peak_info, rank_device_peak_flops
+from scaleladder.planner.devices import PEAKS
+from scaleladder.rung import device_peak, provenance
+from scaleladder.rung.device_peak import device_key, peak_for, peak_info, rank_device_peak_flops
 
 
 @pytest.mark.parametrize(
@@ -172,7 +173,7 @@ class _Props:
 def _fake_gpu(monkeypatch: pytest.MonkeyPatch, name: str, sms: int, power: float | None) -> torch.device:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: _Props(sms))
-    monkeypatch.setattr(devices, "nvml_power_limit_w", lambda d: (power, "" if power is not None else "no NVML here"))
+    monkeypatch.setattr(device_peak, "nvml_power_limit_w", lambda d: (power, "" if power is not None else "no NVML here"))
     return torch.device("cuda", 0)
 
 
@@ -204,6 +205,6 @@ def test_the_record_gets_the_sm_count_power_and_note_in_one_call(monkeypatch: py
 
 
 def test_nvml_absent_is_reported_not_raised() -> None:
-    power, why = devices.nvml_power_limit_w(torch.device("cuda", 0))
+    power, why = device_peak.nvml_power_limit_w(torch.device("cuda", 0))
     if power is None:  # this CPU machine: no pynvml, or no driver behind it
         assert why

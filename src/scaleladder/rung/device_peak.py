@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-# Peak, PEAKS and TERA are re-exported: the runner's callers and tests name the table from here.
-from scaleladder.planner.devices import PEAKS, TERA, Peak  # noqa: F401
+from scaleladder.planner.devices import PEAKS, TERA
 
 # A power limit this far below the datasheet's board power is a capped part: its
 # clocks, and so its reachable peak, are lower than the datasheet's.
