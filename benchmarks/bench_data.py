@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from scaleladder.data import preflight, synthetic
-from scaleladder.data.cli import main as shard
+from scaleladder.data.shard_command import main as shard
 from scaleladder.data.loader import make_loader
 from scaleladder.data.manifest import read_manifest
 from scaleladder.models.flavors import get_flavor
@@ -62,7 +62,7 @@ def _rates(times: list[float], amount: float) -> str:
 
 def _sliced(folder: Path, parts: Path, out: Path, jobs: int) -> None:
     """``jobs`` real ``scaleladder shard --slice K/N`` processes at once, then the gather."""
-    common = [sys.executable, "-m", "scaleladder.data.cli", "--images", str(folder), "--per-shard", "128",
+    common = [sys.executable, "-m", "scaleladder.data.shard_command", "--images", str(folder), "--per-shard", "128",
               "--parts", str(parts), "--quiet"]
     procs = [subprocess.Popen([*common, "--slice", f"{k}/{jobs}"]) for k in range(jobs)]
     assert all(p.wait() == 0 for p in procs)

@@ -217,7 +217,7 @@ def test_bench_data_compares_the_transports(tmp_path, capsys: pytest.CaptureFixt
     import sys
     from pathlib import Path
 
-    from scaleladder.data.cli import main as shard
+    from scaleladder.data.shard_command import main as shard
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_data

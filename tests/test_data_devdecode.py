@@ -27,9 +27,9 @@ import torch
 from PIL import Image
 
 from scaleladder.data import synthetic
-from scaleladder.data.cli import main as shard
 from scaleladder.data.devdecode import resample
 from scaleladder.data.loader import make_loader
+from scaleladder.data.shard_command import main as shard
 from scaleladder.data.transforms import CLIP_STD, IMAGENET_STD, random_crop_box
 from scaleladder.models.flavors import get_flavor
 from scaleladder.spec import SpecError
@@ -306,8 +306,8 @@ def test_a_corrupt_jpeg_in_a_batch_is_named_and_counted(monkeypatch: pytest.Monk
     from torchvision.io import decode_jpeg as host_decode
 
     from scaleladder.data import devdecode
+    from scaleladder.data.data_errors import DataError
     from scaleladder.data.devdecode import DeviceDecoder
-    from scaleladder.data.errors import DataError
 
     monkeypatch.setattr(devdecode, "_DecodeStream", lambda device: _FakeDecodeStream([]))
     data = _jpegs(3)
@@ -328,7 +328,7 @@ def test_a_corrupt_jpeg_in_a_batch_is_named_and_counted(monkeypatch: pytest.Monk
 
 
 def test_the_cpu_workers_name_a_corrupt_jpeg_on_both_transports() -> None:
-    from scaleladder.data.errors import DataError
+    from scaleladder.data.data_errors import DataError
     from scaleladder.data.transforms import VitTransform
 
     jpeg = synthetic.make_sample(0, 0, 48).jpeg

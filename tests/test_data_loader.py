@@ -20,11 +20,11 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from scaleladder.data import synthetic
-from scaleladder.data.cli import main as shard
-from scaleladder.data.errors import DataError
+from scaleladder.data.data_errors import DataError
 from scaleladder.data.loader import assign_shards, make_loader
 from scaleladder.data.manifest import read_manifest, sha256_file
 from scaleladder.data.readers import Reader
+from scaleladder.data.shard_command import main as shard
 from scaleladder.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from scaleladder.data.transforms import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD
 from scaleladder.models.flavors import get_flavor
@@ -350,7 +350,7 @@ PREFLIGHT_SCRIPT = textwrap.dedent(
     import json, sys, datetime
     import torch.distributed as dist
     from scaleladder.data import manifest as mf
-    from scaleladder.data.errors import speaker
+    from scaleladder.data.data_errors import speaker
     from scaleladder.data.loader import make_loader
     from scaleladder.models.flavors import get_flavor
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

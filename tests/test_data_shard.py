@@ -17,10 +17,10 @@ import webdataset as wds
 from PIL import Image
 
 from scaleladder.data import synthetic
-from scaleladder.data.cli import main as shard
-from scaleladder.data.errors import DataError
+from scaleladder.data.data_errors import DataError
 from scaleladder.data.manifest import read_manifest, sha256_file
 from scaleladder.data.shard import MAX_BYTES_AFTER_EOI, ShardOptions, prepare_image, write_shard_set
+from scaleladder.data.shard_command import main as shard
 from scaleladder.data.sources import iter_synthetic
 
 PY = sys.executable
@@ -66,7 +66,7 @@ def test_same_seed_gives_byte_identical_shards_across_processes(tmp_path: Path) 
     args = ["--samples", "40", "--per-shard", "16", "--image-size", "32", "--seed", "3", "--quiet"]
     assert shard(["--out", str(tmp_path / "a"), *args]) == 0
     # A second, separate process: catches hash-order randomness (the tokenizer trainer's).
-    r = subprocess.run([PY, "-m", "scaleladder.data.cli", "--out", str(tmp_path / "b"), *args], capture_output=True, text=True)
+    r = subprocess.run([PY, "-m", "scaleladder.data.shard_command", "--out", str(tmp_path / "b"), *args], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     a, b = _files(tmp_path / "a"), _files(tmp_path / "b")
     assert sorted(a) == sorted(b) == sorted(
@@ -400,7 +400,7 @@ def test_failure_midway_leaves_nothing(tmp_path: Path) -> None:
 def test_sigterm_leaves_no_partial_shard_set(tmp_path: Path) -> None:
     out = tmp_path / "s"
     proc = subprocess.Popen(
-        [PY, "-m", "scaleladder.data.cli", "--out", str(out), "--samples", "200000", "--image-size", "16", "--per-shard", "8"],
+        [PY, "-m", "scaleladder.data.shard_command", "--out", str(out), "--samples", "200000", "--image-size", "16", "--per-shard", "8"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -419,7 +419,7 @@ def test_sigterm_leaves_no_partial_shard_set(tmp_path: Path) -> None:
 
 _SIGTERM_INSIDE_PYRUN_STRING = """
 import ctypes, os, signal, sys
-from scaleladder.data.cli import _raise_interrupt
+from scaleladder.data.shard_command import _raise_interrupt
 signal.signal(signal.SIGTERM, _raise_interrupt)
 run = ctypes.pythonapi.PyRun_String  # how a C extension runs Python code during its import
 run.restype, run.argtypes = ctypes.py_object, [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
@@ -434,7 +434,7 @@ sys.exit(3)
 def test_a_sigterm_inside_a_c_extensions_code_still_exits_1(tmp_path: Path) -> None:
     # The CI failure behind shard.Interrupted: a plain KeyboardInterrupt raised inside
     # PyRun_String is noted by CPython as unhandled, and a `python -m` process (how the
-    # workflow runs `scaleladder.data.cli`) then exits by SIGINT (-2), however it was caught.
+    # workflow runs `scaleladder.data.shard_command`) then exits by SIGINT (-2), however it was caught.
     (tmp_path / "sigterm_probe.py").write_text(_SIGTERM_INSIDE_PYRUN_STRING)
     done = subprocess.run([PY, "-m", "sigterm_probe"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, (done.returncode, done.stderr)

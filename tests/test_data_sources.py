@@ -10,9 +10,9 @@ import pytest
 import webdataset as wds
 
 from scaleladder.data import synthetic
-from scaleladder.data.cli import main as shard
 from scaleladder.data.labels import Labels
 from scaleladder.data.manifest import read_manifest
+from scaleladder.data.shard_command import main as shard
 from test_data_shard import _fails, _photo_folder, _read_samples
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from scaleladder.data.cli import main as shard
 from scaleladder.data.manifest import read_manifest, sha256_file
+from scaleladder.data.shard_command import main as shard
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,10 @@ from PIL import Image
 
 from conftest import VENV_BIN, snakemake, snakemake_env, workflow_copy
 from scaleladder.data import synthetic
-from scaleladder.data.cli import main as shard
 from scaleladder.data.jpeg import read_frame
 from scaleladder.data.manifest import read_manifest
 from scaleladder.data.prepare import prepare_image
+from scaleladder.data.shard_command import main as shard
 from scaleladder.data.slices import record_name
 from scaleladder.data.tarout import header
 from scaleladder.site import commands as swf
@@ -128,7 +128,7 @@ def test_without_bad_samples_the_shards_equal_the_one_process_writer(tmp_path: P
 _KILL_MID_SLICE = textwrap.dedent("""
     import os, signal, sys
     from scaleladder.data import tarout
-    from scaleladder.data.cli import main
+    from scaleladder.data.shard_command import main
     closed = []
     real_close = tarout.ShardFile.close
     def close(self):

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "launch": ("scaleladder.campaign.supervise", "add_launch_arguments", "launch_main", "run a rung under a launcher; record OOM as a result"),
     "spawn": ("scaleladder.rung.spawn", "add_arguments", "main", "start N ranks on this machine (torchrun's variables, no torch in the launcher)"),
     "finalize": ("scaleladder.campaign.supervise", "add_finalize_arguments", "finalize_main", "turn a finished launch's OOM markers into a record"),
-    "shard": ("scaleladder.data.cli", "add_shard_arguments", "shard_main", "write WebDataset shards + manifest"),
+    "shard": ("scaleladder.data.shard_command", "add_shard_arguments", "shard_main", "write WebDataset shards + manifest"),
     "plan": ("scaleladder.site.plan", "add_arguments", "main", "predict per-GPU memory and max batch"),
     "maxbatch": ("scaleladder.campaign.maxbatch", "add_arguments", "main", "find the largest local batch that trains"),
     "aggregate": ("scaleladder.results.aggregate", "add_arguments", "main", "merge rung files into one HDF5"),

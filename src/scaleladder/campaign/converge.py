@@ -149,7 +149,7 @@ def load_test_set(test_data: str, flavor: Any, seed: int) -> tuple[torch.Tensor,
     """
     import webdataset as wds
 
-    from scaleladder.data.errors import DataError
+    from scaleladder.data.data_errors import DataError
     from scaleladder.data.manifest import read_manifest
     from scaleladder.data.transforms import VitTransform
 

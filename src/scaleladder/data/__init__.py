@@ -21,8 +21,8 @@ Modules, one idea each:
 * ``cores``      the rank's cores: which the loader's workers may run on, and ``--workers auto``
 * ``devnorm``    uint8 images normalised to float32 on the device (the rank's half of the uint8 transport)
 * ``devdecode``  JPEG decode and the image transforms, batched on the device (``--decode gpu``)
-* ``errors``     ``DataError``: bad input, one line naming the file and key
-* ``cli``        ``scaleladder shard`` argument parsing
+* ``data_errors`` ``DataError``: bad input, one line naming the file and key; which rank prints it
+* ``shard_command`` ``scaleladder shard``: its arguments and its run
 
-Nothing heavy is imported here, so ``import scaleladder.data.cli`` stays cheap.
+Nothing heavy is imported here, so ``import scaleladder.data.shard_command`` stays cheap.
 """

@@ -336,7 +336,7 @@ class DeviceDecoder:
         return self._stream.run(batched)
 
     def _one(self, data: Tensor, decode_jpeg: Any, mode: Any, where: str) -> Tensor:
-        from scaleladder.data.errors import DataError
+        from scaleladder.data.data_errors import DataError
 
         if self.device.type != "cpu":
             try:

@@ -23,9 +23,9 @@ import webdataset as wds
 from torch.utils.data import IterableDataset
 
 from scaleladder.data import cores, preflight, readers
+from scaleladder.data.data_errors import DataError, one_line
 from scaleladder.data.devdecode import DeviceDecoder, check_decode
 from scaleladder.data.devnorm import DeviceNormaliser
-from scaleladder.data.errors import DataError, one_line
 from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha256_file
 from scaleladder.data.tokenizer import check_vocab
 from scaleladder.data.transforms import TRANSPORTS, FlavaTransform, VitTransform, collate

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaleladder.data.errors import DataError
+from scaleladder.data.data_errors import DataError
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = 1

@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
-from scaleladder.data.errors import DataError, one_line, set_speaker
+from scaleladder.data.data_errors import DataError, one_line, set_speaker
 from scaleladder.data.manifest import Manifest, ShardEntry, check_sizes, verify_shard
 
 T = TypeVar("T")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.data import tokenizer as tokmod
-from scaleladder.data.errors import DataError
+from scaleladder.data.data_errors import DataError
 from scaleladder.data.jpeg import MAX_BYTES_AFTER_EOI, check_jpeg_end  # noqa: F401 - re-exported (tests, callers)
 from scaleladder.data.manifest import write_manifest
 from scaleladder.data.prepare import JPEG_QUALITY, Prepared, prepare_image, prepared_stream  # noqa: F401 - re-exported

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaleladder.data.errors import DataError
+from scaleladder.data.data_errors import DataError
 from scaleladder.data.prepare import Prepared, prepared_stream
 from scaleladder.data.shard import (
     INTERRUPTED,

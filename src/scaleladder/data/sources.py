@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from scaleladder.data.errors import DataError
+from scaleladder.data.data_errors import DataError
 from scaleladder.data.labels import Labels
 
 IMAGE_SUFFIXES: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp", ".bmp")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from scaleladder.data.errors import DataError, one_line
+from scaleladder.data.data_errors import DataError, one_line
 from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
 

@@ -43,10 +43,10 @@ import torch
 from PIL import Image
 
 from scaleladder.data import readers
+from scaleladder.data.data_errors import DataError
 
 # the normalisation constants live with the device-side normalisation, which both paths share
 from scaleladder.data.devnorm import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, LOGIT_LAPLACE_EPS, affine
-from scaleladder.data.errors import DataError
 from scaleladder.models.flavors import Flavor
 
 CROP_SCALE = (0.9, 1.0)  # FLAVA's TwoWayRandomResizedCrop scale

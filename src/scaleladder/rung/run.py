@@ -259,7 +259,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaleladder.data.errors import DataError, speaker
+    from scaleladder.data.data_errors import DataError, speaker
     from scaleladder.rung import launch
 
     env = launch.detect()  # no process group yet: bad input must fail before one exists

@@ -1,10 +1,10 @@
-"""The one error type of the data pipeline.
+"""The one error type of the data pipeline, and which rank prints it.
 
 A ``DataError`` is bad input (a corrupt JPEG, a caption-less tar member, a shard
 whose checksum does not match its manifest, ...). Its message is ONE line that
 names the culprit file and, where there is one, the sample key.
 
-It subclasses :class:`scaleladder.spec.SpecError` on purpose: ``scaleladder``'s
+It subclasses :class:`scaleladder.errors.SpecError` on purpose: ``scaleladder``'s
 dispatcher turns a ``SpecError`` into the one-line message and exit code 2 (bad
 input), so a bad manifest given to ``scaleladder run --data`` fails the same way as
 a bad run spec, with no traceback.
@@ -12,7 +12,7 @@ a bad run spec, with no traceback.
 
 from __future__ import annotations
 
-from scaleladder.spec import SpecError
+from scaleladder.errors import SpecError
 
 
 class DataError(SpecError):

@@ -24,7 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from scaleladder.data import sources
-from scaleladder.data.errors import DataError
+from scaleladder.data.data_errors import DataError
 from scaleladder.data.tokenizer import DEFAULT_VOCAB_SIZE
 
 if TYPE_CHECKING:
