@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO, VENV_BIN, snakemake, workflow_copy
 from scaleladder.site import commands as swf
 from scaleladder.site import config as site_config
+from scaleladder.site.settings import SiteConfig
 
 # Each of these would create a CANARY file if a shell ever ran it.
 HOSTILE = "my imgs; touch CANARY_1 $(touch CANARY_2) `touch CANARY_3` 'q' \"dq\" & touch CANARY_4 |"
@@ -97,8 +98,10 @@ def assert_sources_intact(argv: list[str], files: dict[str, Path]) -> None:
 
 def test_shard_sources_are_each_one_word_through_a_real_shell(tmp_path: Path) -> None:
     value = HOSTILE + "\nsecond line"  # a newline too: quoting carries it (the config check refuses it)
-    cfg = {"data": {"images": value, "captions": value, "wds": [value, "b " + value], "vocab": value}}
-    line = swf.shard_sources(cfg)
+    data = {"images": value, "captions": value, "wds": [value, "b " + value], "vocab": value}
+    site = {"name": "t", "ranks_per_node": 1, "scaleladder": "scaleladder", "launcher": "", "supervise": "launch"}
+    ladders = [{"models": ["vit-debug"], "strategies": ["single"], "batches": [2]}]
+    line = swf.shard_sources(SiteConfig.of({"site": site, "ladders": ladders, "steps": 2, "warmup": 1, "data": data}, ""))
     out = subprocess.run(["bash", "-c", "printf '%s\\0' " + line], cwd=tmp_path, capture_output=True, check=True).stdout
     assert out.decode().split("\0")[:-1] == ["--images", value, "--captions", value, "--wds", value, "b " + value,
                                              "--vocab", value]

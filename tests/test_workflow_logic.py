@@ -21,6 +21,7 @@ from conftest import REPO, snakemake, workflow_copy
 from scaleladder.site import commands as swf
 from scaleladder.site import config as site_config
 from scaleladder.site import ladder as site_ladder
+from scaleladder.site.settings import Site, SiteConfig
 from scaleladder.spec import DEFAULT_KNOBS, RunSpec, parse_knobs, parse_strategy
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -58,6 +59,16 @@ def cfg(*ladders: dict[str, Any], **over: Any) -> dict[str, Any]:
 def prepare(config: dict[str, Any], gpu_count: Any = no_gpu) -> tuple[site_ladder.Ladder, str]:
     log = io.StringIO()
     return site_ladder.prepare(config, SCHEMA, log=log, gpu_count=gpu_count), log.getvalue()
+
+
+def typed(**over: Any) -> SiteConfig:
+    """The test site's config with ``over``, validated (the schema's defaults filled) and typed."""
+    return prepare(cfg(**over))[0].settings
+
+
+def site(**over: Any) -> Site:
+    """The test site with ``over``, typed (the schema's defaults where not given)."""
+    return Site.of({**SITE, **over}, "site")
 
 
 def paths(ladder: site_ladder.Ladder) -> list[str]:
@@ -132,15 +143,15 @@ def test_expand_ladder_uses_the_world_the_site_launches() -> None:
 
 
 def test_ranks_per_node_auto_is_every_gpu_else_cpu_ranks() -> None:
-    auto = {"ranks_per_node": "auto", "cpu_ranks": 3}
+    auto = site(ranks_per_node="auto", cpu_ranks=3)
     assert site_ladder.resolve_ranks_per_node(auto, lambda: 0) == 3
     assert site_ladder.resolve_ranks_per_node(auto, lambda: 8) == 8
-    assert site_ladder.resolve_ranks_per_node({"ranks_per_node": "auto"}, lambda: 0) == 2
+    assert site_ladder.resolve_ranks_per_node(site(ranks_per_node="auto"), lambda: 0) == 2
 
     def never() -> int:
         raise AssertionError("a fixed ranks_per_node must not ask for GPUs (that imports torch)")
 
-    assert site_ladder.resolve_ranks_per_node({"ranks_per_node": 8}, never) == 8
+    assert site_ladder.resolve_ranks_per_node(site(ranks_per_node=8), never) == 8
     assert site_ladder.ranks_of(spec("vit-debug/single/fp32/pre-lag/n1/b4"), 8) == 1  # the one-process reference
     assert site_ladder.rank_args(spec("vit-debug/ddp/fp32/pre-lag/n2/b4"), 8) == (16, 8)
 
@@ -187,7 +198,7 @@ def test_rung_data_is_the_shard_set_for_the_models_image_size() -> None:
     assert site_ladder.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "embedded") == ["results/shards/224px/manifest.json"]
     assert site_ladder.rung_inputs(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == []
     assert site_ladder.rung_data_path(spec("vit-base/ddp/fp32/pre-lag/n1/b4"), "synthetic") == "synthetic"
-    assert site_ladder.data_source({"data": {}}) == "embedded" and site_ladder.data_source({"data": {"source": "synthetic"}}) == "synthetic"
+    assert site_ladder.data_source(typed()) == "embedded" and site_ladder.data_source(typed(data={"source": "synthetic"})) == "synthetic"
 
 
 # -- the planner's routing ------------------------------------------------------------------
@@ -202,9 +213,9 @@ def test_a_site_with_a_plan_device_records_rungs_that_cannot_fit() -> None:
                                  "results/predicted/flava-10b/ddp/fp32/pre-lag/n1/b4.h5"]
     assert "scaleladder: 1 rung(s) are predicted not to fit on a100-40gb" in notes
     # the planner's own figures join the targets, and its rule and the search get the device
-    assert "results/plots/fits.png" in site_ladder.final_targets(ladder) and site_ladder.plan_figures(ladder.site) == ["fits", "predicted_vs_measured"]
+    assert "results/plots/fits.png" in site_ladder.final_targets(ladder) and site_ladder.plan_figures(ladder.settings.site) == ["fits", "predicted_vs_measured"]
     big = spec("flava-10b/ddp/fp32/pre-lag/n1/b4")
-    assert swf.plan_args(ladder.config, ladder.ranks_per_node, big) == " --plan-device a100-40gb --ranks-per-node 4"
+    assert swf.plan_args(ladder.settings, ladder.ranks_per_node, big) == " --plan-device a100-40gb --ranks-per-node 4"
     assert swf.plan_chart_args(ladder) == "--device a100-40gb --nodes 1 --gpus-per-node 4 --precision fp32"
 
 
@@ -232,15 +243,15 @@ def test_without_a_plan_device_every_rung_runs() -> None:
     ladder, notes = prepare(cfg(PLANNED, data={"source": "synthetic"}))
     assert ladder.predicted_oom == frozenset() and "predicted" not in notes
     assert all(f.startswith("results/rungs/") for f in ladder.rung_files)
-    assert site_ladder.plan_figures(ladder.site) == [] and "results/plots/fits.png" not in site_ladder.final_targets(ladder)
-    assert swf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")) == ""
+    assert site_ladder.plan_figures(ladder.settings.site) == [] and "results/plots/fits.png" not in site_ladder.final_targets(ladder)
+    assert swf.plan_args(ladder.settings, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")) == ""
 
 
 def test_run_predicted_oom_runs_them_and_tells_the_search() -> None:
     # a --config string, as Snakemake passes it
     ladder, _ = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, run_predicted_oom="true"))
     assert ladder.predicted_oom == frozenset()
-    assert swf.plan_args(ladder.config, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")).endswith(" --run-predicted-oom")
+    assert swf.plan_args(ladder.settings, 4, spec("flava-10b/ddp/fp32/pre-lag/n1/b4")).endswith(" --run-predicted-oom")
 
 
 def test_plan_chart_shows_the_smallest_node_count_and_most_common_precision() -> None:
@@ -254,51 +265,52 @@ def test_plan_chart_shows_the_smallest_node_count_and_most_common_precision() ->
 
 
 def test_env_exports_quote_every_value_and_keep_shell_variables() -> None:
-    site = {"env": {"A": "x y", "B": "$HOME/cache", "N": 5, "F": "FALSE"}}
-    assert swf.env_exports(site) == 'export A="x y"; export B="$HOME/cache"; export N="5"; export F="FALSE"; '
-    assert swf.env_exports({"env": {}}) == swf.env_exports({}) == ""
+    with_env = site(env={"A": "x y", "B": "$HOME/cache", "N": 5, "F": "FALSE"})
+    assert swf.env_exports(with_env) == 'export A="x y"; export B="$HOME/cache"; export N="5"; export F="FALSE"; '
+    assert swf.env_exports(site(env={})) == swf.env_exports(site()) == ""
 
 
 def test_launcher_fills_nodes_ranks_and_image_but_no_shell_braces() -> None:
-    site = {"launcher": "srun -N{nodes} -n{ranks} --per {ranks_per_node} {image} run", "image": "${IMG:-$PWD/a.sif}"}
-    assert swf.launcher(site, 8, spec("vit-base/fsdp-full/bf16-mixed/pre-lag/n2/b32")) == \
+    srun = site(launcher="srun -N{nodes} -n{ranks} --per {ranks_per_node} {image} run", image="${IMG:-$PWD/a.sif}")
+    assert swf.launcher(srun, 8, spec("vit-base/fsdp-full/bf16-mixed/pre-lag/n2/b32")) == \
         "srun -N2 -n16 --per 8 ${IMG:-$PWD/a.sif} run"
-    assert swf.launcher(site, 8, spec("vit-base/single/bf16-mixed/pre-lag/n1/b32")).startswith("srun -N1 -n1 ")
+    assert swf.launcher(srun, 8, spec("vit-base/single/bf16-mixed/pre-lag/n1/b32")).startswith("srun -N1 -n1 ")
     # without a rung (how a job calls scaleladder), {nodes} and {ranks} stay as they are
-    assert swf.fill("{image} sl {nodes}", site, 8) == "${IMG:-$PWD/a.sif} sl {nodes}"
-    assert swf.fill("{image} sl", {}, 8) == " sl"
+    assert swf.fill("{image} sl {nodes}", srun, 8) == "${IMG:-$PWD/a.sif} sl {nodes}"
+    assert swf.fill("{image} sl", site(), 8) == " sl"
 
 
 def test_prologue_runs_before_the_launcher_or_not_at_all() -> None:
     s = spec("vit-base/ddp/fp32/pre-lag/n4/b8")
-    assert swf.prologue({"prologue": "srun -N{nodes} mkdir -p /tmp/x  "}, 8, s) == "srun -N4 mkdir -p /tmp/x; "
-    assert swf.prologue({"prologue": ""}, 8, s) == swf.prologue({}, 8, s) == ""
+    assert swf.prologue(site(prologue="srun -N{nodes} mkdir -p /tmp/x  "), 8, s) == "srun -N4 mkdir -p /tmp/x; "
+    assert swf.prologue(site(prologue=""), 8, s) == swf.prologue(site(), 8, s) == ""
 
 
 def test_ranks_and_device_arguments() -> None:
     assert swf.ranks_arg(spec("vit-base/ddp/fp32/pre-lag/n2/b8"), 8) == " --ranks-per-node 8"
     assert swf.ranks_arg(spec("vit-base/single/fp32/pre-lag/n1/b8"), 8) == " --ranks-per-node 1"
-    assert swf.device_arg({"device": "cuda"}) == " --device cuda"
-    assert swf.device_arg({"device": "cpu"}) == " --device cpu"
-    assert swf.device_arg({"device": "auto"}) == swf.device_arg({}) == ""
+    assert swf.device_arg(site(device="cuda")) == " --device cuda"
+    assert swf.device_arg(site(device="cpu")) == " --device cpu"
+    assert swf.device_arg(site(device="auto")) == swf.device_arg(site()) == ""
 
 
 def test_the_device_argument_comes_from_the_sites_device() -> None:
     ladder, _ = prepare(cfg(site={"device": "cuda"}))
-    assert swf.device_arg(ladder.site) == " --device cuda"
+    assert swf.device_arg(ladder.settings.site) == " --device cuda"
     ladder, _ = prepare(cfg())
-    assert ladder.site["device"] == "auto" and swf.device_arg(ladder.site) == ""  # the schema's default
+    assert ladder.settings.site.device == "auto" and swf.device_arg(ladder.settings.site) == ""  # the schema's default
 
 
 def test_maxbatch_arguments_only_those_given() -> None:
-    assert swf.maxbatch_args({"site": {}, "maxbatch": {}}) == ""
-    assert swf.maxbatch_args({"site": {"max_batch_cap": 4}, "maxbatch": {"probe_warmup": 1, "max_retries": 2}}) == \
+    assert swf.maxbatch_args(typed()) == ""
+    assert swf.maxbatch_args(typed(site={"max_batch_cap": 4}, maxbatch={"probe_warmup": 1, "max_retries": 2})) == \
         " --max-batch-cap 4 --max-retries 2 --probe-warmup 1"
 
 
 def test_shard_sources() -> None:
-    assert swf.shard_sources({"data": {"source": "embedded"}}) == ""
-    assert swf.shard_sources({"data": {"images": "im", "captions": "c.csv", "wds": ["a.tar", "b.tar"], "vocab": "v.txt"}}) == \
+    assert swf.shard_sources(typed()) == ""
+    files = {"images": "im", "captions": "c.csv", "wds": ["a.tar", "b.tar"], "vocab": "v.txt"}
+    assert swf.shard_sources(dataclasses.replace(typed(), data=SiteConfig.of({**cfg(), "data": files}, "").data)) == \
         "--images im --captions c.csv --wds a.tar b.tar --vocab v.txt"
 
 
@@ -357,7 +369,7 @@ def test_the_rules_read_a_frozen_typed_config_built_once() -> None:
     assert s.data.source == "synthetic" and s.maxbatch.probe_steps == 3 and s.maxbatch.max_retries is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.steps = 1  # type: ignore[misc]
-    assert swf.maxbatch_args(s) == swf.maxbatch_args(ladder.config) == " --probe-steps 3"
+    assert swf.maxbatch_args(s) == " --probe-steps 3"
 
 
 def test_a_config_given_entirely_as_strings_validates() -> None:
@@ -611,15 +623,24 @@ def test_each_fsdp_generation_takes_its_own_knobs() -> None:
     assert "vit-debug/fsdp2-full/fp32/pf0/n1/b4" in [s.path for s in site_ladder.expand_ladder([only_fsdp1], 2)[0]]
 
 
-def test_a_profiles_profiling_block_reaches_every_rung_through_the_job_environment() -> None:
-    # issue 22: a trace of steps after warm-up and an allocator snapshot, set once per profile
-    ladder, _ = prepare(cfg(profiling={"trace_steps": 3, "memory_snapshot": True}))
-    env = ladder.config["site"]["env"]
-    assert env["SCALELADDER_TRACE_STEPS"] == "3" and env["SCALELADDER_MEMORY_SNAPSHOT"] == "1"
-    plain, _ = prepare(cfg())
-    assert not {"SCALELADDER_TRACE_STEPS", "SCALELADDER_MEMORY_SNAPSHOT"} & set(plain.config["site"].get("env") or {})
+def test_a_profiles_profiling_and_loader_blocks_reach_every_rung_as_arguments() -> None:
+    # a trace of steps after warm-up and an allocator snapshot, set once per profile: `run` arguments
+    ladder, _ = prepare(cfg(profiling={"trace_steps": 3, "memory_snapshot": True}, loader={"decode": "gpu"}, site={"device": "cuda"}))
+    assert swf.rung_options(ladder.settings) == " --device cuda --decode gpu --trace-steps 3 --memory-snapshot"
+    assert not any(k.startswith("SCALELADDER_") for k, _ in ladder.settings.site.env)  # none through the environment
+    plain, _ = prepare(cfg(loader={"decode": "cpu", "workers": 0}))  # the rung's own defaults: nothing added
+    assert swf.rung_options(plain.settings) == ""
+    assert swf.rung_options(typed(profiling={"progress_s": 5})) == " --progress-s 5"
     with pytest.raises(site_config.ConfigError, match="profiling"):
         prepare(cfg(profiling={"trace_step": 3}))
+    with pytest.raises(site_config.ConfigError, match="config key 'profiling.trace_steps': 9, but a rung measures only 3"):
+        prepare(cfg(steps=4, warmup=1, profiling={"trace_steps": 9}))
+
+
+def test_loader_workers_override_the_configs_workers() -> None:
+    assert swf.rung_workers(typed(workers=2)) == 2
+    assert swf.rung_workers(typed(workers=2, loader={"workers": 7})) == 7
+    assert swf.rung_workers(typed(workers=2, loader={"workers": 0})) == 0
 
 
 def test_shards_are_settled_only_when_written_with_todays_data_settings(tmp_path: Path) -> None:
@@ -629,13 +650,18 @@ def test_shards_are_settled_only_when_written_with_todays_data_settings(tmp_path
     import json
 
     manifest = tmp_path / "manifest.json"
-    cfg = {"data": {"source": "embedded", "images": "/data/imgs/", "samples": 64, "per_shard": 16, "seed": 0}}
+    data = {"source": "embedded", "images": "/data/imgs/", "samples": 64, "per_shard": 16, "seed": 0}
+
+    def settings(**over: Any) -> SiteConfig:  # only the data block matters here: the rest is the test site's
+        return dataclasses.replace(typed(), data=SiteConfig.of({**globals()["cfg"](), "data": {**data, **over}}, "").data)
+
+    cfg = settings()
     assert not site_ladder.shards_settled(str(manifest), cfg)  # none yet
     options = {"images": "/data/imgs", "captions": None, "wds": None, "vocab": None, "samples": 64, "per_shard": 16, "seed": 0,
                "out": "results/shards/32px", "image_size": 32}
     manifest.write_text(json.dumps({"scaleladder": {"options": options}}))
     assert site_ladder.shards_settled(str(manifest), cfg)
     for key, value in (("images", "/data/other"), ("samples", 128), ("seed", 1), ("wds", ["a.tar"]), ("captions", "/c.tsv")):
-        assert not site_ladder.shards_settled(str(manifest), {"data": {**cfg["data"], key: value}}), key
+        assert not site_ladder.shards_settled(str(manifest), settings(**{key: value})), key
     manifest.write_text("{not json")
     assert not site_ladder.shards_settled(str(manifest), cfg)

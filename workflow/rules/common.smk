@@ -34,12 +34,12 @@ try:
 except site_config.ConfigError as e:
     raise WorkflowError(str(e)) from None
 
-# The config read once into typed fields (scaleladder.site.settings.SiteConfig): what the rules read.
+# The config read once into typed fields (scaleladder.site.settings.SiteConfig, generated from the
+# schema): what the rules read. `config` itself is read only for the ladder's provenance.
 SETTINGS = LADDER.settings
-SITE = LADDER.site  # the same site as a mapping, for site_check and report.smk
 # The site's required settings (site.requires) that are missing, in a few lines before any job
 # is submitted, -n included; not again inside each job (scaleladder.site.site_check).
-if workflow.is_main_process and (_missing := site_check.announce(SITE)):
+if workflow.is_main_process and (_missing := site_check.announce(SETTINGS.site)):
     print(_missing, file=sys.stderr)
 RPN = LADDER.ranks_per_node
 
@@ -69,7 +69,7 @@ onerror:
 # A `select` run ends with the ladder, figures and report of what it selected (Ladder.rung_files):
 # say so, and how to get every rung back.
 onsuccess:
-    if config.get("select"):
+    if LADDER.config.get("select"):
         print(site_ladder.select_note(LADDER), file=sys.stderr)
 SCALELADDER = swf.fill(SETTINGS.site.scaleladder, SETTINGS.site, RPN)  # how a job calls scaleladder
 
@@ -89,7 +89,7 @@ wildcard_constraints:
 # would otherwise make every finished rung run again (issue 21). Data changed on purpose: a
 # plain input, so the rungs run again on the new shards (site_ladder.shards_settled).
 def rung_data(wildcards):
-    return [ancient(f) if settled else f for f, settled in site_ladder.rung_shards(swf.spec_of(wildcards), config)]
+    return [ancient(f) if settled else f for f, settled in site_ladder.rung_shards(swf.spec_of(wildcards), SETTINGS)]
 
 
 def data_arg(wildcards, input):
@@ -116,6 +116,10 @@ def plan_args(wildcards):
     return swf.plan_args(SETTINGS, RPN, swf.spec_of(wildcards))
 
 
+# --device and every setting of every rung (the schema's run_arg rows), for the rules' `device` param.
+RUNG_OPTIONS = swf.rung_options(SETTINGS)
+
+
 # The params every ladder rule's command reads for the rung's own arguments (swf.RUNG_ARGS),
 # once: each rule adds those of its own command (env, launcher, ...).
 RUNG_PARAMS = dict(
@@ -123,6 +127,6 @@ RUNG_PARAMS = dict(
     data=data_arg,
     steps=SETTINGS.steps,
     warmup=SETTINGS.warmup,
-    workers=SETTINGS.workers,
+    workers=swf.rung_workers(SETTINGS),
     seed=SETTINGS.seed,
 )

@@ -79,7 +79,7 @@ rule converge_rung:
         launcher=lambda wildcards: cvr.launcher_arg(
             wildcards.cstrategy, swf.launcher(SETTINGS.site, RPN, cvr.rung_spec(CONVERGE, wildcards.cstrategy, wildcards.cprecision, RPN))
         ),
-        device=swf.device_arg(SETTINGS.site),
+        device=RUNG_OPTIONS,
         cv=CONVERGE,
     resources:
         bench_slot=1,

@@ -15,6 +15,9 @@
 #
 # The commands themselves are built in one place, scaleladder.site.commands.rung_shell: the rung's
 # arguments (RUNG_ARGS) are the same in each. Each rule adds the params its own command reads to RUNG_PARAMS.
+# `device` carries every other option of the rung: --device and each setting of every rung (the
+# schema's run_arg rows, only where the config differs from the rung's default); its name is the
+# template's, which must not change (swf.rung_options says why).
 #
 # update(): Snakemake keeps a rung's previous result while the job runs (it would delete it
 # first), and puts it back if the job fails: a forced rerun that fails never costs the good
@@ -45,7 +48,7 @@ if SETTINGS.site.supervise == "launch":
             scaleladder=SCALELADDER,
             launcher=launcher,
             ranks=ranks_arg,
-            device=swf.device_arg(SETTINGS.site),
+            device=RUNG_OPTIONS,
             **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
@@ -77,7 +80,7 @@ else:
             prologue=prologue,
             scaleladder=SCALELADDER,
             launcher=launcher,
-            device=swf.device_arg(SETTINGS.site),
+            device=RUNG_OPTIONS,
             **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
@@ -106,7 +109,7 @@ rule rung_max:
         launcher=launcher,
         plan=plan_args,
         cap=swf.maxbatch_args(SETTINGS),
-        device=swf.device_arg(SETTINGS.site),
+        device=RUNG_OPTIONS,
         **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
     resources:
         bench_slot=1,

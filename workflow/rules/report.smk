@@ -21,7 +21,7 @@ rule aggregate:
     log:
         "results/logs/aggregate.log",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         provenance=swf.provenance_json(LADDER),
     conda:
@@ -43,7 +43,7 @@ rule plots:
     log:
         "results/logs/plots.log",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
     conda:
@@ -63,10 +63,10 @@ rule plan_plots:
     log:
         "results/logs/plan_plots.log",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         chart=swf.plan_chart_args(LADDER),
-        device=SITE.get("plan_device", ""),
+        device=SETTINGS.site.plan_device,
     conda:
         "../envs/scaleladder.yaml"
     shell:
@@ -80,7 +80,7 @@ rule report:
     input:
         ladder="results/ladder.h5",
         plots=rules.plots.output,
-        plan_plots=[f"results/plots/{f}.png" for f in swf.plan_figures(SITE)],
+        plan_plots=[f"results/plots/{f}.png" for f in swf.plan_figures(SETTINGS.site)],
         converge=CONVERGE_TARGETS,  # empty unless converge.enabled (workflow/rules/converge.smk)
     output:
         html="results/report.html",
@@ -88,7 +88,7 @@ rule report:
     log:
         "results/logs/report.log",
     params:
-        env=swf.env_exports(SITE),
+        env=swf.env_exports(SETTINGS.site),
         scaleladder=SCALELADDER,
         plotdir=lambda wildcards, input: os.path.dirname(input.plots[0]),
         converge=(" --converge " + " ".join(CONVERGE_RECORDS)) if CONVERGE_RECORDS else "",

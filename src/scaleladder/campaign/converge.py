@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.log import get_logger
-from scaleladder.rung.run import RunConfig, config_from_args
-from scaleladder.rung.run import add_arguments as add_run_arguments
+from scaleladder.rung.run_config import RunConfig, config_from_args
+from scaleladder.rung.run_config import add_arguments as add_run_arguments
 from scaleladder.spec import SpecError, parse_positive
 
 if TYPE_CHECKING:

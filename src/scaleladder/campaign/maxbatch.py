@@ -278,7 +278,7 @@ def record_oom(cfg: Any, world: int, attrs: dict[str, Any], probes: list[ProbeRe
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from scaleladder.rung.run import add_arguments as add_run_arguments
+    from scaleladder.rung.run_config import add_arguments as add_run_arguments
 
     add_run_arguments(p)
     p.add_argument("--launcher", default="", help="command prefix that starts the ranks, as for `scaleladder launch` (empty: one local process)")
@@ -302,7 +302,7 @@ def probe_dir(out: Path) -> Path:
 
 def main(args: argparse.Namespace) -> int:
     from scaleladder.campaign.supervise import launch
-    from scaleladder.rung.run import config_from_args
+    from scaleladder.rung.run_config import config_from_args
 
     cfg = config_from_args(args)
     if cfg.spec.batch != "max":

@@ -28,7 +28,8 @@ from typing import Any
 from scaleladder.log import get_logger
 from scaleladder.results.record import FAILED, MaxBatch, Placement, Plan, Spec, checked
 from scaleladder.results.record import FailedAttempt as F
-from scaleladder.rung.run import EXIT_OOM, RunConfig, add_arguments, config_from_args, write_oom_record
+from scaleladder.rung.oom_record import EXIT_OOM, write_oom_record
+from scaleladder.rung.run_config import RunConfig, add_arguments, config_from_args
 from scaleladder.spec import SpecError, parse_positive
 
 _log = get_logger(__name__)

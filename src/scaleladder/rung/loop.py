@@ -205,7 +205,7 @@ def _compile_failure(e: BaseException) -> bool:
     return isinstance(e, (dynamo_exc.TorchDynamoException, dynamo_exc.FailOnRecompileLimitHit))
 
 
-#: Seconds between two progress lines (SCALELADDER_PROGRESS_S overrides; 0 turns them off).
+#: Seconds between two progress lines (``run --progress-s``, a profile's profiling.progress_s; 0: none).
 PROGRESS_EVERY_S = 30.0
 
 
@@ -219,14 +219,8 @@ class Progress:
     step or two ahead of the device (each step's loss lands in a device tensor, and the
     optimizer waits on the queue), so over 30 s that is close, and costs no sync."""
 
-    def __init__(self, label: str, steps: int, warmup: int, device: torch.device, every: float | None = None) -> None:
-        env = os.environ.get("SCALELADDER_PROGRESS_S")
-        self.every = PROGRESS_EVERY_S if every is None else every
-        if env and self.every > 0:
-            try:
-                self.every = float(env)
-            except ValueError:
-                raise SpecError(f"SCALELADDER_PROGRESS_S must be a number of seconds (0: no progress lines), got {env!r}") from None
+    def __init__(self, label: str, steps: int, warmup: int, device: torch.device, every: float = PROGRESS_EVERY_S) -> None:
+        self.every = every
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.on = rank == 0 and self.every > 0
         self.label, self.steps, self.warmup, self.device = label, steps, warmup, device
@@ -284,6 +278,7 @@ def train_loop(
     scaler: torch.amp.GradScaler | None = None,
     compiled: bool = False,
     label: str = "",
+    progress_s: float = PROGRESS_EVERY_S,
 ) -> Measurement:
     """Run ``steps`` steps of ``model`` on ``batches``, the first ``warmup`` untimed: the
     module docstring says what each number of the returned :class:`Measurement` means.
@@ -291,13 +286,13 @@ def train_loop(
     Keyword-only after ``batches``: ``steps`` and ``warmup`` are both ints and were once
     easy to swap at a call; the callers already hold each value, so keywords name them
     without a config object to build at every call. ``label`` (the rung's path) turns on
-    rank 0's progress lines; ``compiled`` makes a recompile in the window an error.
+    rank 0's progress lines, one every ``progress_s``; ``compiled`` makes a recompile in the window an error.
     """
     if not 0 <= warmup < steps:
         raise ValueError(f"warm-up ({warmup}) must be smaller than steps ({steps})")
     if compiled and warmup < 1:
         raise CompileError("a -compile rung needs warmup >= 1: its first step compiles, and compile time must stay out of the measured window")
-    progress = Progress(label, steps, warmup, device, every=None if label else 0.0)  # no label: silent (converge's chunks)
+    progress = Progress(label, steps, warmup, device, every=progress_s if label else 0.0)  # no label: silent (converge's chunks)
     if not compiled:
         return _train_loop(model, optimizer, batches, steps=steps, warmup=warmup, prec=prec, device=device,
                            scaler=scaler, compiled=False, progress=progress)

@@ -23,7 +23,6 @@ CPU has no caching allocator to record.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -34,14 +33,6 @@ from scaleladder.spec import SpecError
 
 #: Allocator events kept by the memory history (torchtitan's default is 100,000).
 MEMORY_HISTORY_ENTRIES = 100_000
-
-
-def env_trace_steps() -> str:
-    return os.environ.get("SCALELADDER_TRACE_STEPS", "0")
-
-
-def env_memory_snapshot() -> bool:
-    return os.environ.get("SCALELADDER_MEMORY_SNAPSHOT", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_profiling(trace_steps: int, memory_snapshot: bool, steps: int, warmup: int, device_type: str | None) -> None:

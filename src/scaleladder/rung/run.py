@@ -18,32 +18,23 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-# TRAP: no torch at import time. `launch`, `finalize` and `maxbatch` import this module for
-# RunConfig and its arguments, and only spawn the ranks: importing torch there cost every
-# rung seconds (docs/performance.md, "Start-up"). The rank-side functions import it
-# themselves; tests/test_startup.py checks that importing this module loads no torch.
+# TRAP: no torch at import time: `scaleladder run --help` and a bad argument answer at once, and
+# the start-up clock (rung/startup.py) times the imports as a phase of their own. The rank-side
+# functions import torch themselves; tests/test_startup.py checks that importing this module
+# loads no torch.
 from scaleladder.log import get_logger
-from scaleladder.models.flavors import Flavor, get_flavor
+from scaleladder.models.flavors import Flavor
 from scaleladder.rung import startup
-from scaleladder.spec import (
-    COMPILE_BACKENDS,
-    RunSpec,
-    SpecError,
-    default_knobs,
-    parse_batch,
-    parse_knobs,
-    parse_nonnegative,
-    parse_positive,
-    parse_precision,
-    parse_steps_warmup,
-    parse_strategy,
-)
+from scaleladder.rung.oom_record import EXIT_OOM, oom_marker, write_oom_record
+from scaleladder.rung.run_config import RunConfig, config_from_args
+from scaleladder.rung.run_config import add_arguments as add_arguments  # the CLI's `run` (cli.COMMANDS)
+from scaleladder.spec import RunSpec, SpecError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -53,203 +44,13 @@ if TYPE_CHECKING:
     from scaleladder.models.flops import FlopCount
     from scaleladder.rung.batches import SyntheticBatches
     from scaleladder.rung.feed import Batch, DeviceFeed
-    from scaleladder.rung.parallelize import WrapReport
     from scaleladder.rung.launch import DistEnv
     from scaleladder.rung.loop import Measurement, RungOptimizer
+    from scaleladder.rung.parallelize import WrapReport
     from scaleladder.rung.precision import PrecisionPolicy
 
 _log = get_logger(__name__)
-EXIT_OOM = 3
 CLOCK = startup.StartupClock()  # this rank's start-up phases (rung/startup.py)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """A rung plus how long to run it and where its data and result live."""
-
-    spec: RunSpec
-    steps: int
-    warmup: int
-    data: str  # "synthetic", a manifest path, or the shard directory holding manifest.json
-    workers: int | str  # a count, or "auto" (resolved on each rank from its cores: data/cores.py)
-    seed: int
-    lr: float
-    out: Path
-    device: str
-    codebook_weights: str | None
-    peak_tflops: float | None
-    init: str
-    compile_backend: str = ""  # the torch.compile backend of a -compile rung ("" otherwise)
-    decode: str = "cpu"  # --data rungs: JPEG decode in the loader workers ("cpu") or on the device ("gpu")
-    trace_steps: int = 0  # torch.profiler trace of this many steps after warm-up (rung/profiling.py)
-    memory_snapshot: bool = False  # CUDA allocator memory snapshot of the loop (rung/profiling.py)
-    flava_impl: str = "sdpa"  # FLAVA's implementation (models/flava_impl.py); ignored by ViT rungs
-    transport: str = "uint8"  # --data rungs, decode cpu: the workers' images as uint8 (normalised on the device) or float32
-    # The spec's flavor, resolved once here (RunSpec has checked the name): not an argument,
-    # so argv and the constructor are unchanged, and dataclasses.replace resolves it again.
-    flavor: Flavor = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "flavor", get_flavor(self.spec.model))  # frozen: set once, here
-
-    def argv(self, **override: Any) -> list[str]:
-        """The `run` arguments that reproduce this config (used by launch and maxbatch)."""
-        spec = override.get("spec", self.spec)
-        out = override.get("out", self.out)
-        args = ["--spec", spec.path, "--steps", str(override.get("steps", self.steps)), "--warmup", str(override.get("warmup", self.warmup)),
-                "--data", self.data, "--workers", str(self.workers), "--seed", str(self.seed), "--lr", repr(self.lr),
-                "--out", str(out), "--device", self.device, "--init", self.init]
-        if self.codebook_weights:
-            args += ["--codebook-weights", self.codebook_weights]
-        if self.peak_tflops is not None:
-            args += ["--peak-tflops", repr(self.peak_tflops)]
-        if self.decode != "cpu":
-            args += ["--decode", self.decode]
-        if self.compile_backend:
-            args += ["--compile-backend", self.compile_backend]
-        if self.trace_steps:
-            args += ["--trace-steps", str(self.trace_steps)]
-        if self.memory_snapshot:
-            args += ["--memory-snapshot"]
-        if self.flava_impl != "sdpa":
-            args += ["--flava-impl", self.flava_impl]
-        if self.transport != "uint8":
-            args += ["--transport", self.transport]
-        return args
-
-    def attrs(self) -> dict[str, Any]:
-        """The spec and these settings as record attributes (results/record.py: Spec, Settings)."""
-        from scaleladder.models.flava_impl import recorded
-        from scaleladder.results.record import Settings as S
-
-        return {**self.spec.as_attrs(), S.steps: self.steps, S.warmup: self.warmup, S.data: self.data, S.seed: self.seed,
-                S.lr: self.lr, S.compile_backend: self.compile_backend,
-                S.flava_impl: recorded(self.flavor.family, self.flava_impl)}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("the rung (either --spec, or the parts)")
-    g.add_argument("--spec", help="model/strategy/precision/knobs/n<nodes>/b<batch>, e.g. vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b32")
-    g.add_argument("--model")
-    g.add_argument("--strategy", default=None,
-                   help="single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}|fsdp2-{full,grad-op,hybrid<g>}, then [-ac], then [-compile] (not fsdp-*)")
-    g.add_argument("--precision", default=None, help="fp32|tf32|bf16-mixed|fp16-mixed|bf16-true (default fp32; bf16 is read as bf16-mixed)")
-    g.add_argument("--knobs", default=None,
-                   help="FSDP1: <pre|post|none>-<lag|nolag>[-fwd] (default pre-lag); FSDP2: pf0|pf1|pf2 (default pf0)")
-    g.add_argument("--nodes", default=None, help="nodes the run spans (default 1; checked against the launcher)")
-    g.add_argument("--batch", default=None, help="local (per-rank) batch")
-    p.add_argument("--steps", default="1000", help="steps in all, warm-up included (default 1000, the FLAVA seed's)")
-    p.add_argument("--warmup", default="100", help="first steps excluded from every figure (default 100)")
-    p.add_argument("--data", default="synthetic", help="'synthetic' (batches made on the device), a shard manifest.json, or its directory")
-    p.add_argument("--workers", default="4", help="data-loader workers per rank, or 'auto': from the rank's cores "
-                   "(sched_getaffinity, Slurm's binding) and the measured per-worker rate (data/cores.py); recorded")
-    p.add_argument("--transport", default=os.environ.get("SCALELADDER_LOADER_TRANSPORT", "uint8"), choices=["uint8", "float32"],
-                   help="--data rungs: the workers' images cross to the rank as uint8 and are normalised on the device "
-                        "(default), or float32, normalised in the workers (the reference); --decode gpu ships JPEGs")
-    p.add_argument("--decode", default=os.environ.get("SCALELADDER_DECODE", "cpu"),
-                   help="--data rungs: 'cpu' (JPEG decode + transforms in the workers) or 'gpu' "
-                   "(workers pass encoded JPEGs; nvJPEG decode and transforms on the device; refused without a GPU); "
-                   "default: $SCALELADDER_DECODE (a site profile's loader.decode) or cpu")
-    p.add_argument("--seed", default="0", help="integer >= 0: weights, synthetic batches, data order")
-    p.add_argument("--lr", default="1e-4", help="AdamW learning rate")
-    p.add_argument("--out", required=True, help="result .h5 (written atomically by rank 0)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--init", default="auto", choices=["auto", "device", "meta"], help="build on the device, or on meta then materialise per FSDP unit")
-    p.add_argument("--codebook-weights", default=None, help="local DALL-E encoder weights for FLAVA (default: random init)")
-    from scaleladder.models.flava_impl import DEFAULT as FLAVA_IMPL
-    from scaleladder.models.flava_impl import FLAVA_IMPLS
-
-    p.add_argument("--flava-impl", default=FLAVA_IMPL, choices=list(FLAVA_IMPLS),
-                   help="FLAVA rungs: 'sdpa' (fused attention, sync-free losses; the default) or "
-                   "'torchmultimodal' (the package's own modules, for comparison); the same parameters and loss (docs/models.md)")
-    p.add_argument("--peak-tflops", default=None, type=float, help="peak TFLOP/s of one rank's device, for a device not in the table")
-    p.add_argument("--compile-backend", default=None, choices=list(COMPILE_BACKENDS),
-                   help="torch.compile backend of a -compile rung (default inductor; aot_eager captures graphs without code generation)")
-    from scaleladder.rung.profiling import env_memory_snapshot
-
-    p.add_argument("--trace-steps", default=None,
-                   help="torch.profiler trace of this many steps right after the warm-up, to <out>.trace.json (rank 0; default "
-                        "$SCALELADDER_TRACE_STEPS, a profile's profiling.trace_steps, or 0: off)")
-    p.add_argument("--memory-snapshot", action="store_true", default=env_memory_snapshot(),
-                   help="CUDA allocator memory history of the loop, to <out>.memory.pickle (rank 0; GPU only; default "
-                        "$SCALELADDER_MEMORY_SNAPSHOT, a profile's profiling.memory_snapshot)")
-
-
-def config_from_args(a: argparse.Namespace) -> RunConfig:
-    """The one place where `run`-style arguments become a RunSpec."""
-    parts = (a.model, a.strategy, a.precision, a.knobs, a.nodes, a.batch)
-    if a.spec:
-        if any(x is not None for x in parts):
-            raise SpecError("give either --spec or --model/--strategy/..., not both")
-        spec = RunSpec.from_path(a.spec)
-    else:
-        if a.model is None or a.strategy is None or a.batch is None:
-            raise SpecError("--model, --strategy and --batch are required without --spec")
-        strategy = parse_strategy(a.strategy)
-        spec = RunSpec(a.model, strategy, parse_precision(a.precision or "fp32"),
-                       parse_knobs(a.knobs) if a.knobs else default_knobs(strategy),
-                       parse_positive("nodes", a.nodes or 1), parse_batch(a.batch))
-    steps, warmup = parse_steps_warmup(a.steps, a.warmup)
-    if spec.strategy.compile and warmup < 1:
-        raise SpecError(f"{spec.strategy} needs --warmup >= 1: its first step compiles, and compile time must stay out of the measured window")
-    if a.compile_backend and not spec.strategy.compile:
-        raise SpecError(f"--compile-backend applies to -compile strategies only, not {str(spec.strategy)!r}")
-    backend = (a.compile_backend or "inductor") if spec.strategy.compile else ""
-    if a.data != "synthetic":
-        from scaleladder.data.manifest import MANIFEST_FILE, resolve  # the loader's own rule: file, or the directory holding it
-
-        if not resolve(a.data).is_file():
-            why = f"a directory with no {MANIFEST_FILE}" if Path(a.data).is_dir() else "no such manifest file or shard directory (or use 'synthetic')"
-            raise SpecError(f"--data {a.data!r}: {why}")
-    from scaleladder.models.flava_impl import parse_flava_impl
-
-    flava_impl = parse_flava_impl(getattr(a, "flava_impl", None) or "sdpa")
-    if a.codebook_weights and not Path(a.codebook_weights).is_file():
-        raise SpecError(f"--codebook-weights {a.codebook_weights!r}: no such file")
-    if a.codebook_weights and get_flavor(spec.model).family != "flava":
-        raise SpecError(f"--codebook-weights applies to FLAVA flavors only, not {spec.model}")
-    try:
-        lr = float(a.lr)
-    except ValueError:
-        raise SpecError(f"lr must be a number, got {a.lr!r}") from None
-    if a.peak_tflops is not None and not a.peak_tflops > 0:
-        raise SpecError(f"--peak-tflops must be > 0, got {a.peak_tflops}")
-    out = Path(a.out)
-    if out.suffix != ".h5":
-        raise SpecError(f"--out {a.out!r} must end in .h5")
-    from scaleladder.rung.profiling import check_profiling, env_trace_steps
-
-    given = getattr(a, "trace_steps", None)
-    trace_steps = parse_nonnegative("trace-steps", given if given is not None else env_trace_steps())
-    if given is None:  # a profile's default for every rung: a short rung (a max-batch probe) traces what it has
-        trace_steps = min(trace_steps, max(0, steps - warmup))
-    memory_snapshot = bool(getattr(a, "memory_snapshot", False))
-    check_profiling(trace_steps, memory_snapshot, steps, warmup, "cpu" if a.device == "cpu" else None)
-    workers: int | str = "auto" if str(a.workers) == "auto" else parse_nonnegative("workers", a.workers)
-    return RunConfig(spec, steps, warmup, a.data, workers, parse_nonnegative("seed", a.seed),
-                     lr, out, a.device, a.codebook_weights, a.peak_tflops, a.init, backend, a.decode, trace_steps, memory_snapshot,
-                     flava_impl, transport=getattr(a, "transport", "uint8"))
-
-
-def oom_marker(out: Path, rank: int) -> Path:
-    return out.with_name(f"{out.name}.oom-rank{rank}.json")
-
-
-def write_oom_record(cfg: RunConfig, events: list[dict[str, Any]], world: int, status: str = "oom",
-                     extra: dict[str, Any] | None = None) -> None:
-    """A result for a rung that did not fit (attributes: results.oom), written atomically.
-
-    Called by the rank itself in a one-rank run, and by the supervisor (campaign) from
-    the markers of a multi-rank one, or for a rung the planner says cannot fit.
-    """
-    from scaleladder.models.build import meta_parameter_count
-    from scaleladder.results.oom import oom_attrs
-    from scaleladder.results.store import write_record
-    from scaleladder.rung import provenance
-
-    attrs = oom_attrs(cfg.attrs(), cfg.spec.nodes, events, world, meta_parameter_count(cfg.flavor),
-                      provenance.collect(""), status, extra)
-    write_record(cfg.out, attrs)
 
 
 def _terminate(signum: int, _frame: Any) -> None:
@@ -482,7 +283,8 @@ def _measure(ctx: RankContext, built: Built) -> tuple[Measurement, dict[str, Any
     # off by default: a trace of steps after warm-up, an allocator snapshot (rung/profiling.py)
     with StepProfiler(cfg.trace_steps, cfg.memory_snapshot, cfg.warmup, cfg.out, device, ctx.env.rank) as profiler:
         m = train_loop(wrapped, optimizer, profiler.wrap(batches), steps=cfg.steps, warmup=cfg.warmup, prec=prec,
-                       device=device, scaler=scaler, compiled=spec.strategy.compile, label=spec.path)
+                       device=device, scaler=scaler, compiled=spec.strategy.compile, label=spec.path,
+                       progress_s=cfg.progress_s)
     return m, profiler.attrs(), time.monotonic()
 
 
@@ -492,8 +294,8 @@ def ok_attrs(ctx: RankContext, built: Built, m: Measurement, where: dict[str, An
     from scaleladder.results.stats import within_run
     from scaleladder.rung import provenance
     from scaleladder.rung.device_peak import rank_device_peak_flops
-    from scaleladder.rung.what_ran import sharding_ran
     from scaleladder.rung.loop import host_attrs
+    from scaleladder.rung.what_ran import sharding_ran
 
     cfg, spec, world, report = ctx.cfg, ctx.cfg.spec, ctx.env.world, built.report
     samples_per_s = int(spec.batch) * world * m.measured_steps / m.window_s

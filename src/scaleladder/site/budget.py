@@ -40,12 +40,12 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
         raise SpecError(f"profile {profile_name}: {prof.config_error}")
     ladder, cfg = prof.ladder, prof.config
     chosen = {s.path for s in ladder.selected}  # `select` (every rung without one), as the workflow's targets
-    site = ladder.site
-    if not site.get("plan_device"):
+    site = ladder.settings.site
+    if not site.plan_device:
         raise SpecError(f"profile {profile_name} names no site.plan_device, so there is no device to price the rungs on")
     b: dict[str, Any] = cfg.get("budget") or {}
     mb = cfg.get("maxbatch") or {}
-    timing = cost.TimeModel(site["plan_device"], int(cfg["steps"]), b.get("mfu") or {},
+    timing = cost.TimeModel(site.plan_device, int(cfg["steps"]), b.get("mfu") or {},
                             float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)),
                             site_from_config(cfg, profile_name), ladder.ranks_per_node)
     measured = cost.read_measured([str(p) for p in (repo / "results" / "rungs").rglob("*.h5")])
@@ -67,7 +67,7 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
                 try:
                     # where the search starts: the planner's max batch; for a -compile rung, whose memory
                     # the planner gives only as an upper bound, its eager counterpart's (maxbatch.planned_start)
-                    max_batch = planned_start(spec, site["plan_device"], rpn, site_ladder.rung_data_path(spec, site_ladder.data_source(cfg)))[0]
+                    max_batch = planned_start(spec, site.plan_device, rpn, site_ladder.rung_data_path(spec, site_ladder.data_source(ladder.settings)))[0]
                 except (SpecError, ValueError) as e:
                     why = f"not priced: no predicted max batch ({e})"
                 if max_batch is None and spec.strategy.compile and not why:

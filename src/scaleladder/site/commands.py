@@ -2,8 +2,10 @@
 
 ``workflow/rules/*.smk`` import this module as ``swf``: the launcher and prologue with
 their placeholders filled (:func:`fill`), the ``export`` line, the ``--ranks-per-node``,
-``--device``, planner and max-batch arguments, the shard sources (shell-quoted: they are
-user data), the provenance the aggregate records and the planner chart's arguments.
+planner and max-batch arguments, the rung's options (:func:`rung_options`: ``--device`` and
+every setting of every rung, from the schema's ``run_arg`` rows), the shard sources
+(shell-quoted: they are user data), the provenance the aggregate records and the planner
+chart's arguments. Every function reads the typed config (site/settings.py), never the dict.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Mapping
 from typing import Any, Protocol
 
+from scaleladder.rung.run_config import rule_args
+from scaleladder.site.config import run_arg_rows
 from scaleladder.site.ladder import Ladder, plan_figures, rank_args, ranks_of
 from scaleladder.site.settings import Site, SiteConfig
 from scaleladder.spec import RunSpec
@@ -21,7 +24,7 @@ from scaleladder.spec import RunSpec
 # plan_figures is the ladder's (its targets); report.smk reads it as swf.plan_figures
 __all__ = [
     "plan_figures", "RungWildcards", "spec_of", "fill", "env_exports", "launcher", "prologue",
-    "ranks_arg", "device_arg", "plan_args", "maxbatch_args", "shard_sources", "shard_slices",
+    "ranks_arg", "device_arg", "rung_options", "rung_workers", "plan_args", "maxbatch_args", "shard_sources", "shard_slices",
     "shard_slice_records", "RUNG_ARGS", "rung_shell", "provenance_json", "plan_chart_args",
     "export_repo",
 ]
@@ -44,11 +47,11 @@ def spec_of(wildcards: RungWildcards) -> RunSpec:
     )
 
 
-def fill(template: str, site: Site | Mapping[str, Any], ranks_per_node: int, spec: RunSpec | None = None) -> str:
+def fill(template: str, site: Site, ranks_per_node: int, spec: RunSpec | None = None) -> str:
     """Substitute the site placeholders {image} and {ranks_per_node}, and with a rung also
     {nodes} and {ranks}. TRAP: str.replace, not str.format: site strings hold shell
     syntax such as ``${SCALELADDER_IMAGE:-...}``, whose braces format() would eat."""
-    values = {"{image}": str(Site.of(site).image), "{ranks_per_node}": str(ranks_per_node)}
+    values = {"{image}": str(site.image), "{ranks_per_node}": str(ranks_per_node)}
     if spec is not None:
         values |= {"{nodes}": str(spec.nodes), "{ranks}": str(ranks_of(spec, ranks_per_node))}
     for k, v in values.items():
@@ -56,22 +59,20 @@ def fill(template: str, site: Site | Mapping[str, Any], ranks_per_node: int, spe
     return template
 
 
-def env_exports(site: Site | Mapping[str, Any]) -> str:
+def env_exports(site: Site) -> str:
     """``export K="V"; ...`` for every ``site.env`` variable, in the site's order.
     Double quotes: values may use $VARS, which the job's shell expands on the node that
     runs it. TRAP: a value is not escaped, so one holding a double quote breaks the line."""
-    return "".join(f'export {k}="{v}"; ' for k, v in Site.of(site).env)
+    return "".join(f'export {k}="{v}"; ' for k, v in site.env)
 
 
-def launcher(site: Site | Mapping[str, Any], ranks_per_node: int, spec: RunSpec) -> str:
+def launcher(site: Site, ranks_per_node: int, spec: RunSpec) -> str:
     """The launcher prefix that starts this rung's ranks (ends with the program)."""
-    site = Site.of(site)
     return fill(site.launcher, site, ranks_per_node, spec)
 
 
-def prologue(site: Site | Mapping[str, Any], ranks_per_node: int, spec: RunSpec) -> str:
+def prologue(site: Site, ranks_per_node: int, spec: RunSpec) -> str:
     """``site.prologue`` for this rung and a ``; ``, or nothing."""
-    site = Site.of(site)
     p = fill(site.prologue, site, ranks_per_node, spec).strip()
     return f"{p}; " if p else ""
 
@@ -81,28 +82,59 @@ def ranks_arg(spec: RunSpec, ranks_per_node: int) -> str:
     return f" --ranks-per-node {rank_args(spec, ranks_per_node)[1]}"
 
 
-def device_arg(site: Site | Mapping[str, Any]) -> str:
+def device_arg(site: Site) -> str:
     """`` --device cuda`` where the site expects GPUs (site.device), so a rank that finds
     none fails naming why instead of training on the CPU; nothing for 'auto' (the
     runner's default)."""
-    device = Site.of(site).device
-    return "" if device == "auto" else f" --device {device}"
+    return "" if site.device == "auto" else f" --device {site.device}"
 
 
-def plan_args(cfg: SiteConfig | Mapping[str, Any], ranks_per_node: int, spec: RunSpec) -> str:
+def _value(cfg: SiteConfig, path: tuple[str, ...]) -> Any:
+    value: Any = cfg
+    for key in path:
+        value = getattr(value, key)
+    return value
+
+
+def rung_options(cfg: SiteConfig) -> str:
+    """Every option of a rung beyond the rules' shared arguments (:data:`RUNG_ARGS`): ``--device``
+    (:func:`device_arg`), then each setting of every rung, a schema row naming its ``run`` flag
+    (``run_arg``), where the config sets it to other than its default (the rung's own: run_config).
+    So a profile at its defaults adds nothing, and its rules' commands are what they were.
+
+    The rules pass this string as their ``device`` parameter. TRAP: the name stays although the
+    string carries more: Snakemake reruns a finished rung whose rule's shell template changed
+    (rerun trigger "code"), and renaming the placeholder would change every rung rule's template.
+    A value that changes the string reruns the rungs it reaches (trigger "params"), as it must."""
+    options = device_arg(cfg.site)
+    for path, flag, default in run_arg_rows():
+        value = _value(cfg, path)
+        if value is None or value == default:
+            continue
+        if isinstance(value, bool):
+            options += f" {flag}" if value else ""
+        else:
+            options += f" {flag} {shlex.quote(str(value))}"
+    return options
+
+
+def rung_workers(cfg: SiteConfig) -> int:
+    """Loader workers per rank: the profile's ``loader.workers``, else the config's ``workers``."""
+    return cfg.workers if cfg.loader.workers is None else cfg.loader.workers
+
+
+def plan_args(cfg: SiteConfig, ranks_per_node: int, spec: RunSpec) -> str:
     """The planner: the max-batch search starts at its prediction; the predicted-oom
     rule records its verdict. Nothing without ``site.plan_device``."""
-    cfg = SiteConfig.of(cfg)
     if not cfg.site.plan_device:
         return ""
     args = f" --plan-device {cfg.site.plan_device}{ranks_arg(spec, ranks_per_node)}"
     return args + (" --run-predicted-oom" if cfg.run_predicted_oom else "")
 
 
-def maxbatch_args(cfg: SiteConfig | Mapping[str, Any]) -> str:
+def maxbatch_args(cfg: SiteConfig) -> str:
     """The search's site cap and the config's probe settings (config key ``maxbatch``),
     only those given: ``scaleladder maxbatch`` has its own defaults."""
-    cfg = SiteConfig.of(cfg)
     cap = cfg.site.max_batch_cap
     args = f" --max-batch-cap {cap}" if cap else ""
     for key in ("max_retries", "probe_steps", "probe_warmup"):
@@ -111,13 +143,13 @@ def maxbatch_args(cfg: SiteConfig | Mapping[str, Any]) -> str:
     return args
 
 
-def shard_sources(cfg: SiteConfig | Mapping[str, Any]) -> str:
+def shard_sources(cfg: SiteConfig) -> str:
     """``scaleladder shard`` source options, each value shell-quoted; none = its embedded set.
 
     TRAP: these values are user data that land in a shell line (workflow/rules/data.smk), so
     each one is ``shlex.quote``d here: a folder named ``my imgs; echo PWNED`` is one argument,
     never a command (tests/test_quoting.py runs every such rule with one)."""
-    data = SiteConfig.of(cfg).data
+    data = cfg.data
     q = shlex.quote
     args = []
     if data.images:
@@ -131,9 +163,9 @@ def shard_sources(cfg: SiteConfig | Mapping[str, Any]) -> str:
     return " ".join(args)
 
 
-def shard_slices(cfg: SiteConfig | Mapping[str, Any]) -> int:
+def shard_slices(cfg: SiteConfig) -> int:
     """How many ``scaleladder shard --slice K/N`` jobs write each shard set (data.slices, default 1)."""
-    return int(SiteConfig.of(cfg).data.slices)
+    return cfg.data.slices or 1
 
 
 def shard_slice_records(px: str | int, slices: int) -> list[str]:
@@ -176,10 +208,10 @@ def plan_chart_args(ladder: Ladder) -> str:
 
 
 #: The rung's own arguments, the same for every ladder rule and every command that runs a rung
-#: (``run``, ``launch``, ``finalize``, ``maxbatch``, ``launch --plan-only``). Snakemake fills the
-#: placeholders from the rule's params and output (``:q``: shell-quoted, paths are data).
-RUNG_ARGS = ("--spec {params.spec:q} --steps {params.steps} --warmup {params.warmup} --data {params.data:q} "
-             "--workers {params.workers} --seed {params.seed} --out {output:q}")
+#: (``run``, ``launch``, ``finalize``, ``maxbatch``, ``launch --plan-only``): the RunConfig fields
+#: that name a rule placeholder (rung/run_config.rule_args). Snakemake fills the placeholders
+#: from the rule's params and output (``:q``: shell-quoted, paths are data).
+RUNG_ARGS = rule_args()
 
 
 def rung_shell(command: str) -> str:
@@ -194,9 +226,9 @@ def rung_shell(command: str) -> str:
 
     TRAP: a template with Snakemake's placeholders, not the finished line: Snakemake reruns a
     finished rung whose rule's shell template or params changed (rerun trigger "code", and
-    "params"), so these strings are the rules' exactly as they were written in the rules, and
-    the params keep their values. Not ``RunConfig.argv``: that is ``run``'s whole argv (``--lr``,
-    ``--init``, ...), built from a RunConfig in the job, where the rules pass only these.
+    "params"), so these templates must not change (tests/test_settings.py holds them byte for
+    byte): a new setting of every rung travels inside ``{params.device}`` (:func:`rung_options`).
+    The rest of ``run``'s arguments (``--lr``, ``--init``, ...) take their defaults.
     """
     log = " > {log:q} 2>&1"
     if command == "launch":

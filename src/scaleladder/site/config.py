@@ -6,8 +6,8 @@ checks the names in the ladder with the run-spec grammar itself. A bad config ra
 :class:`ConfigError` naming the key (``config key 'ladders[0].models[0]': ...``); common.smk
 turns it into Snakemake's WorkflowError, so it fails before any job.
 :func:`check_data_values` refuses a data value (a path, a URL) the jobs' command lines
-cannot carry intact; :func:`apply_loader` and :func:`apply_profiling` turn the profile's
-``loader`` and ``profiling`` blocks into what the rung rules pass on.
+cannot carry intact; :func:`run_arg_rows` lists the settings of every rung (the schema's rows
+that name a ``run`` flag), which the rung rules pass on as arguments.
 
 Nothing here uses Snakemake's globals (``workflow``, ``config``, ``rules``): they come in as
 arguments (tests/test_workflow_logic.py calls them directly).
@@ -39,8 +39,7 @@ from scaleladder.spec import (
 
 __all__ = [
     "INVALID", "ConfigError", "config_key", "as_int", "as_bool", "coerce_config_strings", "load_schema",
-    "schema_errors", "validate_config", "DATA_KEYS", "data_values", "check_data_values", "apply_loader",
-    "apply_profiling",
+    "schema_errors", "validate_config", "DATA_KEYS", "data_values", "check_data_values", "run_arg_rows",
 ]
 
 
@@ -246,6 +245,10 @@ def validate_config(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any])
         parse_steps_warmup(cfg["steps"], cfg["warmup"])
     except SpecError as e:
         raise ConfigError(f"{INVALID}  config key 'warmup': {e}") from None
+    trace = int((cfg.get("profiling") or {}).get("trace_steps") or 0)
+    if trace > cfg["steps"] - cfg["warmup"]:  # every rung would refuse it (rung/profiling.check_profiling)
+        raise ConfigError(f"{INVALID}  config key 'profiling.trace_steps': {trace}, but a rung measures only "
+                          f"{cfg['steps'] - cfg['warmup']} steps after its {cfg['warmup']} warm-up step(s); trace at most that many")
     checks: list[tuple[str, Callable[[Any], object]]] = [
         ("models", get_flavor),
         ("strategies", parse_strategy),
@@ -341,28 +344,19 @@ def _flat(values: Iterable[Any]) -> Iterator[Any]:
             yield v
 
 
-def apply_loader(cfg: dict[str, Any]) -> None:
-    """The site profile's ``loader`` block, as the rung rules pass it on (issue 15): its
-    ``workers`` become ``--workers``, its ``decode`` reaches ``scaleladder run --decode``'s
-    default through the site's job environment (``SCALELADDER_DECODE``)."""
-    loader = cfg.get("loader") or {}
-    if "workers" in loader:  # a count, or "auto" (run resolves it from each rank's cores: data/cores.py)
-        cfg["workers"] = "auto" if str(loader["workers"]) == "auto" else int(loader["workers"])
-    if loader.get("decode", "cpu") != "cpu":  # cpu is run's own default: nothing to export
-        cfg["site"].setdefault("env", {})
-        cfg["site"]["env"] = {**(cfg["site"]["env"] or {}), "SCALELADDER_DECODE": str(loader["decode"])}
+def run_arg_rows(schema: Mapping[str, Any] | None = None) -> list[tuple[tuple[str, ...], str, Any]]:
+    """The settings of every rung: (their key path, their ``run`` flag, the schema's default) for each
+    schema row with ``run_arg``, in the schema's order (site/commands.rung_options passes them on)."""
+    root = load_schema(SCHEMA) if schema is None else schema
+    rows: list[tuple[tuple[str, ...], str, Any]] = []
 
+    def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> None:
+        node = _resolve(node, root)
+        if isinstance(node.get("run_arg"), str):
+            rows.append((path, node["run_arg"], node.get("default")))
+        for key, sub in (node.get("properties") or {}).items():
+            if isinstance(sub, Mapping):
+                walk(sub, (*path, key))
 
-def apply_profiling(cfg: dict[str, Any]) -> None:
-    """The profile's ``profiling`` block (issue 22): ``trace_steps`` and ``memory_snapshot`` reach
-    ``scaleladder run --trace-steps`` / ``--memory-snapshot``'s defaults through the site's job
-    environment, as ``loader.decode`` does (rung/profiling.py). Absent or off: nothing exported."""
-    prof = cfg.get("profiling") or {}
-    env: dict[str, str] = {}
-    if int(prof.get("trace_steps", 0) or 0) > 0:
-        env["SCALELADDER_TRACE_STEPS"] = str(int(prof["trace_steps"]))
-    if prof.get("memory_snapshot"):
-        env["SCALELADDER_MEMORY_SNAPSHOT"] = "1"
-    if env:
-        cfg["site"].setdefault("env", {})
-        cfg["site"]["env"] = {**(cfg["site"]["env"] or {}), **env}
+    walk(root, ())
+    return rows

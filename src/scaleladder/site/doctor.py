@@ -29,17 +29,19 @@ from scaleladder.site.profiles import fill_site, load_profile
 def compute_script(ctx: Context, out: Path, nodes: int) -> str:
     """The batch script: the site's exports and prologue, then the launcher starting 2 ranks of
     ``doctor --probe`` (inside the image where the site uses one)."""
-    site = ctx.site
+    if ctx.profile.ladder is None:
+        raise SpecError(f"profile {ctx.profile.name}: {ctx.profile.config_error}")
+    site = ctx.profile.ladder.settings.site
     ranks = 2
-    launcher = fill_site(str(site["launcher"]), site, ctx.rpn, nodes, ranks)
-    device = f" --probe-device {site.get('device', 'auto')}"
-    if site.get("supervise") == "launch" and "torchrun" in launcher:
+    launcher = fill_site(site.launcher, site, ctx.rpn, nodes, ranks)
+    device = f" --probe-device {site.device}"
+    if site.supervise == "launch" and "torchrun" in launcher:
         # the launcher runs inside what site.scaleladder starts (the image), as `launch` does
         inner = launcher.replace(f"--nproc-per-node {ctx.rpn}", f"--nproc-per-node {ranks}")
-        cmd = f"{swf.fill(str(site['scaleladder']), site, ctx.rpn)} doctor --probe {shlex.quote(str(out))}{device} --probe-via {shlex.quote(inner)}"
+        cmd = f"{swf.fill(site.scaleladder, site, ctx.rpn)} doctor --probe {shlex.quote(str(out))}{device} --probe-via {shlex.quote(inner)}"
     else:
         cmd = f"{launcher} doctor --probe {shlex.quote(str(out))}{device}"
-    prologue = fill_site(str(site.get("prologue", "")), site, ctx.rpn, nodes, ranks).strip()
+    prologue = fill_site(site.prologue, site, ctx.rpn, nodes, ranks).strip()
     return ("#!/bin/bash\nset -euo pipefail\n" + f"cd {shlex.quote(str(ctx.profile.repo))}\n" + swf.env_exports(site).replace("; ", "\n")
             + (prologue + "\n" if prologue else "") + cmd + "\n")
 

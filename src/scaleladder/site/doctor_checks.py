@@ -113,9 +113,11 @@ class Context:
 
     def command_lines(self) -> list[tuple[str, str]]:
         """(key, line) of the site's launcher, scaleladder and prologue, filled for the largest rung."""
-        rpn, nodes = self.rpn, self.max_nodes
-        return [(key, fill_site(str(self.site[key]), self.site, rpn, nodes, nodes * rpn))
-                for key in ("launcher", "scaleladder", "prologue") if self.site.get(key)]
+        if self.profile.ladder is None:  # an invalid config: its own finding says so
+            return []
+        site, rpn, nodes = self.profile.ladder.settings.site, self.rpn, self.max_nodes
+        return [(key, fill_site(str(getattr(site, key)), site, rpn, nodes, nodes * rpn))
+                for key in ("launcher", "scaleladder", "prologue") if getattr(site, key)]
 
 
 # -- the checks: each a name, one line saying what it checks, and a function -----------------

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from scaleladder.figures import registry as figure_registry
 from scaleladder.models.flavors import get_flavor
-from scaleladder.site.config import ConfigError, apply_loader, apply_profiling, check_data_values, validate_config
+from scaleladder.site.config import ConfigError, check_data_values, validate_config
 from scaleladder.site.settings import Site, SiteConfig
 from scaleladder.spec import (
     AnyKnobs,
@@ -59,12 +59,12 @@ def torch_gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
-def resolve_ranks_per_node(site: Mapping[str, Any], gpu_count: Callable[[], int] = torch_gpu_count) -> int:
+def resolve_ranks_per_node(site: Site, gpu_count: Callable[[], int] = torch_gpu_count) -> int:
     """``site.ranks_per_node``; for 'auto', every visible GPU, else ``site.cpu_ranks`` CPU
     processes (gloo). ``gpu_count`` is asked only for 'auto'."""
-    if site["ranks_per_node"] == "auto":
-        return gpu_count() or int(site.get("cpu_ranks", 2))
-    return int(site["ranks_per_node"])
+    if site.ranks_per_node == "auto":
+        return gpu_count() or site.cpu_ranks
+    return site.ranks_per_node
 
 
 def ranks_of(spec: RunSpec, ranks_per_node: int) -> int:
@@ -165,8 +165,8 @@ def check_select(select: Mapping[str, Any], rungs: Sequence[RunSpec]) -> None:
                                   f"(the ladder's {key}: {', '.join(have) or 'none'})")
 
 
-def data_source(cfg: SiteConfig | Mapping[str, Any]) -> str:
-    return SiteConfig.of(cfg).data.source
+def data_source(cfg: SiteConfig) -> str:
+    return cfg.data.source
 
 
 def rung_path(spec: RunSpec, repeat: int = 0) -> str:
@@ -176,9 +176,9 @@ def rung_path(spec: RunSpec, repeat: int = 0) -> str:
     return f"results/rungs/{spec.path}{f'.r{repeat}' if repeat else ''}.h5"
 
 
-def repeats(cfg: SiteConfig | Mapping[str, Any]) -> int:
+def repeats(cfg: SiteConfig) -> int:
     """How many times each measured rung runs, each in fresh processes (config ``repeats``)."""
-    return int(SiteConfig.of(cfg).repeats)
+    return cfg.repeats
 
 
 def rung_data_path(spec: RunSpec, source: str) -> str:
@@ -190,7 +190,7 @@ def rung_data_path(spec: RunSpec, source: str) -> str:
     return f"results/shards/{get_flavor(spec.model).image_size}px/manifest.json"
 
 
-def shards_settled(manifest: str, cfg: Mapping[str, Any]) -> bool:
+def shards_settled(manifest: str, cfg: SiteConfig) -> bool:
     """Whether the finished shard set at ``manifest`` was written with the config's data settings.
 
     Then a rerun of its shard job writes the same bytes (sharding is deterministic), so a rung
@@ -204,14 +204,13 @@ def shards_settled(manifest: str, cfg: Mapping[str, Any]) -> bool:
         options = _manifest_options(manifest, st.st_mtime_ns, st.st_size)
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    data = cfg.get("data") or {}
+    data = cfg.data
 
-    def as_shard_says(key: str) -> str | None:  # `scaleladder shard` records str(Path(value))
-        return str(Path(data[key])) if data.get(key) else None
+    def as_shard_says(value: str | None) -> str | None:  # `scaleladder shard` records str(Path(value))
+        return str(Path(value)) if value else None
 
-    want = {"images": as_shard_says("images"), "captions": as_shard_says("captions"), "vocab": as_shard_says("vocab"),
-            "wds": list(data.get("wds") or []) or None, "samples": data.get("samples"), "per_shard": data.get("per_shard"),
-            "seed": data.get("seed")}
+    want = {"images": as_shard_says(data.images), "captions": as_shard_says(data.captions), "vocab": as_shard_says(data.vocab),
+            "wds": list(data.wds or []) or None, "samples": data.samples, "per_shard": data.per_shard, "seed": data.seed}
     return isinstance(options, dict) and all(options.get(k) == v for k, v in want.items())
 
 
@@ -223,7 +222,7 @@ def _manifest_options(path: str, mtime_ns: int, size: int) -> Any:
         return json.load(f)["scaleladder"]["options"]
 
 
-def rung_shards(spec: RunSpec, cfg: Mapping[str, Any]) -> list[tuple[str, bool]]:
+def rung_shards(spec: RunSpec, cfg: SiteConfig) -> list[tuple[str, bool]]:
     """The rung rule's input as (path, settled): its shard manifest, or nothing for synthetic data."""
     return [(p, shards_settled(p, cfg)) for p in rung_inputs(spec, data_source(cfg))]
 
@@ -234,13 +233,12 @@ def rung_inputs(spec: RunSpec, source: str) -> list[str]:
     return [] if path == "synthetic" else [path]
 
 
-def planned_not_to_fit(spec: RunSpec, cfg: SiteConfig | Mapping[str, Any], ranks_per_node: int) -> bool:
+def planned_not_to_fit(spec: RunSpec, cfg: SiteConfig, ranks_per_node: int) -> bool:
     """The memory planner's verdict, made while the DAG is built so that a rung that
     cannot fit never costs an allocation. Exactly the call ``scaleladder launch
     --plan-only`` makes when it records the verdict (same spec, world, device, data).
     The planner is analytic and imports no torch, so this runs on a login node.
     False without ``site.plan_device`` or with ``run_predicted_oom``."""
-    cfg = SiteConfig.of(cfg)
     device = cfg.site.plan_device
     if not device or cfg.run_predicted_oom:
         return False
@@ -273,9 +271,10 @@ def result_paths(spec: RunSpec, predicted_oom: frozenset[str] | set[str], n_repe
 class Ladder:
     """Everything the rules need, decided once while Snakemake parses the workflow.
 
-    ``config`` is Snakemake's own config dict, validated and completed in place;
-    ``settings`` is the same config read once into typed fields (site/settings.py), which the
-    rules and site/commands.py read (``SETTINGS`` in common.smk)."""
+    ``settings`` is the validated config read once into typed fields (site/settings.py), which
+    the rules and site/commands.py read (``SETTINGS`` in common.smk); ``config`` is Snakemake's
+    own dict, validated and completed in place, kept for the provenance, which records the
+    ladder's blocks as the config gives them."""
 
     config: dict[str, Any]
     settings: SiteConfig
@@ -284,12 +283,6 @@ class Ladder:
     skipped: tuple[str, ...]  # "model/strategy/.../b<batch>: why" for each combination that does not exist
     selected: tuple[RunSpec, ...]  # the rungs `select` keeps (all of them without one)
     predicted_oom: frozenset[str]  # spec paths the planner routes to the predicted_oom rule
-
-    @property
-    def site(self) -> dict[str, Any]:
-        """``config["site"]`` as a mapping (report.smk's ``SITE``; typed: ``settings.site``)."""
-        site: dict[str, Any] = self.config["site"]
-        return site
 
     @property
     def rung_files(self) -> list[str]:
@@ -310,10 +303,8 @@ def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: Te
     log = sys.stderr if log is None else log
     validate_config(cfg, schema)
     check_data_values(cfg, cli_config)
-    apply_loader(cfg)
-    apply_profiling(cfg)
-    settings = SiteConfig.of(cfg)  # once, from the validated and completed config
-    rpn = resolve_ranks_per_node(cfg["site"], gpu_count)
+    settings = SiteConfig.of(cfg, "")  # once, from the validated and completed config
+    rpn = resolve_ranks_per_node(settings.site, gpu_count)
     rungs, skipped = expand_ladder(cfg["ladders"], rpn)
     check_select(cfg.get("select") or {}, rungs)
     selected = [s for s in rungs if is_selected(s, cfg.get("select") or {})]
@@ -354,10 +345,10 @@ def wildcard_constraints(rungs: Iterable[RunSpec]) -> dict[str, str]:
 FIGURES: list[str] = figure_registry.names("plots")  # the ladder's figures, from the one figure table
 
 
-def plan_figures(site: Site | Mapping[str, Any]) -> list[str]:
+def plan_figures(site: Site) -> list[str]:
     """The planner's figures, where the site names a device to plan for: what fits where,
     and its predicted peaks against the measured ones."""
-    return figure_registry.names("plan") if Site.of(site).plan_device else []
+    return figure_registry.names("plan") if site.plan_device else []
 
 
 def final_targets(ladder: Ladder) -> list[str]:

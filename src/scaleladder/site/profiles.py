@@ -22,7 +22,7 @@ from scaleladder.errors import SpecError
 from scaleladder.site import commands as swf
 from scaleladder.site import config as site_config
 from scaleladder.site import ladder as site_ladder
-from scaleladder.site.settings import SiteConfig
+from scaleladder.site.settings import Site, SiteConfig
 
 
 @dataclass
@@ -164,9 +164,10 @@ def load_profile(name: str, repo: Path, plan: bool = False, configfiles: Sequenc
             ladder = site_ladder.prepare(cfg, schema, log=StringIO(), gpu_count=lambda: 0, cli_config=overrides)
         else:
             site_config.validate_config(cfg, schema)
-            rpn = site_ladder.resolve_ranks_per_node(cfg["site"], lambda: 0)
+            settings = SiteConfig.of(cfg, "")
+            rpn = site_ladder.resolve_ranks_per_node(settings.site, lambda: 0)
             rungs, skipped = site_ladder.expand_ladder(cfg["ladders"], rpn)
-            ladder = site_ladder.Ladder(cfg, SiteConfig.of(cfg), rpn, tuple(rungs), tuple(skipped), tuple(rungs), frozenset())
+            ladder = site_ladder.Ladder(cfg, settings, rpn, tuple(rungs), tuple(skipped), tuple(rungs), frozenset())
         return SiteProfile(name, folder, repo, smk, ladder, cfg)
     except site_config.ConfigError as e:
         return SiteProfile(name, folder, repo, smk, None, cfg, " ".join(str(e).split()))
@@ -226,7 +227,7 @@ def bind_sources(command: str) -> list[str]:
     return [src for src, _ in bind_entries(command)]
 
 
-def fill_site(template: str, site: Mapping[str, Any], rpn: int, nodes: int, ranks: int) -> str:
+def fill_site(template: str, site: Site, rpn: int, nodes: int, ranks: int) -> str:
     """A site's command template (launcher, scaleladder, prologue) filled for ``nodes`` nodes and ``ranks`` ranks."""
     out = swf.fill(template, site, rpn)
     return out.replace("{nodes}", str(nodes)).replace("{ranks}", str(ranks))

@@ -15,19 +15,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from scaleladder.site.profiles import expand
+from scaleladder.site.settings import Site
 
 
-def missing(site: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: str | None = None) -> list[str]:
+def missing(site: Site, env: Mapping[str, str] | None = None, cwd: str | None = None) -> list[str]:
     """One line per required setting of ``site`` that is not there."""
     env = dict(os.environ if env is None else env)
     env.setdefault("PWD", cwd or os.getcwd())
     lines = []
-    for key, what in (site.get("requires") or {}).items():
+    for key, what in site.requires or ():
         if key == "image":
-            path, why = expand(str(site.get("image", "")), env)
+            path, why = expand(site.image, env)
             if path is None:
                 lines.append(f"image ({what}): {why}")
             elif not Path(path).is_file():
@@ -37,12 +37,12 @@ def missing(site: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: 
     return lines
 
 
-def announce(site: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
+def announce(site: Site, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
     """The few lines the workflow prints for a site with missing settings ('' when none)."""
     lines = missing(site, env, cwd)
     if not lines:
         return ""
-    name = site.get("name", "?")
+    name = site.name
     head = f"scaleladder: profile {name}: {len(lines)} required setting(s) missing; every job would fail without them:"
     return "\n".join([head, *(f"  - {line}" for line in lines),
                       f"  Set them, then check the site with: scaleladder doctor --profile {name}"])
