@@ -232,10 +232,9 @@ def test_a_reference_refuses_a_rung_measured_under_other_conditions(tmp_path: Pa
 
 def test_rank_0_prints_progress_lines_at_a_steady_interval(tmp_path: Path) -> None:
     def run(every: str | None) -> list[str]:
-        env = {**os.environ, "SCALELADDER_PROGRESS_S": every} if every else {
-            k: v for k, v in os.environ.items() if k != "SCALELADDER_PROGRESS_S"}
+        every_arg = ["--progress-s", every] if every else []
         p = subprocess.run([sys.executable, "-m", "scaleladder", "run", "--spec", RUNG, "--steps", "40", "--warmup", "2",
-                            "--out", str(tmp_path / "r.h5")], capture_output=True, text=True, timeout=300, env=env)
+                            "--out", str(tmp_path / "r.h5"), *every_arg], capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         assert "\r" not in p.stderr  # a Slurm log keeps every redraw
         return [line for line in p.stderr.splitlines() if line.startswith(f"scaleladder run: {RUNG}: ")]

@@ -241,7 +241,7 @@ def test_maxbatch_and_launch_forward_device_to_run() -> None:
     the same RunConfig."""
     import argparse
 
-    from scaleladder.rung.run import add_arguments, config_from_args
+    from scaleladder.rung.run_config import add_arguments, config_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -8,12 +8,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from scaleladder.models.build import build_model, count_parameters
-from scaleladder.models.flavors import FLAVORS, get_flavor
 from scaleladder.models.flops import flava_flops, vit_flops
 from scaleladder.models.init import materialize
 from scaleladder.models.table import row
 from scaleladder.rung.batches import masked_counts, synthetic_batch
 from scaleladder.spec import SpecError
+from scaleladder.spec.flavors import FLAVORS, get_flavor
 
 SEEDED = [f for f in FLAVORS.values() if not f.debug]
 
@@ -237,7 +237,7 @@ def test_flava_impl_is_checked_before_any_model_and_recorded(tmp_path, capsys) -
     import argparse
 
     from scaleladder.cli import main
-    from scaleladder.rung.run import add_arguments, config_from_args
+    from scaleladder.rung.run_config import add_arguments, config_from_args
 
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--spec", "flava-debug/single/fp32/pre-lag/n1/b2", "--flava-impl", "fused", "--out", str(tmp_path / "r.h5")])

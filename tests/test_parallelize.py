@@ -16,12 +16,12 @@ from torch import nn
 
 from helpers.gloo import one_rank_group
 from scaleladder.models.build import build_model
-from scaleladder.models.flavors import get_flavor
 from scaleladder.rung import parallelize
 from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.precision import policy
 from scaleladder.rung.what_ran import sharding_ran
 from scaleladder.spec import SpecError, default_knobs, parse_knobs, parse_strategy
+from scaleladder.spec.flavors import get_flavor
 
 CPU = torch.device("cpu")
 
@@ -308,7 +308,7 @@ def test_fsdp2_grad_op_keeps_units_gathered_through_the_forward() -> None:
 
 
 def _cfg(tmp_path: Path, strategy: str, weights: Path) -> object:
-    from scaleladder.rung.run import add_arguments, config_from_args
+    from scaleladder.rung.run_config import add_arguments, config_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -85,7 +85,7 @@ def test_every_producer_of_record_attributes_uses_defined_names() -> None:
     """The helpers that add attributes to an ok record, called where they are torch-free."""
     from scaleladder.results.stats import between_runs, within_run
     from scaleladder.rung.device_peak import PeakInfo
-    from scaleladder.rung.run import RunConfig
+    from scaleladder.rung.run_config import RunConfig
     from scaleladder.rung.startup import StartupClock
     from scaleladder.spec import RunSpec
 

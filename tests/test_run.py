@@ -17,8 +17,8 @@ import pytest
 
 from scaleladder.cli import build_parser
 from scaleladder.models.build import build_model, count_parameters
-from scaleladder.models.flavors import get_flavor
 from scaleladder.rung.launch import detect, first_slurm_host
+from scaleladder.spec.flavors import get_flavor
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scaleladder"]
 
@@ -216,7 +216,7 @@ def _args(command: str, *argv: str) -> object:
 
 def test_finalize_turns_markers_into_an_oom_record(tmp_path: Path) -> None:
     from scaleladder.campaign.supervise import finalize_main
-    from scaleladder.rung.run import oom_marker
+    from scaleladder.rung.oom_record import oom_marker
 
     out = tmp_path / "r.h5"
     where = {"device_name": "NVIDIA H100 80GB HBM3", "hosts": ["n1", "n2"], "ranks_per_node": 2, "gpus_per_node": 2, "launcher": "slurm"}
@@ -248,7 +248,7 @@ def test_finalize_without_markers_keeps_or_refuses(tmp_path: Path) -> None:
 
 
 def test_data_may_be_the_shard_directory(tmp_path: Path) -> None:
-    from scaleladder.rung.run import config_from_args
+    from scaleladder.rung.run_config import config_from_args
 
     (tmp_path / "manifest.json").write_text("{}")  # the loader reads it; the CLI only finds it
     cfg = config_from_args(_args("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--data", str(tmp_path), "--out", "x.h5"))
@@ -412,7 +412,7 @@ def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tm
     # refusals, in one line, before anything runs (in process: the same parser and checks as the CLI)
     import argparse
 
-    from scaleladder.rung import run as runmod
+    from scaleladder.rung import run_config as runmod
     from scaleladder.spec import SpecError
 
     parser = argparse.ArgumentParser()
@@ -428,12 +428,11 @@ def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tm
 
     assert "--memory-snapshot records the CUDA caching allocator's history; this rung runs on the CPU" in refused("--memory-snapshot")
     assert "--trace-steps 4: the run measures only 3 steps" in refused("--trace-steps", "4")
-    # a profile's default (the job environment) is clamped to what a short rung measures, never refused
-    os.environ["SCALELADDER_TRACE_STEPS"] = "5"
-    try:
-        a = parser.parse_args(["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "4", "--warmup", "1",
-                               "--device", "cpu", "--out", str(tmp_path / "e.h5")])
-        cfg = runmod.config_from_args(a)
-    finally:
-        del os.environ["SCALELADDER_TRACE_STEPS"]
-    assert cfg.trace_steps == 3 and cfg.argv()[-2:] == ["--trace-steps", "3"]
+    # a shorter run made from a rung (a max-batch probe) traces what it has, never refused
+    a = parser.parse_args(["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "8", "--warmup", "1",
+                           "--device", "cpu", "--out", str(tmp_path / "e.h5"), "--trace-steps", "5"])
+    cfg = runmod.config_from_args(a)
+    assert cfg.trace_steps == 5 and cfg.argv()[-2:] == ["--trace-steps", "5"]
+    probe = cfg.argv(steps=4, warmup=1)
+    assert probe[probe.index("--trace-steps") + 1] == "3"
+    assert runmod.config_from_args(parser.parse_args(probe)).trace_steps == 3

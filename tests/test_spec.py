@@ -206,7 +206,7 @@ def test_bf16_is_read_as_bf16_mixed_said_once_and_never_written(monkeypatch: pyt
     paths, file names and records (as_attrs) keep the canonical name; the console says it once."""
     import argparse
 
-    from scaleladder.rung.run import add_arguments, config_from_args
+    from scaleladder.rung.run_config import add_arguments, config_from_args
     from scaleladder.spec import RunSpec, canonical_precision, parse_precision
 
     monkeypatch.delenv("SCALELADDER_PRECISION_ALIAS_SAID", raising=False)

@@ -86,7 +86,7 @@ def flava_impls() -> tuple[str, ...]:
     """What `scaleladder run --flava-impl` takes in the package the rungs import (() before it existed)."""
     import argparse
 
-    from scaleladder.rung.run import add_arguments  # no torch at import (rung/run.py's TRAP)
+    from scaleladder.rung.run_config import add_arguments  # torch-free
 
     p = argparse.ArgumentParser()
     add_arguments(p)

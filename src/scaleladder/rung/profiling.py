@@ -1,12 +1,12 @@
-"""When a number surprises, one run explains it (issue 22): a ``torch.profiler`` trace of a few
+"""When a number surprises, one run explains it: a ``torch.profiler`` trace of a few
 steps after warm-up, and a CUDA caching-allocator memory snapshot, torchtitan-style.
 
 Both are off by default. ``scaleladder run --trace-steps N`` traces the N steps right after
 the warm-up (the first N of the measured window) into a Chrome trace; ``--memory-snapshot``
 records the allocator's history (``torch.cuda.memory._record_memory_history``) from the
 first step to the last and dumps it (``_dump_snapshot``; open it at pytorch.org/memory_viz).
-Defaults come from ``$SCALELADDER_TRACE_STEPS`` / ``$SCALELADDER_MEMORY_SNAPSHOT``, which a
-profile's ``profiling:`` block sets for every rung of its ladder (workflow.apply_profiling).
+A profile's ``profiling:`` block sets both for every rung of its ladder: the rung rules pass
+them on as these arguments (workflow/schemas/config.schema.yaml, rows with ``run_arg``).
 
 Files are written next to the record, by rank 0 only (the record's writer), each to a
 temporary name and then renamed: ``<record>.trace.json`` and ``<record>.memory.pickle``; the

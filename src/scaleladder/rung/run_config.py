@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_IMPL
 from scaleladder.models.flava_impl import FLAVA_IMPLS, parse_flava_impl
-from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.spec import (
     COMPILE_BACKENDS,
     RunSpec,
@@ -37,6 +36,7 @@ from scaleladder.spec import (
     parse_steps_warmup,
     parse_strategy,
 )
+from scaleladder.spec.flavors import Flavor, get_flavor
 
 __all__ = ["Arg", "arg", "RunConfig", "add_arguments", "config_from_args", "rule_args", "flag_defaults"]
 
@@ -47,37 +47,39 @@ class Arg:
 
     flag: str
     help: str
-    default: Any = None  # the argparse default (a string, as a user would type it), or None
+    default: str | None = None  # the argparse default (a string, as a user would type it), or None
     choices: tuple[str, ...] | None = None
-    parse: Callable[[Any], Any] | None = None  # the raw value -> the field's value (None: as given)
+    parse: Callable[[str], object] | None = None  # the string given -> the field's value (None: as given)
     switch: bool = False  # a flag without a value (store_true)
     always: bool = False  # argv() passes it even at its default (the rung's identity and its data)
     rule: str | None = None  # the ladder rules' placeholder for it (rule_args), e.g. "{params.steps}"
 
 
-def arg(flag: str, help: str, **kw: Any) -> dict[str, Arg]:
+def arg(flag: str, help: str, default: str | None = None, choices: tuple[str, ...] | None = None,
+        parse: Callable[[str], object] | None = None, switch: bool = False, always: bool = False,
+        rule: str | None = None) -> dict[str, Arg]:
     """A field's metadata: ``field(default=..., metadata=arg("--x", "what it is"))``."""
-    return {"arg": Arg(flag, help, **kw)}
+    return {"arg": Arg(flag, help, default, choices, parse, switch, always, rule)}
 
 
-def _arg(f: Any) -> Arg | None:
+def _arg(f: Field[object]) -> Arg | None:
     a = f.metadata.get("arg")
     return a if isinstance(a, Arg) else None
 
 
-def _workers(value: Any) -> int | str:
+def _workers(value: str) -> int | str:
     return "auto" if str(value) == "auto" else parse_nonnegative("workers", value)
 
 
-def _lr(value: Any) -> float:
+def _lr(value: str) -> float:
     try:
         return float(value)
     except ValueError:
         raise SpecError(f"lr must be a number, got {value!r}") from None
 
 
-def _seconds(what: str) -> Callable[[Any], float]:
-    def parse(value: Any) -> float:
+def _seconds(what: str) -> Callable[[str], float]:
+    def parse(value: str) -> float:
         try:
             seconds = float(value)
         except ValueError:
@@ -180,7 +182,7 @@ class RunConfig:
                 S.flava_impl: recorded(self.flavor.family, self.flava_impl)}
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A field's value as ``run`` reads it back: floats by repr (no digits lost), the spec by its path."""
     if isinstance(value, RunSpec):
         return value.path
@@ -277,9 +279,9 @@ def rule_args(config: type[RunConfig] = RunConfig) -> str:
     return " ".join(f"{a.flag} {a.rule}" for f in fields(config) if (a := _arg(f)) is not None and a.rule)
 
 
-def flag_defaults(config: type[RunConfig] = RunConfig) -> dict[str, Any]:
+def flag_defaults(config: type[RunConfig] = RunConfig) -> dict[str, object]:
     """Each flag's default as the rung reads it (the field's default, or its parsed argparse default)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for f in fields(config):
         a = _arg(f)
         if a is None:

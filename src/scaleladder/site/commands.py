@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from scaleladder.rung.run_config import rule_args
@@ -89,14 +90,14 @@ def device_arg(site: Site) -> str:
     return "" if site.device == "auto" else f" --device {site.device}"
 
 
-def _value(cfg: SiteConfig, path: tuple[str, ...]) -> Any:
-    value: Any = cfg
+def _value(cfg: SiteConfig, path: tuple[str, ...]) -> object:
+    value: object = cfg
     for key in path:
         value = getattr(value, key)
     return value
 
 
-def rung_options(cfg: SiteConfig) -> str:
+def rung_options(cfg: SiteConfig, schema: Mapping[str, Any] | None = None) -> str:
     """Every option of a rung beyond the rules' shared arguments (:data:`RUNG_ARGS`): ``--device``
     (:func:`device_arg`), then each setting of every rung, a schema row naming its ``run`` flag
     (``run_arg``), where the config sets it to other than its default (the rung's own: run_config).
@@ -107,7 +108,7 @@ def rung_options(cfg: SiteConfig) -> str:
     (rerun trigger "code"), and renaming the placeholder would change every rung rule's template.
     A value that changes the string reruns the rungs it reaches (trigger "params"), as it must."""
     options = device_arg(cfg.site)
-    for path, flag, default in run_arg_rows():
+    for path, flag, default in run_arg_rows(schema):
         value = _value(cfg, path)
         if value is None or value == default:
             continue

@@ -27,7 +27,6 @@ from typing import Any
 import jsonschema
 import yaml
 
-from scaleladder.models.flavors import get_flavor
 from scaleladder.spec import (
     SpecError,
     parse_batch,
@@ -36,6 +35,7 @@ from scaleladder.spec import (
     parse_steps_warmup,
     parse_strategy,
 )
+from scaleladder.spec.flavors import get_flavor
 
 __all__ = [
     "INVALID", "ConfigError", "config_key", "as_int", "as_bool", "coerce_config_strings", "load_schema",
@@ -344,11 +344,11 @@ def _flat(values: Iterable[Any]) -> Iterator[Any]:
             yield v
 
 
-def run_arg_rows(schema: Mapping[str, Any] | None = None) -> list[tuple[tuple[str, ...], str, Any]]:
+def run_arg_rows(schema: Mapping[str, Any] | None = None) -> list[tuple[tuple[str, ...], str, object]]:
     """The settings of every rung: (their key path, their ``run`` flag, the schema's default) for each
     schema row with ``run_arg``, in the schema's order (site/commands.rung_options passes them on)."""
     root = load_schema(SCHEMA) if schema is None else schema
-    rows: list[tuple[tuple[str, ...], str, Any]] = []
+    rows: list[tuple[tuple[str, ...], str, object]] = []
 
     def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> None:
         node = _resolve(node, root)

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from scaleladder.site.config import ConfigError
 
 __all__ = ['Budget', 'Converge', 'Data', 'LadderBlock', 'Link', 'LinkFigures', 'Links', 'Loader', 'MaxBatch', 'Profiling', 'Select', 'Site', 'SiteConfig', 'Timing']
+
+T = TypeVar("T")
 
 
 def _key(key: str, name: str) -> str:
@@ -28,7 +30,7 @@ def _key(key: str, name: str) -> str:
     return f"{key}.{name}" if key else name
 
 
-def _section(m: Any, key: str, known: tuple[str, ...]) -> Mapping[str, Any]:
+def _section(m: object, key: str, known: tuple[str, ...]) -> Mapping[str, Any]:
     """``m`` as a mapping whose every key the schema knows (else one line naming it)."""
     if not isinstance(m, Mapping):
         raise ConfigError(f"config key {key or '(top level)'!r}: expected a mapping, got {m!r}")
@@ -44,11 +46,11 @@ def _required(m: Mapping[str, Any], name: str, key: str) -> Any:
     return m[name]
 
 
-def _pairs(m: Any) -> tuple[tuple[str, Any], ...]:
+def _pairs(m: Mapping[str, T] | None) -> tuple[tuple[str, T], ...]:
     return tuple((m or {}).items())
 
 
-def _tuple(v: Any) -> Any:
+def _tuple(v: list[T] | tuple[T, ...] | T) -> tuple[T, ...] | T:
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
@@ -75,7 +77,7 @@ class Site:
     prologue: str = ''  #: SHELL: run before a rung's launcher (e.g. a cache directory on every node); placeholders as in launcher
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Site:
+    def of(cls, section: object, key: str) -> Site:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('name', 'requires', 'ranks_per_node', 'cpu_ranks', 'device', 'max_nodes', 'plan_device', 'image', 'scaleladder', 'launcher', 'supervise', 'max_batch_cap', 'local_data', 'supervisor_can_launch', 'env', 'prologue'))
         return cls(
@@ -111,7 +113,7 @@ class LadderBlock:
     nodes: tuple[int, ...] = (1,)
 
     @classmethod
-    def of(cls, section: Any, key: str) -> LadderBlock:
+    def of(cls, section: object, key: str) -> LadderBlock:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('name', 'models', 'strategies', 'precisions', 'knobs', 'batches', 'nodes'))
         return cls(
@@ -134,7 +136,7 @@ class Loader:
     transport: Literal['uint8', 'float32'] = 'uint8'  #: decode cpu: the workers' images cross to the rank as uint8 and are normalised on the device, or as float32, normalised in the workers (the reference)
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Loader:
+    def of(cls, section: object, key: str) -> Loader:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('workers', 'decode', 'transport'))
         return cls(
@@ -153,7 +155,7 @@ class Profiling:
     progress_s: float = 30.0  #: seconds between rank 0's progress lines in a rung's log (0: none)
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Profiling:
+    def of(cls, section: object, key: str) -> Profiling:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('trace_steps', 'memory_snapshot', 'progress_s'))
         return cls(
@@ -171,7 +173,7 @@ class LinkFigures:
     gbps: float  #: bandwidth per direction, GB/s
 
     @classmethod
-    def of(cls, section: Any, key: str) -> LinkFigures:
+    def of(cls, section: object, key: str) -> LinkFigures:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('alpha_us', 'gbps'))
         return cls(
@@ -191,7 +193,7 @@ class Link:
     reduce_scatter: LinkFigures | None = None  #: the reduce-scatter's own fit
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Link:
+    def of(cls, section: object, key: str) -> Link:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('alpha_us', 'gbps', 'all_reduce', 'all_gather', 'reduce_scatter'))
         return cls(
@@ -214,7 +216,7 @@ class Links:
     inter_node: Link | None = None
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Links:
+    def of(cls, section: object, key: str) -> Links:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('intra_pair', 'pair_ranks', 'backend', 'intra_node', 'inter_node'))
         return cls(
@@ -235,7 +237,7 @@ class Timing:
     compile_s: float | None = None  #: seconds a -compile rung spends compiling, on top of the start-up
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Timing:
+    def of(cls, section: object, key: str) -> Timing:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('links', 'cpu_factor', 'compile_s'))
         return cls(
@@ -253,7 +255,7 @@ class Budget:
     startup_s: float | None = None  #: seconds per job outside the steps (container, process group, loader)
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Budget:
+    def of(cls, section: object, key: str) -> Budget:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('mfu', 'startup_s'))
         return cls(
@@ -271,7 +273,7 @@ class MaxBatch:
     probe_warmup: int | None = None  #: warm-up steps per probe (default 2)
 
     @classmethod
-    def of(cls, section: Any, key: str) -> MaxBatch:
+    def of(cls, section: object, key: str) -> MaxBatch:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('max_retries', 'probe_steps', 'probe_warmup'))
         return cls(
@@ -299,7 +301,7 @@ class Converge:
     test: str = 'digits'  #: DATA (quoted): 'digits' or the held-out shard manifest
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Converge:
+    def of(cls, section: object, key: str) -> Converge:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('enabled', 'model', 'strategies', 'precisions', 'seeds', 'global_batch', 'lr', 'target', 'steps', 'eval_every', 'train', 'test'))
         return cls(
@@ -333,7 +335,7 @@ class Data:
     slices: int | None = None  #: (default 1) parallel `scaleladder shard --slice K/N` jobs per shard set (a Slurm batch job each on a Slurm profile, side by side up to --cores locally), then one gather job; the shards are the same bytes for any N
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Data:
+    def of(cls, section: object, key: str) -> Data:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('source', 'images', 'captions', 'wds', 'vocab', 'samples', 'per_shard', 'seed', 'slices'))
         return cls(
@@ -361,7 +363,7 @@ class Select:
     batches: tuple[str | int, ...] | str | int | None = None
 
     @classmethod
-    def of(cls, section: Any, key: str) -> Select:
+    def of(cls, section: object, key: str) -> Select:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('models', 'strategies', 'precisions', 'knobs', 'nodes', 'batches'))
         return cls(
@@ -396,7 +398,7 @@ class SiteConfig:
     select: Select = field(default_factory=lambda: Select.of({}, 'select'))  #: restrict this invocation to some rungs (e.g. --config 'select={models: [vit-base]}'); the ladder file, figures and report then hold those rungs only (a plain run puts every rung back); a value no rung has is refused, naming the nearest one
 
     @classmethod
-    def of(cls, section: Any, key: str) -> SiteConfig:
+    def of(cls, section: object, key: str) -> SiteConfig:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
         m = _section(section, key, ('site', 'ladders', 'steps', 'warmup', 'seed', 'workers', 'loader', 'profiling', 'run_predicted_oom', 'repeats', 'timing', 'budget', 'maxbatch', 'converge', 'data', 'select'))
         return cls(

@@ -1,9 +1,10 @@
 """Writes site/settings.py, the typed config, from the schema: the schema is a setting's one declaration.
 
-``python -m scaleladder.site.settings_codegen`` regenerates src/scaleladder/site/settings.py from
-workflow/schemas/config.schema.yaml; tests/test_settings.py regenerates it and fails on any
-difference, so a schema row and its typed field cannot drift apart, and adding a setting is a
-schema row plus this command, never a second hand-written declaration.
+``python -m scaleladder.site.settings_codegen`` regenerates src/scaleladder/site/settings.py and
+docs/settings.md (every setting, its type, default, ``run`` flag and description) from
+workflow/schemas/config.schema.yaml; tests/test_settings.py regenerates both and fails on any
+difference, so a schema row, its typed field and its doc cannot drift apart, and adding a
+setting is a schema row plus this command, never a second hand-written declaration.
 
 How the schema reads as Python types:
 
@@ -22,15 +23,20 @@ schema does not know, or a required key that is missing, is a :class:`ConfigErro
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import yaml
 
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 TARGET = Path(__file__).with_name("settings.py")
+DOC = Path(__file__).resolve().parents[3] / "docs" / "settings.md"
+
+#: A node of the JSON schema, as YAML loads it.
+Node: TypeAlias = Mapping[str, Any]
 
 _SCALARS = {"string": "str", "integer": "int", "number": "float", "boolean": "bool"}
 
@@ -53,9 +59,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from scaleladder.site.config import ConfigError
+
+T = TypeVar("T")
 
 
 def _key(key: str, name: str) -> str:
@@ -63,7 +71,7 @@ def _key(key: str, name: str) -> str:
     return f"{key}.{name}" if key else name
 
 
-def _section(m: Any, key: str, known: tuple[str, ...]) -> Mapping[str, Any]:
+def _section(m: object, key: str, known: tuple[str, ...]) -> Mapping[str, Any]:
     """``m`` as a mapping whose every key the schema knows (else one line naming it)."""
     if not isinstance(m, Mapping):
         raise ConfigError(f"config key {key or '(top level)'!r}: expected a mapping, got {m!r}")
@@ -79,11 +87,11 @@ def _required(m: Mapping[str, Any], name: str, key: str) -> Any:
     return m[name]
 
 
-def _pairs(m: Any) -> tuple[tuple[str, Any], ...]:
+def _pairs(m: Mapping[str, T] | None) -> tuple[tuple[str, T], ...]:
     return tuple((m or {}).items())
 
 
-def _tuple(v: Any) -> Any:
+def _tuple(v: list[T] | tuple[T, ...] | T) -> tuple[T, ...] | T:
     return tuple(v) if isinstance(v, (list, tuple)) else v
 '''
 
@@ -95,12 +103,12 @@ def _camel(key: str) -> str:
 class _Gen:
     """Walks the schema once, emitting one dataclass per object (dependencies before their users)."""
 
-    def __init__(self, schema: Mapping[str, Any]) -> None:
+    def __init__(self, schema: Node) -> None:
         self.root = schema
         self.classes: list[str] = []
         self.done: dict[int, str] = {}  # id(schema node) -> class name: a $ref'd object is one class
 
-    def resolve(self, node: Mapping[str, Any]) -> Mapping[str, Any]:
+    def resolve(self, node: Node) -> Mapping[str, Any]:
         while isinstance(node.get("$ref"), str):
             target: Any = self.root
             for part in node["$ref"].removeprefix("#/").split("/"):
@@ -108,7 +116,7 @@ class _Gen:
             node = target
         return node
 
-    def type_of(self, node: Mapping[str, Any], name: str) -> str:
+    def type_of(self, node: Node, name: str) -> str:
         """The Python annotation of a schema node (classes for objects are emitted as a side effect)."""
         ref_title = None
         if isinstance(node.get("$ref"), str):
@@ -140,7 +148,7 @@ class _Gen:
             return f"tuple[tuple[str, {value}], ...]"
         raise ValueError(f"settings_codegen: the schema node of {name!r} has no type this generator knows: {dict(node)}")
 
-    def reader(self, node: Mapping[str, Any], expr: str, key: str) -> str:
+    def reader(self, node: Node, expr: str, key: str) -> str:
         """The expression that reads ``expr`` (a config value, already present) as the node's type."""
         node = self.resolve(node)
         kind = node.get("type")
@@ -158,7 +166,7 @@ class _Gen:
             return f"_tuple({expr})"
         return expr
 
-    def default_of(self, node: Mapping[str, Any], annotation: str, name: str) -> tuple[str, str, str]:
+    def default_of(self, node: Node, annotation: str, name: str) -> tuple[str, str, str]:
         """(the field's default, its annotation, and the expression ``of`` takes where the config has no value).
 
         No schema default: ``None``, and the annotation made Optional."""
@@ -175,10 +183,10 @@ class _Gen:
             return repr(tuple(value)), annotation, repr(tuple(value))
         return repr(value), annotation, repr(value)
 
-    def dataclass(self, node: Mapping[str, Any], cls: str, name: str) -> str:
+    def dataclass(self, node: Node, cls: str, name: str) -> str:
         if id(node) in self.done:
             return self.done[id(node)]
-        props: Mapping[str, Any] = node["properties"]
+        props: Node = node["properties"]
         required = [k for k in node.get("required", []) if "default" not in props[k]]
         fields_req: list[str] = []
         fields_opt: list[str] = []
@@ -204,14 +212,14 @@ class _Gen:
         lines = ["", "", "", "@dataclass(frozen=True)", f"class {cls}:", f'    """{doc}"""', ""]
         lines += fields_req + fields_opt
         known = ", ".join(repr(k) for k in props) + ("," if len(props) == 1 else "")
-        lines += ["", "    @classmethod", f"    def of(cls, section: Any, key: str) -> {cls}:",
+        lines += ["", "    @classmethod", f"    def of(cls, section: object, key: str) -> {cls}:",
                   '        """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""',
                   f"        m = _section(section, key, ({known}))", "        return cls(", *readers, "        )"]
         self.classes.append("\n".join(lines))
         return cls
 
 
-def generate(schema: Mapping[str, Any]) -> str:
+def generate(schema: Node) -> str:
     """settings.py's text for ``schema``."""
     gen = _Gen(schema)
     top = dict(schema)
@@ -224,6 +232,62 @@ def generate(schema: Mapping[str, Any]) -> str:
     return body
 
 
+def _doc_type(gen: _Gen, node: Node) -> str:
+    """A schema node's type in words: ``integer >= 1``, ``auto``, ``list of string``, ``mapping``."""
+    node = gen.resolve(node)
+    if "const" in node:
+        return f"`{node['const']}`"
+    if "enum" in node:
+        return " or ".join(f"`{v}`" for v in node["enum"])
+    if "anyOf" in node:
+        return " or ".join(_doc_type(gen, alt) for alt in node["anyOf"])
+    kind = str(node.get("type", "any"))
+    if kind == "array":
+        items = node.get("items")
+        return f"list of {_doc_type(gen, items)}" if isinstance(items, Mapping) else "list"
+    if kind == "object":
+        extra = node.get("additionalProperties")
+        return f"mapping to {_doc_type(gen, extra)}" if isinstance(extra, Mapping) else "mapping"
+    for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<=")):
+        if key in node:
+            kind += f" {op} {node[key]}"
+    return kind
+
+
+def generate_doc(schema: Node) -> str:
+    """docs/settings.md for ``schema``: one row per setting, nested keys dotted."""
+    gen = _Gen(schema)
+    gen.type_of({**schema, "title": "SiteConfig"}, "SiteConfig")
+    lines = ["# Settings", "", "<!-- GENERATED from workflow/schemas/config.schema.yaml by "
+             "`python -m scaleladder.site.settings_codegen`: edit the schema, then regenerate. -->", "",
+             "Every key of the workflow's config (config/config.yaml, then a profile's site.yaml, then "
+             "`--config`), as the schema declares it. A key with a **run flag** is a setting of every "
+             "rung: its value reaches `scaleladder run` (and launch, finalize, maxbatch, converge) as "
+             "that argument, and only where it differs from the default, so a profile at its defaults "
+             "runs the commands it always ran. `required` keys have no default.", "",
+             "| key | type | default | run flag | what it is |", "|---|---|---|---|---|"]
+
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    def walk(node: Node, path: str, required: bool) -> None:
+        node_r = gen.resolve(node)
+        if path:
+            default = ("required" if required else "-") if "default" not in node else f"`{json.dumps(node['default'])}`"
+            flag = f"`{node['run_arg']}`" if isinstance(node.get("run_arg"), str) else ""
+            desc = node.get("description") or node_r.get("description") or ""
+            lines.append(f"| `{path}` | {cell(_doc_type(gen, node))} | {cell(default)} | {flag} | {cell(str(desc))} |")
+        items = node_r.get("items")
+        if node_r.get("type") == "array" and isinstance(items, Mapping) and "properties" in gen.resolve(items):
+            walk({k: v for k, v in gen.resolve(items).items() if k != "description"}, f"{path}[]", False)
+            return
+        for key, sub in (node_r.get("properties") or {}).items():
+            walk(sub, f"{path}.{key}" if path else key, key in node_r.get("required", []))
+
+    walk(schema, "", False)
+    return "\n".join(lines) + "\n"
+
+
 def load(path: Path = SCHEMA) -> dict[str, Any]:
     with open(path) as f:
         schema: dict[str, Any] = yaml.safe_load(f)
@@ -234,16 +298,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scaleladder.site.settings_codegen", description=__doc__.splitlines()[0])
     p.add_argument("--schema", default=str(SCHEMA))
     p.add_argument("--out", default=str(TARGET))
-    p.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the schema gives")
+    p.add_argument("--doc", default=str(DOC))
+    p.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the schema gives")
     a = p.parse_args(argv)
-    text = generate(load(Path(a.schema)))
-    out = Path(a.out)
-    if a.check:
-        same = out.is_file() and out.read_text() == text
-        print(f"{out}: {'up to date' if same else 'differs from the schema: regenerate it'}", file=sys.stderr)
-        return 0 if same else 1
-    out.write_text(text)
-    return 0
+    schema = load(Path(a.schema))
+    stale = 0
+    for out, text in ((Path(a.out), generate(schema)), (Path(a.doc), generate_doc(schema))):
+        if a.check:
+            same = out.is_file() and out.read_text() == text
+            stale += not same
+            print(f"{out}: {'up to date' if same else 'differs from the schema: regenerate it'}", file=sys.stderr)
+        else:
+            out.write_text(text)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
