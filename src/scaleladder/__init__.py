@@ -8,10 +8,10 @@ then the stages, each a package with its own docstring.
 - ``log``: progress and diagnostics through stdlib ``logging``, with the rank.
 - ``markdown``: markdown tables, built one way.
 - ``gitinfo``: which commit the code came from, asked one way.
-- ``spec``: the run spec, the one value that flows through scaleladder.
+- ``spec``: the run spec, the one value that flows through scaleladder, and the model registry.
 - ``cli``: ``scaleladder <command>``, the single entry point.
 - ``__main__``: ``python -m scaleladder`` is ``scaleladder``.
-- ``models``: every flavor by name, built as a module whose forward is the loss.
+- ``models``: every flavor built as a module whose forward is the loss.
 - ``data``: ``scaleladder shard`` and the loader that feeds every rung.
 - ``results``: the record's schema, the HDF5 files, the ladder file.
 - ``planner``: the analytic memory and step-time planner.

@@ -30,8 +30,8 @@ from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha25
 from scaleladder.data.tokenizer import check_vocab
 from scaleladder.data.transforms import TRANSPORTS, FlavaTransform, VitTransform, collate
 from scaleladder.log import get_logger
-from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
+from scaleladder.spec.flavors import Flavor
 
 _log = get_logger(__name__)
 

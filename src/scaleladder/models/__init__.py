@@ -1,6 +1,5 @@
-"""The models: every flavor by name, built as a module whose ``forward(batch)`` is the loss.
+"""The models: every flavor (``spec/flavors.py``) built as a module whose ``forward(batch)`` is the loss.
 
-- ``flavors``: the flavor registry: every model size scaleladder knows, by name (below the spec).
 - ``build``: a flavor built as a ``TrainModule`` (ViT or FLAVA), ``forward(batch) -> loss``.
 - ``init``: a model built on the meta device, materialised one module (FSDP unit) at a time.
 - ``flops``: analytic FLOPs per trained sample, from a flavor's dimensions alone.

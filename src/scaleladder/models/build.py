@@ -29,8 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from scaleladder.models.flava_impl import SDPA, TORCHMULTIMODAL, parse_flava_impl
-from scaleladder.models.flavors import Flavor
 from scaleladder.spec import SpecError
+from scaleladder.spec.flavors import Flavor
 
 
 class TrainModule(nn.Module):

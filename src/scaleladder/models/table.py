@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from scaleladder.models.build import meta_parameter_count
-from scaleladder.models.flavors import FLAVORS, Flavor
+from scaleladder.spec.flavors import FLAVORS, Flavor
 
 GIB = 2**30
 

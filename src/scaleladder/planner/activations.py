@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from scaleladder.models.batch_layout import masked_counts
 from scaleladder.models.flava_impl import SDPA
-from scaleladder.models.flavors import Flavor
+from scaleladder.spec.flavors import Flavor
 
 STATS = 8  # LayerNorm saves mean and rstd, fp32, per token
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from scaleladder.models.batch_layout import SYNTHETIC_POOL
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import parse_flava_impl
-from scaleladder.models.flavors import Flavor, get_flavor
 from scaleladder.planner.activations import Call, backward_order, forward_passes
 from scaleladder.planner.inventory import Inventory, fsdp1_units, inventory
 from scaleladder.planner.static import (
@@ -29,6 +28,7 @@ from scaleladder.planner.static import (
     storage_bytes,
 )
 from scaleladder.spec import AnyKnobs, Strategy
+from scaleladder.spec.flavors import Flavor, get_flavor
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ import numpy as np
 # functions import torch themselves; tests/test_startup.py checks that importing this module
 # loads no torch.
 from scaleladder.log import get_logger
-from scaleladder.models.flavors import Flavor
 from scaleladder.rung import startup
 from scaleladder.rung.oom_record import EXIT_OOM, oom_marker, write_oom_record
 from scaleladder.rung.run_config import RunConfig, config_from_args
 from scaleladder.rung.run_config import add_arguments as add_arguments  # the CLI's `run` (cli.COMMANDS)
 from scaleladder.spec import RunSpec, SpecError
+from scaleladder.spec.flavors import Flavor
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator

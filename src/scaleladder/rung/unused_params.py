@@ -57,8 +57,8 @@ def unused_parameter_names(family: str) -> frozenset[str]:
             _UNUSED_CACHE[family] = cached
             return cached
         from scaleladder.models.build import build_model
-        from scaleladder.models.flavors import get_flavor
         from scaleladder.rung.batches import synthetic_batch
+        from scaleladder.spec.flavors import get_flavor
 
         debug = get_flavor(f"{family}-debug")
         with torch.random.fork_rng():

@@ -1,6 +1,16 @@
-"""The flavor registry: every model size scaleladder knows, by name.
+"""The model registry: every model scaleladder knows, by name, as a :class:`Flavor`.
 
-Dimensions are copied from the source studies' tables (``shared/seeds``):
+A table, not a frozen list: :data:`FLAVORS` is a read-only view of it, :func:`get_flavor`
+looks a name up (an unknown one is a ``SpecError`` listing the known), and :func:`register`
+adds a row at run time, so that models declared elsewhere (a file of the user's, a
+benchmark's skeletons) are known to the spec, the planner and the figures as the built-in
+ones are. A registration lives in its process: a rank started as a process of its own knows
+what its own start-up registers.
+
+Torch-free data on the spec's floor: :class:`Flavor` holds dimensions only; building one is
+``models/build.py``'s.
+
+The built-in dimensions are copied from the source studies' tables (``shared/seeds``):
 FLAVA from the TorchMultimodal blog's table, ViT from the ORNL ViT-FSDP table.
 ``seed_params_m`` is the parameter count the seed *publishes*; the count we print
 is always computed from the dimensions (see ``docs/models.md`` for the one case,
@@ -11,7 +21,9 @@ The debug flavors are tiny on purpose: they are what the CPU tests train.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 from scaleladder.errors import SpecError
@@ -56,7 +68,7 @@ def _vit(name: str, h: int, depth: int, mlp: int, heads: int, patch: int, params
     return Flavor(name, "vit", h, mlp, heads, depth, patch, 224, seed_params_m=params_m)
 
 
-FLAVORS: dict[str, Flavor] = {
+_TABLE: dict[str, Flavor] = {
     f.name: f
     for f in [
         # FLAVA seed table: hidden, MLP, heads, unimodal layers, multimodal layers, size (fp32)
@@ -87,8 +99,30 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
+#: Every known flavor by name, in registration order (the built-in ones first): a live,
+#: read-only view; :func:`register` is the one way in.
+FLAVORS: Mapping[str, Flavor] = MappingProxyType(_TABLE)
+
+
 def get_flavor(name: str) -> Flavor:
     try:
-        return FLAVORS[name]
+        return _TABLE[name]
     except KeyError:
-        raise SpecError(f"unknown model {name!r}; known: {', '.join(FLAVORS)}") from None
+        raise SpecError(f"unknown model {name!r}; known: {', '.join(_TABLE)}") from None
+
+
+def register(flavor: Flavor, replace: bool = False) -> Flavor:
+    """Add ``flavor`` to the table under its name and return it.
+
+    The name is the first part of a run spec's path, so it may not be empty or hold a ``/``
+    or white space. Registering the same flavor again is a no-op; another flavor under a
+    known name is a ``SpecError`` unless ``replace``.
+    """
+    name = flavor.name
+    if not name or "/" in name or any(c.isspace() for c in name):
+        raise SpecError(f"model name {name!r}: a run spec's first part, so not empty, no '/', no white space")
+    known = _TABLE.get(name)
+    if known is not None and known != flavor and not replace:
+        raise SpecError(f"model {name!r} is already registered with other dimensions (register(..., replace=True) to replace it)")
+    _TABLE[name] = flavor
+    return flavor
