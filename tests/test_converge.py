@@ -184,12 +184,15 @@ def test_bad_input_is_one_line(digits: dict[str, Path], tmp_path: Path, capsys: 
 
 
 def test_workflow_rungs_share_one_global_batch() -> None:
-    from scaleladder.campaign import converge_rungs as cvr
+    import dataclasses
+
+    from scaleladder.site import converge_rungs as cvr
+    from scaleladder.site.settings import Converge
     from scaleladder.spec import SpecError
 
-    cv = {"enabled": True, "model": "vit-debug", "strategies": ["single", "fsdp-full"], "precisions": ["fp32", "bf16-true"],
-          "seeds": [0, 1], "global_batch": 32, "train": "digits", "test": "/data/held-out/manifest.json"}
-    assert cvr.records({**cv, "enabled": False}) == []
+    cv = Converge.of({"enabled": True, "model": "vit-debug", "strategies": ["single", "fsdp-full"], "precisions": ["fp32", "bf16-true"],
+                      "seeds": [0, 1], "global_batch": 32, "train": "digits", "test": "/data/held-out/manifest.json"}, "converge")
+    assert cvr.records(dataclasses.replace(cv, enabled=False)) == []
     assert len(cvr.records(cv)) == 8 and "results/converge/rungs/fsdp-full/bf16-true/s1.h5" in cvr.records(cv)
     assert cvr.rung_spec(cv, "single", "fp32", 2).path == "vit-debug/single/fp32/pre-lag/n1/b32"
     assert cvr.rung_spec(cv, "fsdp-full", "bf16-true", 2).path == "vit-debug/fsdp-full/bf16-true/pre-lag/n1/b16"

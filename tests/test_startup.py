@@ -24,7 +24,8 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1", **extra}
 
 
-@pytest.mark.parametrize("module", ["scaleladder.campaign.supervise", "scaleladder.rung.spawn", "scaleladder.rung.run",
+@pytest.mark.parametrize("module", ["scaleladder.campaign.supervise", "scaleladder.campaign.maxbatch", "scaleladder.rung.spawn",
+                                    "scaleladder.rung.run", "scaleladder.rung.run_config", "scaleladder.rung.oom_record",
                                     "scaleladder.cli"])
 def test_the_supervisor_and_launcher_import_no_torch(module: str) -> None:
     """`launch`, `finalize`, `maxbatch` and `spawn` only start processes: torch there cost every rung

@@ -14,9 +14,9 @@
 # Wildcards are prefixed `c` so that the ladder's global wildcard constraints (model,
 # strategy, precision, ...) do not restrict these rules.
 
-import scaleladder.campaign.converge_rungs as cvr
+import scaleladder.site.converge_rungs as cvr
 
-CONVERGE = config["converge"]
+CONVERGE = SETTINGS.converge
 CONVERGE_RECORDS = cvr.records(CONVERGE)
 CONVERGE_TARGETS = CONVERGE_RECORDS + (["results/plots/convergence.png"] if CONVERGE_RECORDS else [])
 
@@ -80,7 +80,9 @@ rule converge_rung:
             wildcards.cstrategy, swf.launcher(SETTINGS.site, RPN, cvr.rung_spec(CONVERGE, wildcards.cstrategy, wildcards.cprecision, RPN))
         ),
         device=RUNG_OPTIONS,
-        cv=CONVERGE,
+        # TRAP: the config's dict, not the typed block: Snakemake's params trigger compares each
+        # param's repr (a dataclass has none it stores), and the template reads {params.cv[steps]}.
+        cv=LADDER.config["converge"],
     resources:
         bench_slot=1,
     conda:

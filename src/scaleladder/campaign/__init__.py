@@ -3,7 +3,6 @@
 - ``supervise``: ``scaleladder launch`` / ``finalize``: a rung under a launcher, an OOM recorded as a result.
 - ``maxbatch``: ``scaleladder maxbatch``: the largest local batch that trains, then the rung at it.
 - ``converge``: ``scaleladder converge``: a rung trained to a held-out accuracy (time-to-train).
-- ``converge_rungs``: the convergence rungs the workflow's ``converge`` config asks for, torch-free.
 - ``cost``: what a ladder costs before submission: a time model per rung, and node-hours.
 - ``plan_check``: the planner held against torch's memory trackers on fake CPU tensors (``plan --check``).
 - ``probe``: ``scaleladder doctor --probe``: what one tiny job sees on a compute node, per rank.

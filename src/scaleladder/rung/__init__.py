@@ -1,6 +1,8 @@
 """One rung on every rank: launch → device → parallelize (the strategy) → timed loop → record.
 
 - ``run``: ``scaleladder run``, the per-rank program: spec → model → parallelize → loop → HDF5.
+- ``run_config``: ``RunConfig``, the rung's one argument list (each field its ``run`` flag), torch-free.
+- ``oom_record``: a rung that did not fit: the marker a rank leaves, and the record written from it.
 - ``loop``: the timed window, and what every number in it means.
 - ``parallelize``: ``apply_strategy``: activation checkpointing, compile, then DDP/FSDP.
 - ``what_ran``: the wrapped model read back: its units and layers, and the sharding that runs.
