@@ -45,7 +45,7 @@ from scaleladder.data import preflight, synthetic
 from scaleladder.data.shard_command import main as shard
 from scaleladder.data.loader import make_loader
 from scaleladder.data.manifest import read_manifest
-from scaleladder.spec.flavors import get_flavor
+from scaleladder.flavors import get_flavor
 
 from gpucheck.machine import cpu_model  # benchmarks/ is on sys.path: this runs as a script beside it
 

@@ -70,7 +70,7 @@ def skeleton(name: str) -> Any:
     """The flavor ``name`` with its widths shrunk to :data:`SKELETON_WIDTH`: same depth,
     image and patch (so the same tokens), text length, vocabularies, codebook size and
     losses; hidden 32, MLP 128, 2 heads, a DALL-E encoder of width 8."""
-    from scaleladder.spec.flavors import get_flavor
+    from scaleladder.flavors import get_flavor
 
     real = get_flavor(name)
     return dataclasses.replace(real, name=name + SKELETON_SUFFIX, hidden=SKELETON_WIDTH, mlp=4 * SKELETON_WIDTH, heads=2,
@@ -80,7 +80,7 @@ def skeleton(name: str) -> Any:
 def register_skeletons(rungs: list[str]) -> None:
     """Makes the skeletons the rungs name known to this process's flavor registry (only here:
     `scaleladder models` and the planner never see them)."""
-    from scaleladder.spec.flavors import FLAVORS, register
+    from scaleladder.flavors import FLAVORS, register
 
     for r in rungs:
         model = r.split("/")[0]
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rungs = [r for r in a.rungs.split(",") if r.strip()] if a.rungs else list(QUICK_RUNGS if a.quick else DEFAULT_RUNGS)
     if a.all:
-        from scaleladder.spec.flavors import FLAVORS
+        from scaleladder.flavors import FLAVORS
 
         rungs += [f"{m}{SKELETON_SUFFIX}/single/b2" for m, f in FLAVORS.items() if not f.debug and m not in REAL]
     if a.quick:

@@ -30,7 +30,7 @@ from scaleladder.rung import launch
 from scaleladder.rung.batches import SyntheticBatches
 from scaleladder.rung.loop import train_loop
 from scaleladder.models.build import build_model
-from scaleladder.spec.flavors import get_flavor
+from scaleladder.flavors import get_flavor
 from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.unused_params import unused_parameter_names
 from scaleladder.rung.optim import make_optimizer

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed.fsdp.fully_sharded_data_parallel as fm
 
     from scaleladder.models.build import build_model
-    from scaleladder.spec.flavors import get_flavor
+    from scaleladder.flavors import get_flavor
     from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.optim import backward_and_step, make_optimizer

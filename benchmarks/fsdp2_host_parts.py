@@ -41,7 +41,7 @@ def _build(strategy: str, keep_last: bool = False) -> Callable[[], None]:
     import torch
 
     from scaleladder.models.build import build_model
-    from scaleladder.spec.flavors import get_flavor
+    from scaleladder.flavors import get_flavor
     from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.optim import backward_and_step, make_optimizer

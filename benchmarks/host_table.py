@@ -94,7 +94,7 @@ def from_records(folders: list[Path], traces: list[Path]) -> list[dict[str, Any]
 
 
 def bench_host_models() -> list[str]:
-    from scaleladder.spec.flavors import FLAVORS
+    from scaleladder.flavors import FLAVORS
 
     return [m + bench_host.SKELETON_SUFFIX for m in FLAVORS] + list(FLAVORS)
 

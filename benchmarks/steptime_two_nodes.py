@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.files import atomic_file
-from scaleladder.spec.flavors import get_flavor
+from scaleladder.flavors import get_flavor
 from scaleladder.planner.comm import COLLECTIVES, links_from_profile
 from scaleladder.errors import SpecError
 from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates, check_calibration, datasheet, rates, read_calibration

@@ -203,7 +203,7 @@ import scaleladder, scaleladder.rung.run, scaleladder.data.loader, scaleladder.d
 import torchmultimodal, webdataset, braceexpand
 assert scaleladder.__file__.startswith(target), f"scaleladder came from {scaleladder.__file__}, not the wheel"
 from scaleladder.models.build import build_model
-from scaleladder.spec.flavors import get_flavor
+from scaleladder.flavors import get_flavor
 for f in ("vit-debug", "flava-debug"):
     build_model(get_flavor(f), "cpu")
 print("gpu-wheels: imports and model builds OK; scaleladder from", os.path.dirname(scaleladder.__file__))

@@ -31,8 +31,8 @@ from scaleladder.data.devdecode import resample
 from scaleladder.data.loader import make_loader
 from scaleladder.data.shard_command import main as shard
 from scaleladder.data.transforms import CLIP_STD, IMAGENET_STD, random_crop_box
+from scaleladder.flavors import get_flavor
 from scaleladder.spec import SpecError
-from scaleladder.spec.flavors import get_flavor
 
 
 def test_torchvision_cpu_decode_is_pillows() -> None:

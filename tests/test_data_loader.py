@@ -27,8 +27,8 @@ from scaleladder.data.readers import Reader
 from scaleladder.data.shard_command import main as shard
 from scaleladder.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from scaleladder.data.transforms import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD
+from scaleladder.flavors import get_flavor
 from scaleladder.spec import SpecError
-from scaleladder.spec.flavors import get_flavor
 
 FLAVA = get_flavor("flava-debug")
 VIT = get_flavor("vit-debug")
@@ -264,7 +264,7 @@ RANK_SCRIPT = textwrap.dedent(
     import json, sys, datetime
     import torch, torch.distributed as dist
     from scaleladder.data.loader import make_loader
-    from scaleladder.spec.flavors import get_flavor
+    from scaleladder.flavors import get_flavor
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     manifest, out, steps = sys.argv[4], sys.argv[5].format(rank=rank), int(sys.argv[6])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -352,7 +352,7 @@ PREFLIGHT_SCRIPT = textwrap.dedent(
     from scaleladder.data import manifest as mf
     from scaleladder.data.data_errors import speaker
     from scaleladder.data.loader import make_loader
-    from scaleladder.spec.flavors import get_flavor
+    from scaleladder.flavors import get_flavor
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     manifest, out = sys.argv[4], sys.argv[5].format(rank=rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from scaleladder.data import synthetic
 from scaleladder.data import tokenizer as tokmod
 from scaleladder.data.transforms import FlavaTransform, TextCodec, VitTransform, block_mask, collate, mask_counts
-from scaleladder.spec.flavors import get_flavor
+from scaleladder.flavors import get_flavor
 
 WORDS = sorted({w for i in range(300) for w in synthetic.make_sample(0, i, 8).caption.replace(",", "").split()})
 

@@ -1,4 +1,4 @@
-"""The model registry (spec/flavors.py) is a table code may extend: a registered flavor is
+"""The model registry (flavors.py) is a table code may extend: a registered flavor is
 a model the run spec accepts, a clash is refused, and the view readers hold is read-only."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from types import MappingProxyType
 
 import pytest
 
-from scaleladder.spec import RunSpec, SpecError, flavors
-from scaleladder.spec.flavors import FLAVORS, get_flavor, register
+from scaleladder import flavors
+from scaleladder.flavors import FLAVORS, get_flavor, register
+from scaleladder.spec import RunSpec, SpecError
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.gloo import one_rank_group
+from scaleladder.flavors import get_flavor
 from scaleladder.models.build import build_model
 from scaleladder.rung import loop, parallelize, unused_params
 from scaleladder.rung.batches import SyntheticBatches
@@ -31,7 +32,6 @@ from scaleladder.rung.feed import DeviceFeed
 from scaleladder.rung.optim import make_optimizer, make_scaler
 from scaleladder.rung.precision import policy
 from scaleladder.spec import Knobs, default_knobs, parse_strategy
-from scaleladder.spec.flavors import get_flavor
 
 CPU = torch.device("cpu")
 HELPERS = Path(__file__).parent / "helpers"

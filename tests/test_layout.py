@@ -15,7 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Lowest first. A module may import modules of its own stage and of any stage before it.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("errors", ("scaleladder.errors", "scaleladder.files", "scaleladder.markdown", "scaleladder.gitinfo", "scaleladder.log")),
-    ("spec", ("scaleladder.spec",)),  # the run spec and the model registry (spec.flavors) every stage reads
+    # the run spec and the model registry it reads (data every stage reads): the lowest floor above the base
+    ("spec", ("scaleladder.spec", "scaleladder.flavors")),
     ("models", ("scaleladder.models",)),
     ("data", ("scaleladder.data",)),
     ("results", ("scaleladder.results",)),
@@ -122,8 +123,10 @@ def test_no_import_cycles() -> None:
     assert not cycles, cycles
 
 
-#: The top floor: the front doors and the base (issue 33). A new module goes into a package.
-MAX_TOP_LEVEL_MODULES = 8
+#: The top floor: the front doors, the base, and the spec's floor: the run spec and the model
+#: registry it reads (flavors), a module beside it rather than a package of one. A new module
+#: goes into a package.
+MAX_TOP_LEVEL_MODULES = 9
 
 
 def test_the_top_level_stays_small() -> None:
@@ -135,7 +138,7 @@ def test_the_rule_can_fail() -> None:
     """The walk sees imports inside functions, and the stage table ranks what it should."""
     assert "scaleladder.rung.parallelize" in GRAPH["scaleladder.rung.run"]  # imported inside a function there
     assert stage_of("scaleladder.results.store") < stage_of("scaleladder.rung.run") < stage_of("scaleladder.campaign.supervise")
-    assert stage_of("scaleladder.errors") < stage_of("scaleladder.spec.flavors") == stage_of("scaleladder.spec") \
+    assert stage_of("scaleladder.errors") < stage_of("scaleladder.flavors") == stage_of("scaleladder.spec") \
         < stage_of("scaleladder.models.build")
 
 

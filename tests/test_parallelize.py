@@ -15,13 +15,13 @@ import torch._dynamo
 from torch import nn
 
 from helpers.gloo import one_rank_group
+from scaleladder.flavors import get_flavor
 from scaleladder.models.build import build_model
 from scaleladder.rung import parallelize
 from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.precision import policy
 from scaleladder.rung.what_ran import sharding_ran
 from scaleladder.spec import SpecError, default_knobs, parse_knobs, parse_strategy
-from scaleladder.spec.flavors import get_flavor
 
 CPU = torch.device("cpu")
 

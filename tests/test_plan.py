@@ -44,10 +44,10 @@ def test_inventory_counts_every_parameter_of_the_full_model(model: str, params: 
 
 
 def test_debug_inventories_match_a_full_build_and_the_ladders_frozen_set() -> None:
+    from scaleladder.flavors import get_flavor
     from scaleladder.models.build import build_model, count_parameters
     from scaleladder.planner.inventory import is_unused
     from scaleladder.rung.unused_params import unused_parameter_names
-    from scaleladder.spec.flavors import get_flavor
 
     for name in ("vit-debug", "flava-debug"):
         inv = inventory(name)
@@ -533,9 +533,9 @@ def test_under_ac_autocast_weight_copies_are_one_layers_at_a_time_in_backward(sp
     # issue 22: a checkpointed layer saves none of its bf16 weight copies; autocast's cache is cleared
     # before backward() and each layer's recompute casts again. The old term held every layer's
     # copies until its backward (10.1% over torch's MemTracker for flava-350m b8, 5.4% for vit-base b32).
+    from scaleladder.flavors import get_flavor
     from scaleladder.planner.inventory import inventory
     from scaleladder.planner.memory import predict
-    from scaleladder.spec.flavors import get_flavor
 
     p = predict(RunSpec.from_path(spec), 1, 1, "h100-80gb")
     inv = inventory(get_flavor(spec.split("/")[0]))

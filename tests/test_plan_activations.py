@@ -31,9 +31,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from scaleladder.flavors import get_flavor
 from scaleladder.planner.activations import dtypes, flava_layer, forward_passes, vit_layer
 from scaleladder.rung.optim import make_optimizer
-from scaleladder.spec.flavors import get_flavor
 
 B, T = 3, 50  # activation sizes (B·T·h = 9600, B·T·m = 38400) never equal a parameter's numel
 FLAVOR = dataclasses.replace(get_flavor("vit-debug"), hidden=64, mlp=256, heads=4)

@@ -79,13 +79,13 @@ def _measure(flavor_name: str, strategy_name: str, precision: str) -> dict[str, 
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+    from scaleladder.flavors import get_flavor
     from scaleladder.models.build import build_model
     from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.optim import make_optimizer
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.spec import default_knobs, parse_strategy
-    from scaleladder.spec.flavors import get_flavor
 
     flavor = get_flavor(flavor_name)
     prec = policy(precision)
@@ -142,12 +142,12 @@ def _count_gathered_units(flavor_name: str, strategy: str, flava_impl: str = "to
     import torch.distributed as dist
     from torch.distributed.fsdp._traversal_utils import _get_fsdp_handles
 
+    from scaleladder.flavors import get_flavor
     from scaleladder.models.build import build_model
     from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.spec import Knobs, parse_strategy
-    from scaleladder.spec.flavors import get_flavor
 
     flavor = get_flavor(flavor_name)
     torch.manual_seed(0)
@@ -183,12 +183,12 @@ def _count_gathered_units_fsdp2(flavor_name: str, strategy: str) -> dict[str, in
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
+    from scaleladder.flavors import get_flavor
     from scaleladder.models.build import build_model
     from scaleladder.rung.batches import synthetic_batch
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.spec import default_knobs, parse_strategy
-    from scaleladder.spec.flavors import get_flavor
 
     flavor = get_flavor(flavor_name)
     torch.manual_seed(0)
@@ -303,7 +303,7 @@ def test_hybrid_pads_to_the_shard_group_not_the_world(measured_4: list[dict[str,
 
 @pytest.mark.parametrize("strategy", GATHER_STRATEGIES)
 def test_flava_layer_units_stay_gathered_between_the_two_passes(measured: list[dict[str, Any]], strategy: str) -> None:
-    from scaleladder.spec.flavors import get_flavor
+    from scaleladder.flavors import get_flavor
 
     f = get_flavor("flava-debug")
     g = measured[0]["gathered"][strategy]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleladder.spec.flavors import FLAVORS
+from scaleladder.flavors import FLAVORS
 
 SPECS = ["flava-900m/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8", "flava-350m/ddp/bf16-mixed/pre-lag/n1/bmax",
          "vit-15b/fsdp-hybrid4-ac/bf16-mixed/pre-lag/n2/b32", "vit-debug/fsdp-grad-op/fp32/pre-lag/n1/b4",
@@ -70,7 +70,7 @@ def test_the_plan_command_draws_its_chart_without_torch(tmp_path: Path) -> None:
 
 def test_a_flavor_with_no_stored_layout_says_how_to_fix_it_without_torch() -> None:
     code = ("import dataclasses, sys\nsys.modules['torch'] = None\n"
-            "from scaleladder.spec.flavors import get_flavor\nfrom scaleladder.planner.inventory import inventory\n"
+            "from scaleladder.flavors import get_flavor\nfrom scaleladder.planner.inventory import inventory\n"
             "try:\n    inventory(dataclasses.replace(get_flavor('vit-debug'), hidden=48))\n"
             "except ImportError as e:\n    print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from scaleladder.cli import build_parser
+from scaleladder.flavors import get_flavor
 from scaleladder.models.build import build_model, count_parameters
 from scaleladder.rung.launch import detect, first_slurm_host
-from scaleladder.spec.flavors import get_flavor
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scaleladder"]
 

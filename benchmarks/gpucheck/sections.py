@@ -55,7 +55,7 @@ def loader(c: Check, work: Path) -> None:
     p, role = c.profile, "vit-base"
     flavor = p.flavors[role]
     from scaleladder.data.synthetic import write_image_folder
-    from scaleladder.spec.flavors import get_flavor
+    from scaleladder.flavors import get_flavor
 
     size = get_flavor(flavor).image_size
     images, shards = work / "loader-images", work / "shards"

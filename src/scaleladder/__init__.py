@@ -8,7 +8,8 @@ then the stages, each a package with its own docstring.
 - ``log``: progress and diagnostics through stdlib ``logging``, with the rank.
 - ``markdown``: markdown tables, built one way.
 - ``gitinfo``: which commit the code came from, asked one way.
-- ``spec``: the run spec, the one value that flows through scaleladder, and the model registry.
+- ``flavors``: the model registry: every model scaleladder knows, by name, in a table code may extend.
+- ``spec``: the run spec, the one value that flows through scaleladder.
 - ``cli``: ``scaleladder <command>``, the single entry point.
 - ``__main__``: ``python -m scaleladder`` is ``scaleladder``.
 - ``models``: every flavor built as a module whose forward is the loss.

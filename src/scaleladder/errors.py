@@ -2,9 +2,9 @@
 
 A ``SpecError`` means the user gave something unusable: an unknown model, a malformed run
 spec, an impossible size, a bad data set. Its message is ONE line naming the culprit;
-``scaleladder``'s dispatcher prints it and exits 2. It lives here, below ``spec``,
-because both of the spec's modules raise it: the model registry (``spec.flavors``) and the
-run spec (``spec.run_spec``), which reads the registry.
+``scaleladder``'s dispatcher prints it and exits 2. It lives here, not in ``spec``,
+because the model registry (``flavors``) raises it too and ``spec`` reads the registry:
+with the class in ``spec`` the two would import each other.
 """
 
 from __future__ import annotations

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from scaleladder.flavors import get_flavor
 from scaleladder.models.build import build_model
 from scaleladder.rung.batches import synthetic_batch
 from scaleladder.rung.optim import backward_and_step, make_optimizer
 from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.precision import policy
 from scaleladder.spec import default_knobs, parse_strategy
-from scaleladder.spec.flavors import get_flavor
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")

@@ -23,6 +23,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from scaleladder.flavors import get_flavor
 from scaleladder.models.build import build_model
 from scaleladder.models.flava_impl import DEFAULT as DEFAULT_FLAVA_IMPL
 from scaleladder.rung import launch
@@ -31,7 +32,6 @@ from scaleladder.rung.loop import train_loop
 from scaleladder.rung.parallelize import apply_strategy
 from scaleladder.rung.precision import policy
 from scaleladder.spec import default_knobs, parse_knobs, parse_strategy
-from scaleladder.spec.flavors import get_flavor
 
 GROUPS: dict[str, list[int]] = {}  # hybrid strategy -> [replicas, ranks per shard group], as FSDP built them
 

@@ -34,11 +34,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaleladder.flavors import get_flavor
 from scaleladder.planner.devices import PEAKS, chip_of
 from scaleladder.planner.rates import rates
 from scaleladder.planner.steptime import Site, flops_per_sample, predict_step
 from scaleladder.spec import RunSpec, SpecError
-from scaleladder.spec.flavors import get_flavor
 
 DEFAULT_MFU = 0.30
 DEFAULT_STARTUP_S = 120.0

@@ -140,6 +140,7 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from scaleladder.flavors import get_flavor
     from scaleladder.models.build import build_model
     from scaleladder.planner.memory import predict
     from scaleladder.planner.step_setup import Variant
@@ -148,7 +149,6 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.rung.unused_params import unused_parameter_names
-    from scaleladder.spec.flavors import get_flavor
 
     flavor = get_flavor(spec.model)
     if flavor.family == "flava" and flava_impl != SDPA:

@@ -29,9 +29,9 @@ from scaleladder.data.devnorm import DeviceNormaliser
 from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha256_file
 from scaleladder.data.tokenizer import check_vocab
 from scaleladder.data.transforms import TRANSPORTS, FlavaTransform, VitTransform, collate
+from scaleladder.flavors import Flavor
 from scaleladder.log import get_logger
 from scaleladder.spec import SpecError
-from scaleladder.spec.flavors import Flavor
 
 _log = get_logger(__name__)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from scaleladder.data.data_errors import DataError, one_line
+from scaleladder.flavors import Flavor
 from scaleladder.spec import SpecError
-from scaleladder.spec.flavors import Flavor
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, UNK, CLS, SEP, MASK)  # in id order when trained: [PAD] = 0

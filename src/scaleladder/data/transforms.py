@@ -47,7 +47,7 @@ from scaleladder.data.data_errors import DataError
 
 # the normalisation constants live with the device-side normalisation, which both paths share
 from scaleladder.data.devnorm import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, LOGIT_LAPLACE_EPS, affine
-from scaleladder.spec.flavors import Flavor
+from scaleladder.flavors import Flavor
 
 CROP_SCALE = (0.9, 1.0)  # FLAVA's TwoWayRandomResizedCrop scale
 CROP_RATIO = (3 / 4, 4 / 3)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scaleladder.flavors import FLAVORS
 from scaleladder.results.record import Build, Memory, Placement, Record, Settings, Spec
-from scaleladder.spec.flavors import FLAVORS
 
 GIB = 2**30
 

@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from scaleladder.flavors import FLAVORS
 from scaleladder.results.record import OOM_STATUSES, Build, Interval, Placement, Read, Record, Repeats, Spec, Throughput
-from scaleladder.spec.flavors import FLAVORS
 
 RungAttrs = dict[str, Any]  # one rung of read_ladder: its record's attributes
 

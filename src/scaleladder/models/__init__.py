@@ -1,4 +1,4 @@
-"""The models: every flavor (``spec/flavors.py``) built as a module whose ``forward(batch)`` is the loss.
+"""The models: every flavor (``flavors.py``) built as a module whose ``forward(batch)`` is the loss.
 
 - ``build``: a flavor built as a ``TrainModule`` (ViT or FLAVA), ``forward(batch) -> loss``.
 - ``init``: a model built on the meta device, materialised one module (FSDP unit) at a time.

@@ -4,7 +4,7 @@ that may have no torch). ``scaleladder.rung.batches`` makes the tensors from the
 
 from __future__ import annotations
 
-from scaleladder.spec.flavors import Flavor
+from scaleladder.flavors import Flavor
 
 # Token ids shared with the real tokenizer's special tokens (data/tokenizer.py).
 PAD, MASK, FIRST_WORD = 0, 4, 5

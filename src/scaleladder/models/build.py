@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from scaleladder.flavors import Flavor
 from scaleladder.models.flava_impl import SDPA, TORCHMULTIMODAL, parse_flava_impl
 from scaleladder.spec import SpecError
-from scaleladder.spec.flavors import Flavor
 
 
 class TrainModule(nn.Module):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaleladder.spec.flavors import Flavor
+from scaleladder.flavors import Flavor
 
 
 @dataclass(frozen=True)

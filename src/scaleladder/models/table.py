@@ -10,8 +10,8 @@ import argparse
 import json
 from dataclasses import dataclass
 
+from scaleladder.flavors import FLAVORS, Flavor
 from scaleladder.models.build import meta_parameter_count
-from scaleladder.spec.flavors import FLAVORS, Flavor
 
 GIB = 2**30
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaleladder.flavors import Flavor
 from scaleladder.models.batch_layout import masked_counts
 from scaleladder.models.flava_impl import SDPA
-from scaleladder.spec.flavors import Flavor
 
 STATS = 8  # LayerNorm saves mean and rstd, fp32, per token
 

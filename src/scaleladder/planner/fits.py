@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaleladder.flavors import FLAVORS
 from scaleladder.planner.memory import Device, predict
 
 # The seeds' claims live beside the seeds' other facts (their hardware is named there only).
 from scaleladder.planner.seeds import SEED_CLAIMS as SEED_CLAIMS
 from scaleladder.planner.seeds import SeedClaim as SeedClaim
 from scaleladder.spec import RunSpec, SpecError, default_knobs, parse_strategy
-from scaleladder.spec.flavors import FLAVORS
 
 # The ladder a fits table shows, cheapest-memory last.
 # fsdp-full-ac-reentrant is the FLAVA seed's AC form (units inside the checkpoint wrappers):

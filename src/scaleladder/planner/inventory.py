@@ -18,7 +18,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from scaleladder.spec.flavors import Flavor, get_flavor
+from scaleladder.flavors import Flavor, get_flavor
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ def table_of(flavors: list[Flavor]) -> dict[str, Any]:
 
 
 def write_table(path: Path = TABLE) -> None:
-    from scaleladder.spec.flavors import FLAVORS
+    from scaleladder.flavors import FLAVORS
 
     t = table_of(list(FLAVORS.values()))
     # One flavor, one parameter per line: diffs of the table stay readable.

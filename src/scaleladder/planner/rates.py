@@ -171,7 +171,7 @@ class HostTable:
         """``name``'s host ms over ``single``'s, the median over the family's measured models; a
         name no model measured is composed from its parts (wrapper x AC x compile), each measured;
         None where a part is not."""
-        from scaleladder.spec.flavors import FLAVORS
+        from scaleladder.flavors import FLAVORS
 
         models = sorted({m for (m, _, i) in self.rows if i == impl and m in FLAVORS and FLAVORS[m].family == family})
         got = [(m, a / b) for m in models if (a := self._ms(m, name, impl)) and (b := self._ms(m, "single", impl))]
@@ -206,7 +206,7 @@ class HostTable:
     def _single(self, model: str, family: str, impl: str) -> tuple[float, str] | None:
         """``model``'s ``single`` row; else the family's measured model nearest in depth, scaled by
         depth (layers + fusion layers: a step's host work grows with its layer passes)."""
-        from scaleladder.spec.flavors import FLAVORS
+        from scaleladder.flavors import FLAVORS
 
         row = self.rows.get((model, "single", impl))
         if row is not None:

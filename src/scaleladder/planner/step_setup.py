@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from scaleladder.flavors import Flavor, get_flavor
 from scaleladder.models.batch_layout import SYNTHETIC_POOL
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import parse_flava_impl
@@ -28,7 +29,6 @@ from scaleladder.planner.static import (
     storage_bytes,
 )
 from scaleladder.spec import AnyKnobs, Strategy
-from scaleladder.spec.flavors import Flavor, get_flavor
 
 
 @dataclass(frozen=True)

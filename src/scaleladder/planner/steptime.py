@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaleladder.flavors import Flavor, get_flavor
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import SDPA
 from scaleladder.models.flops import FlopCount, flava_flops, vit_flops
@@ -40,7 +41,6 @@ from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, HostTable, Rates, hos
 from scaleladder.planner.static import fsdp_param_bytes, storage_bytes
 from scaleladder.planner.step_setup import StepSetup, step_setup
 from scaleladder.spec import Knobs, RunSpec, Strategy
-from scaleladder.spec.flavors import Flavor, get_flavor
 
 #: FLAVA's heads run on masked tokens of matched pairs only (models/flops.py); before any run we
 #: take the pretraining recipe's rates: MLM masks 15% of text tokens, MIM 40% of patches, ITM swaps

@@ -89,7 +89,7 @@ class Record(Section):
 class Spec(Section):
     title = "The run spec (spec.RunSpec.as_attrs)"
     spec = attr("", "the canonical spec path, model/strategy/precision/knobs/n<nodes>/b<batch>")
-    model = attr("", "the flavor (spec/flavors.py)")
+    model = attr("", "the flavor (flavors.py, the model registry)")
     strategy = attr("", "single | ddp | fsdp-* | fsdp2-*, then -ac, -ac-reentrant or -sac, then -compile")
     precision = attr("", "fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true")
     knobs = attr("", "FSDP1 `<pre|post|none>-<lag|nolag>[-fwd]` or FSDP2 `pf<n>`")

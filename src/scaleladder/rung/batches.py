@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from scaleladder.flavors import Flavor
 from scaleladder.models.batch_layout import FIRST_WORD, ITM_NEGATIVE_EVERY, MASK, SYNTHETIC_POOL, masked_counts
-from scaleladder.spec.flavors import Flavor
 
 
 def _sample(flavor: Flavor, g: torch.Generator, global_index: int) -> dict[str, Tensor]:

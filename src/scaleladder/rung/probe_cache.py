@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 # The modules whose code decides the probe's answer: the model, its init, the debug batch.
-SOURCES = ("models/build.py", "spec/flavors.py", "models/init.py", "models/batch_layout.py", "rung/batches.py")
+SOURCES = ("models/build.py", "flavors.py", "models/init.py", "models/batch_layout.py", "rung/batches.py")
 
 
 def cache_dir() -> Path:

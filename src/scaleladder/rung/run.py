@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from scaleladder.flavors import Flavor
+
 # TRAP: no torch at import time: `scaleladder run --help` and a bad argument answer at once, and
 # the start-up clock (rung/startup.py) times the imports as a phase of their own. The rank-side
 # functions import torch themselves; tests/test_startup.py checks that importing this module
@@ -34,7 +36,6 @@ from scaleladder.rung.oom_record import EXIT_OOM, oom_marker, write_oom_record
 from scaleladder.rung.run_config import RunConfig, config_from_args
 from scaleladder.rung.run_config import add_arguments as add_arguments  # the CLI's `run` (cli.COMMANDS)
 from scaleladder.spec import RunSpec, SpecError
-from scaleladder.spec.flavors import Flavor
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator

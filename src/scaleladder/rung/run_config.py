@@ -21,6 +21,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from scaleladder.flavors import Flavor, get_flavor
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_IMPL
 from scaleladder.models.flava_impl import FLAVA_IMPLS, parse_flava_impl
 from scaleladder.spec import (
@@ -36,7 +37,6 @@ from scaleladder.spec import (
     parse_steps_warmup,
     parse_strategy,
 )
-from scaleladder.spec.flavors import Flavor, get_flavor
 
 __all__ = ["Arg", "arg", "RunConfig", "add_arguments", "config_from_args", "rule_args", "flag_defaults"]
 

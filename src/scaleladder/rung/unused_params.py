@@ -56,9 +56,9 @@ def unused_parameter_names(family: str) -> frozenset[str]:
         if cached is not None:
             _UNUSED_CACHE[family] = cached
             return cached
+        from scaleladder.flavors import get_flavor
         from scaleladder.models.build import build_model
         from scaleladder.rung.batches import synthetic_batch
-        from scaleladder.spec.flavors import get_flavor
 
         debug = get_flavor(f"{family}-debug")
         with torch.random.fork_rng():

@@ -27,6 +27,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from scaleladder.flavors import get_flavor
 from scaleladder.spec import (
     SpecError,
     parse_batch,
@@ -35,7 +36,6 @@ from scaleladder.spec import (
     parse_steps_warmup,
     parse_strategy,
 )
-from scaleladder.spec.flavors import get_flavor
 
 __all__ = [
     "INVALID", "ConfigError", "config_key", "as_int", "as_bool", "coerce_config_strings", "load_schema",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from scaleladder.figures import registry as figure_registry
+from scaleladder.flavors import get_flavor
 from scaleladder.site.config import ConfigError, check_data_values, validate_config
 from scaleladder.site.settings import Site, SiteConfig
 from scaleladder.spec import (
@@ -41,7 +42,6 @@ from scaleladder.spec import (
     parse_knobs,
     parse_strategy,
 )
-from scaleladder.spec.flavors import get_flavor
 
 __all__ = [
     "torch_gpu_count", "resolve_ranks_per_node", "ranks_of", "rank_args", "knobs_for", "expand_ladder",

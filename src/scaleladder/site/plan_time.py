@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.errors import SpecError
+from scaleladder.flavors import get_flavor
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import parse_flava_impl
 from scaleladder.planner.memory import Device, predict
 from scaleladder.planner.rates import check_calibration, rates, read_calibration
 from scaleladder.planner.steptime import Site, predict_step, site_from_config
 from scaleladder.spec import RunSpec, default_knobs
-from scaleladder.spec.flavors import get_flavor
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from scaleladder.errors import SpecError
-from scaleladder.spec.flavors import get_flavor
+# SpecError is re-exported: `from scaleladder.spec import SpecError` is the usual import.
+from scaleladder.errors import SpecError as SpecError
+from scaleladder.flavors import get_flavor
 
 #: torch.compile backends a -compile rung may use (rung.parallelize applies them; here so that the
 #: CLI's choices need no torch)

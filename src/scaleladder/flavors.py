@@ -7,8 +7,8 @@ benchmark's skeletons) are known to the spec, the planner and the figures as the
 ones are. A registration lives in its process: a rank started as a process of its own knows
 what its own start-up registers.
 
-Torch-free data on the spec's floor: :class:`Flavor` holds dimensions only; building one is
-``models/build.py``'s.
+Torch-free data on the spec's floor (``spec.py`` reads it to check a run spec's model):
+:class:`Flavor` holds dimensions only; building one is ``models/build.py``'s.
 
 The built-in dimensions are copied from the source studies' tables (``shared/seeds``):
 FLAVA from the TorchMultimodal blog's table, ViT from the ORNL ViT-FSDP table.
