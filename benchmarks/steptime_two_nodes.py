@@ -14,7 +14,7 @@ Everything the prediction uses is fixed BEFORE the multi-rank rungs run:
   them as ``profiles/slurm-localhost/site.yaml``'s ``timing.links`` reads;
 * the overlap: ``intra.json``'s measured ``--overlap`` (0 when the two add up);
 * the compute rate from ONE rung, ``vit-debug-wide/single`` b1 (one rank, no communication,
-  in ``--records``): the ceiling stays the datasheet's 0.80 and ``h_half`` is what makes that
+  in ``--records``): the ceiling stays the stated 0.80 (rates.STATED_CEILING) and ``h_half`` is what makes that
   rung come back; the host's us per op stays ``calibration/cpu.json``'s (``--cpu-calibration``);
 * the CPU share: how much slower a rank computes when all the ranks of a placement compute at
   once than one rank alone, as bench_comm measured it (``contention.factor``: ``intra.json`` for
@@ -40,7 +40,7 @@ from scaleladder.files import atomic_file
 from scaleladder.flavors import get_flavor
 from scaleladder.planner.comm import COLLECTIVES, links_from_profile
 from scaleladder.errors import SpecError
-from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, Rates, check_calibration, datasheet, rates, read_calibration
+from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, STATED_CEILING, Rates, check_calibration, rates, read_calibration
 from scaleladder.planner.step_setup import step_setup
 from scaleladder.planner.steptime import Site, StepTime, flops_per_sample, host_seconds, predict_step, site_from_config
 from scaleladder.spec import RunSpec
@@ -76,13 +76,13 @@ def links_block(bench: Path) -> dict[str, Any]:
 
 
 def solve_compute(step_s: float, base: dict[str, Any]) -> dict[str, float | str]:
-    """``h_half`` (ceiling fixed at the datasheet's) that gives the one-rank rung back, with ``base``'s host figure."""
+    """``h_half`` (ceiling fixed at the stated one) that gives the one-rank rung back, with ``base``'s host figure."""
     spec = RunSpec.from_path(CALIBRATION_RUNG)
     flavor, r = get_flavor(MODEL), rates("cpu", "fp32", base, "--cpu-calibration")
     host, _ = host_seconds(spec, r, Site())
     opt = step_setup(spec.model, spec.strategy, spec.precision, spec.knobs, 1).local.trainable * OPT_BYTES_PER_PARAM / r.hbm_bps
     rate = flops_per_sample(flavor, False, 1).hardware / (step_s - host - opt)
-    ceiling = float(datasheet()["stated_efficiency"]["ceiling"])
+    ceiling = STATED_CEILING
     h_half = flavor.hidden * (r.peak_flops * ceiling / rate - 1)
     return {"ceiling": ceiling, "h_half": round(h_half, 1), "from": f"{CALIBRATION_RUNG}: {step_s * 1e3:.1f} ms"}
 

@@ -5,7 +5,6 @@ planner/devices.py. docs/design.md, "Where to change what", lists the files."""
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import sys
 import types
@@ -19,7 +18,7 @@ from scaleladder.cli import main as cli
 from scaleladder.figures import registry
 from scaleladder.figures.registry import FigureRow
 from scaleladder.planner import devices
-from scaleladder.planner.devices import CHIPLESS, DEVICES, GIB, PEAKS, TERA, Peak, chip_of
+from scaleladder.planner.devices import CHIPLESS, DEVICES, GIB, PEAKS, TERA, Memory, Peak, chip_of
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTIONS = REPO / "workflow" / "report"
@@ -154,7 +153,7 @@ def test_every_device_row_is_whole() -> None:
     for chip, p in PEAKS.items():
         assert p.name and p.sms > 0 and 0 < p.fp32 <= p.tf32 <= p.bf16 == p.fp16, chip
         assert p.board_w is None or p.board_w > 0, chip
-    memories = [key for p in PEAKS.values() for key, _ in p.memories]
+    memories = [m.key for p in PEAKS.values() for m in p.memories]
     assert len(memories) == len(set(memories)) and not set(memories) & set(CHIPLESS)
     # every planner device but the CPU has a peak through its chip, and the budget finds the same chip
     for device in DEVICES:
@@ -168,12 +167,12 @@ def test_every_device_row_is_whole() -> None:
     known = ["a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "mi250x-gcd", "cpu"]
     assert [d for d in DEVICES if d in known] == known and list(DEVICES)[-1] == "cpu"
     assert DEVICES["a100-40gb"] == int(39.59 * GIB) and DEVICES["h100-80gb"] == int(79.10 * GIB)
-    # the step-time datasheet names the same chip for each device it holds
-    sheet = json.loads((REPO / "src" / "scaleladder" / "planner" / "calibration" / "datasheet.json").read_text())
-    for device, row in sheet["devices"].items():
-        if "peaks_key" in row:
-            assert row["peaks_key"] == cost.peak_key(device), device
-            assert row["peak_tflops"]["bf16"] * TERA == pytest.approx(PEAKS[row["peaks_key"]].bf16), device
+    # the step time reads the same row: its chip's peak and its memory's HBM bandwidth
+    for device in DEVICES:
+        figures = devices.step_figures(device, "bf16-mixed")
+        assert figures is not None and figures[1] > 0, device
+        if device not in CHIPLESS:
+            assert figures[0] == PEAKS[cost.peak_key(device)].bf16, device
 
 
 def test_every_chip_is_named_by_the_runner() -> None:
@@ -186,20 +185,23 @@ def test_every_chip_is_named_by_the_runner() -> None:
 
 
 def test_a_new_device_is_one_row(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """One row: the planner plans on its memory, the budget prices it at its peak, the runner's
-    MFU finds it by its torch name and SM count."""
+    """One row: the planner plans on its memory and times a step on its peak and bandwidth, the
+    budget prices it at its peak, the runner's MFU finds it by its torch name and SM count."""
     from scaleladder.planner.memory import predict
+    from scaleladder.planner.rates import rates
     from scaleladder.rung.device_peak import device_key, peak_for
     from scaleladder.spec import RunSpec
 
     monkeypatch.setitem(PEAKS, "b300", Peak("NVIDIA B300 (fake)", 75 * TERA, 1100 * TERA, 2250 * TERA, 2250 * TERA, 160, 1100.0,
-                                            memories=(("b300-270gb", 268.0),), torch_name="B300"))
+                                            memories=(Memory("b300-270gb", 268.0, 8000),), torch_name="B300"))
     assert devices.DEVICES["b300-270gb"] == int(268.0 * GIB) and list(DEVICES)[-2:] == ["b300-270gb", "cpu"]
     spec = RunSpec.from_path("vit-3b/fsdp-full/bf16-mixed/pre-lag/n1/bmax")
     big, small = predict(spec, 8, 8, "b300-270gb"), predict(spec, 8, 8, "a100-40gb")
     assert big.capacity_bytes == int(268.0 * GIB) and big.max_batch and small.max_batch and big.max_batch > small.max_batch
     assert cli(["plan", "--spec", "vit-3b/fsdp-full/bf16-mixed/pre-lag/n1/b8", "--device", "b300-270gb"]) == 0
     assert "b300-270gb" in capsys.readouterr().out
+    r = rates("b300-270gb", "bf16-mixed")
+    assert r.peak_flops == 2250 * TERA and r.hbm_bps == 8000 * 1e9 * 0.8
     assert cost.peak_key("b300-270gb") == "b300" and cost.plan_device_peak_flops("b300-270gb", "bf16-mixed") == 2250 * TERA
     assert device_key("NVIDIA B300 SXM6 AC") == "b300"
     assert peak_for("NVIDIA B300 SXM6 AC", 160, 1100.0, "tf32").flops == 1100 * TERA

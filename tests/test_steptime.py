@@ -18,7 +18,7 @@ from conftest import REPO
 from scaleladder.errors import SpecError
 from scaleladder.planner.comm import Link, Links, all_gather_s, all_reduce_s, links_from_profile, reduce_scatter_s
 from scaleladder.planner.overlap import Stage, schedule
-from scaleladder.planner.rates import HostTable, check_calibration, datasheet, rates
+from scaleladder.planner.rates import HostTable, check_calibration, rates
 from scaleladder.planner.steptime import Site, _ddp_stages, host_seconds, predict_step, site_from_config, table_name
 from scaleladder.spec import RunSpec, parse_strategy
 
@@ -147,16 +147,26 @@ def test_wide_debug_flavor_is_communication_bound_on_the_ci_cluster() -> None:
         assert st.comm_s >= 0.3 * st.step_time_s, s
 
 
-def test_datasheet_matches_the_runner_peaks() -> None:
-    pytest.importorskip("torch")
-    from scaleladder.planner.devices import PEAKS
+# Every planner device's step-time figures where nothing is measured: (fp32, tf32, bf16 = fp16
+# TFLOP/s, HBM GB/s), the datasheets' (the CPU's stated). The device table holds them once.
+STEP_FIGURES = {
+    "a100-40gb": (19.5, 156.0, 312.0, 1555), "a100-80gb": (19.5, 156.0, 312.0, 2039),
+    "h100-80gb": (67.0, 494.5, 989.0, 3350), "h200-141gb": (67.0, 494.5, 989.0, 4800),
+    "mi250x-gcd": (47.85, 47.85, 191.5, 1638), "cpu": (0.1, 0.1, 0.1, 20),
+}
 
-    for key, dev in datasheet()["devices"].items():
-        if "peaks_key" not in dev:
-            continue
-        peak = PEAKS[dev["peaks_key"]]
-        assert dev["peak_tflops"]["bf16"] * 1e12 == pytest.approx(peak.bf16), key
-        assert dev["peak_tflops"]["fp32"] * 1e12 == pytest.approx(peak.fp32), key
+
+def test_every_planner_device_has_its_datasheet_figures() -> None:
+    from scaleladder.planner.devices import DEVICES
+
+    assert list(DEVICES)[:len(STEP_FIGURES)] == list(STEP_FIGURES)
+    for device, (fp32, tf32, bf16, hbm) in STEP_FIGURES.items():
+        for precision, tflops in (("fp32", fp32), ("tf32", tf32), ("bf16-mixed", bf16), ("bf16-true", bf16), ("fp16-mixed", bf16)):
+            r = rates(device, precision, calibration={"compute": {}, "host": {"us_per_op": 1.0}}, where="x")
+            assert r.peak_flops == tflops * 1e12 and r.hbm_bps == hbm * 1e9 * 0.8, (device, precision)
+            assert (r.ceiling, r.h_half) == (0.8, 1394.6) and r.compute_source.startswith("datasheet peak x stated efficiency")
+    with pytest.raises(SpecError, match=r"no datasheet figures for device 'b9000' \(planner/devices.py: a100-40gb, "):
+        rates("b9000", "fp32")
 
 
 def test_every_rung_of_every_profile_has_a_step_time() -> None:

@@ -8,12 +8,12 @@
 * :mod:`.memory`      a rung's predicted memory on a device (:func:`predict`), and the max-batch search
 * :mod:`.fits`        what fits where: the verdict for every model × strategy on one machine shape
 * :mod:`.seeds`       the seeds' claims recomputed (tests/test_plan.py, docs/planner.md)
-* :mod:`.devices`     the one device table: per chip its peaks, SMs, board power and memory variants
+* :mod:`.devices`     the one device table: per chip its peaks, SMs, board power, memory variants and HBM bandwidth
 * :mod:`.steptime`    a rung's step time before it runs: compute, host work, communication, overlap
 * :mod:`.comm`        collectives as an alpha-beta model, and which link a group of ranks crosses
 * :mod:`.overlap`     what a step's communication hides behind its compute
 * :mod:`.rates`       how fast a device computes and its host issues work: the ``calibration/`` files
-* :mod:`.calibration` the measured rates per device (JSON) and the datasheet fallback
+* :mod:`.calibration` the measured rates per device (JSON) and the measured host table
 
 Nothing here touches a GPU; every number is computed from the flavor's dimensions and
 the layout of a *reduced* copy of the model built on the meta device (one layer per

@@ -1,18 +1,20 @@
 """The one device table: per chip, its dense peaks per precision, its multiprocessors, its
-board power, and the memory variants the planner plans for (issue 33).
+board power, and the memory variants the planner plans for, each with its HBM bandwidth.
 
 A row is a chip, :class:`Peak`, keyed by the name the runner's MFU uses (``a100``,
 ``mi250x-gcd``); its ``memories`` are the planner's device keys (``a100-40gb``,
-``a100-80gb``) with the memory PyTorch reports for each. So an ``a100`` peak serves the
-40 and 80 GB memories, and a chip may have no memory row yet (``h100-pcie``: it has a peak
-for MFU, but nothing to plan for). ``cpu`` is a planner device with no chip: unlimited
-memory, no peak.
+``a100-80gb``), each a :class:`Memory`: the memory PyTorch reports and the datasheet's HBM
+bandwidth. So an ``a100`` peak serves the 40 and 80 GB memories, and a chip may have no
+memory row yet (``h100-pcie``: it has a peak for MFU, but nothing to plan for). ``cpu`` is
+a planner device with no chip (:data:`CHIPLESS`): unlimited memory, no peak for MFU, and
+stated figures for the step time.
 
-Read by the planner (:data:`DEVICES`, through ``planner/memory.py``), by the runner
-(``rung/device_peak.py``: a rank's device matched by name, SMs and power, for its MFU) and by
-``scaleladder budget`` (``campaign/cost.py``: a ``plan_device``'s peak). A new GPU is one
-:class:`Peak` row here (and, for ``plan``'s step time, its line in
-``planner/calibration/datasheet.json``). Torch-free: the planner and the budget run on a
+Read by the planner (:data:`DEVICES`, through ``planner/memory.py``; :func:`step_figures`,
+through ``planner/rates.py``), by the runner (``rung/device_peak.py``: a rank's device
+matched by name, SMs and power, for its MFU) and by ``scaleladder budget``
+(``campaign/cost.py``: a ``plan_device``'s peak). A new GPU is one :class:`Peak` row here.
+What was measured on a device (its achieved rates) is not here but in
+``planner/calibration/<device>.json``. Torch-free: the planner and the budget run on a
 login node.
 
 Peaks are vendor datasheet peaks for dense (non-sparse) math, per *device a rank owns*.
@@ -31,6 +33,24 @@ GIB = 2**30
 
 
 @dataclass(frozen=True)
+class Memory:
+    """One memory variant of a chip: a planner device."""
+
+    key: str  # the planner's device key (``a100-40gb``)
+    gib: float  # the total capacity PyTorch reports for it, in GiB
+    hbm_gbps: float | None = None  # the datasheet's HBM bandwidth, GB/s; None: no step time for it
+
+
+@dataclass(frozen=True)
+class Chipless:
+    """A planner device with no chip: no datasheet, so what the step time needs is stated."""
+
+    memory: int | None  # usable bytes; None: unlimited
+    peak_flops: float  # STATED, every precision
+    hbm_gbps: float  # STATED memory bandwidth, GB/s
+
+
+@dataclass(frozen=True)
 class Peak:
     """One chip: its datasheet peaks and, for the planner, its memory variants."""
 
@@ -41,9 +61,8 @@ class Peak:
     fp16: float
     sms: int  # multiprocessors of the whole part (CUs per GCD on MI250/MI250X)
     board_w: float | None  # datasheet maximum board power (TDP/TBP); None: not checked
-    # the planner's device keys for this chip, and the GiB PyTorch reports as each one's total
-    # capacity; () when the planner has no row for the chip yet
-    memories: tuple[tuple[str, float], ...] = ()
+    # the planner's devices of this chip; () when the planner has no row for the chip yet
+    memories: tuple[Memory, ...] = ()
     # a word of torch.cuda.get_device_name() that names this chip, for a chip that
     # rung/device_peak.py's device_key does not know by its traps ("" for the rows it does)
     torch_name: str = ""
@@ -99,25 +118,30 @@ class Peak:
 # "39.59 GiB total capacity" (A100 40GB), "79.15 GiB" (A100 80GB), 79.1–79.3 GiB for
 # H100 80GB (driver/ECC dependent; we take the low end), "139.80 GiB" (H200),
 # "63.98 GiB" (one MI250X GCD under ROCm).
+# HBM bandwidth (vendor datasheets, GB/s, per device a rank owns), for the planner's step time:
+# A100 40GB 1555, A100 80GB 2039, H100 SXM 3350, H200 4800, one MI250X GCD 1638 (half the OAM's).
 # TRAP: the order of the rows is the order of DEVICES, which error messages and
 # `plan --help` list: a new row goes where its chip belongs, and the lists follow.
 PEAKS: dict[str, Peak] = {
     "a100": Peak("NVIDIA A100", 19.5 * TERA, 156 * TERA, 312 * TERA, 312 * TERA, 108, 400.0,
-                 memories=(("a100-40gb", 39.59), ("a100-80gb", 79.15))),
+                 memories=(Memory("a100-40gb", 39.59, 1555), Memory("a100-80gb", 79.15, 2039))),
     "h100": Peak("NVIDIA H100 SXM", 67 * TERA, 494.5 * TERA, 989 * TERA, 989 * TERA, 132, 700.0,
-                 memories=(("h100-80gb", 79.10),)),
+                 memories=(Memory("h100-80gb", 79.10, 3350),)),
     "h100-pcie": Peak("NVIDIA H100 PCIe", 51 * TERA, 378 * TERA, 756 * TERA, 756 * TERA, 114, 350.0),
     "h100-nvl": Peak("NVIDIA H100 NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA, 835.5 * TERA, 132, 400.0),
     "h200": Peak("NVIDIA H200", 67 * TERA, 494.5 * TERA, 989 * TERA, 989 * TERA, 132, 700.0,
-                 memories=(("h200-141gb", 139.80),)),
+                 memories=(Memory("h200-141gb", 139.80, 4800),)),
     "h200-nvl": Peak("NVIDIA H200 NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA, 835.5 * TERA, 132, 600.0),
     "mi250x-gcd": Peak("AMD MI250X (one GCD)", 47.85 * TERA, 47.85 * TERA, 191.5 * TERA, 191.5 * TERA, 110, None,
-                       memories=(("mi250x-gcd", 63.98),)),
+                       memories=(Memory("mi250x-gcd", 63.98, 1638),)),
     "mi250-gcd": Peak("AMD MI250 (one GCD)", 45.25 * TERA, 45.25 * TERA, 181.05 * TERA, 181.05 * TERA, 104, None),
 }
 
-# Planner devices with no chip: a CPU rank plans against unlimited memory and has no peak.
-CHIPLESS: dict[str, int | None] = {"cpu": None}
+# Planner devices with no chip: a CPU rank plans against unlimited memory and has no peak for
+# MFU. Its step-time figures are STATED, no datasheet: 0.1 TFLOP/s ~ 2 cores x 16 fp32 FMA
+# lanes x 2 x 3 GHz, and 20 GB/s DDR (benchmarks/bench_comm.py's --calibrate writes a
+# measured cpu calibration, which planner/rates.py prefers).
+CHIPLESS: dict[str, Chipless] = {"cpu": Chipless(None, 0.1 * TERA, 20)}
 
 
 class _Memories(Mapping[str, int | None]):
@@ -127,8 +151,8 @@ class _Memories(Mapping[str, int | None]):
     one) is a planner device at once: one row, one place."""
 
     def _table(self) -> dict[str, int | None]:
-        out: dict[str, int | None] = {key: int(gib * GIB) for peak in PEAKS.values() for key, gib in peak.memories}
-        return {**out, **CHIPLESS}
+        out: dict[str, int | None] = {m.key: int(m.gib * GIB) for peak in PEAKS.values() for m in peak.memories}
+        return {**out, **{key: c.memory for key, c in CHIPLESS.items()}}
 
     def __getitem__(self, key: str) -> int | None:
         return self._table()[key]
@@ -150,4 +174,18 @@ DEVICES: Mapping[str, int | None] = _Memories()
 def chip_of(device: str) -> str | None:
     """The PEAKS key of a planner device key (``a100-80gb`` -> ``a100``); None for ``cpu``
     and for a name no row holds."""
-    return next((chip for chip, peak in PEAKS.items() if any(key == device for key, _ in peak.memories)), None)
+    return next((chip for chip, peak in PEAKS.items() if any(m.key == device for m in peak.memories)), None)
+
+
+def step_figures(device: str, precision: str) -> tuple[float, float] | None:
+    """(peak FLOP/s at ``precision``, HBM GB/s) of a planner device, for the step time: the
+    datasheet's for a chip's memory, the stated ones for a device with no chip; None where
+    the table holds no bandwidth for it (or no such device)."""
+    if device in CHIPLESS:
+        c = CHIPLESS[device]
+        return c.peak_flops, c.hbm_gbps
+    for peak in PEAKS.values():
+        for m in peak.memories:
+            if m.key == device:
+                return (peak.for_precision(precision), m.hbm_gbps) if m.hbm_gbps is not None else None
+    return None

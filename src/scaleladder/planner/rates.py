@@ -5,8 +5,8 @@ holds measured figures for one device under one torch version: per precision, th
 achievable matmul rate as ``peak x ceiling x h / (h + h_half)`` (h: the model's width;
 small matmuls and the memory-bound ops between them cost relatively more on narrow models,
 so the rate rises with width towards the ceiling), and the host's microseconds per aten op.
-Where no file measures the device, ``datasheet.json`` gives the datasheet peak and a
-STATED efficiency, and every figure says so.
+Where no file measures the device, the device table (``planner/devices.py``) gives the
+datasheet peak and HBM bandwidth, this module the STATED efficiency, and every figure says so.
 
 Why one functional form with two numbers: 4(a) of issue 32 asks for every H100 rung
 predicted from ONE calibration rung, so each number must come from one measurement; the
@@ -34,18 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.errors import SpecError
+from scaleladder.planner.devices import DEVICES, step_figures
 
-DATASHEET = "datasheet.json"
 BY_DEVICE = {"h100-80gb": "h100.json", "cpu": "cpu.json"}  # committed calibrations; later GPU runs add theirs
 OPT_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, exp_avg, exp_avg_sq (4 x 4 B) and writes 3 x 4 B
 
-
-def _precision_key(precision: str) -> str:
-    if precision in ("bf16-mixed", "bf16-true"):
-        return "bf16"
-    if precision == "fp16-mixed":
-        return "fp16"
-    return "tf32" if precision == "tf32" else "fp32"
+# The STATED efficiency, used where no calibration file measures the device: rate = peak x
+# ceiling x h/(h + h_half), h the model's width. Ceiling 0.80: a plain 8192^3 bf16 matmul
+# reaches 790-800 of 989 TFLOP/s on an H100 SXM (docs/planner.md, "Step time"); h_half
+# carried over from the H100 calibration (calibration/h100.json); HBM reaches 0.80 of its
+# datasheet bandwidth. NOT measured on the devices they stand in for.
+STATED_CEILING = 0.8
+STATED_H_HALF = 1394.6
+STATED_HBM_EFFICIENCY = 0.8
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,6 @@ def _read(name: str) -> dict[str, Any]:
     return dict(json.loads(resources.files("scaleladder.planner.calibration").joinpath(name).read_text()))
 
 
-@cache
-def datasheet() -> dict[str, Any]:
-    return _read(DATASHEET)
-
-
 def read_calibration(path: str | Path) -> dict[str, Any]:
     try:
         out: dict[str, Any] = json.loads(Path(path).read_text())
@@ -102,23 +98,22 @@ def check_calibration(cal: dict[str, Any], device: str, torch: str | None, where
 
 def rates(device: str, precision: str, calibration: dict[str, Any] | None = None, where: str = "") -> Rates:
     """The device's rates: the calibration's where it measures this precision, else the datasheet's."""
-    sheet = datasheet()
-    dev = sheet["devices"].get(device)
-    if dev is None:
-        raise SpecError(f"no datasheet figures for device {device!r} (planner/calibration/{DATASHEET}: "
-                        f"{', '.join(sheet['devices'])}); a step time needs a calibration or a datasheet entry")
+    figures = step_figures(device, precision)
+    if figures is None:
+        known = [d for d in DEVICES if step_figures(d, precision) is not None]
+        raise SpecError(f"no datasheet figures for device {device!r} (planner/devices.py: "
+                        f"{', '.join(known)}); a step time needs a calibration or a datasheet entry")
     cal = calibration
     if cal is None and device in BY_DEVICE:
         cal, where = _read(BY_DEVICE[device]), f"planner/calibration/{BY_DEVICE[device]}"
-    eff = sheet["stated_efficiency"]
-    peak = float(dev["peak_tflops"][_precision_key(precision)]) * 1e12
-    hbm = float(dev["hbm_gbps"]) * 1e9 * float(eff["hbm_efficiency"])
+    peak = figures[0]
+    hbm = float(figures[1]) * 1e9 * STATED_HBM_EFFICIENCY
     measured = (cal or {}).get("compute", {}).get(precision)
     if measured:
         ceiling, h_half = float(measured["ceiling"]), float(measured["h_half"])
         csrc = f"measured rate ({where}: {measured.get('from', '')})"
     else:
-        ceiling, h_half = float(eff["ceiling"]), float(eff["h_half"])
+        ceiling, h_half = STATED_CEILING, STATED_H_HALF
         csrc = f"datasheet peak x stated efficiency (ceiling {ceiling}, h_half {h_half}; not measured on {device} at {precision})"
     if cal:
         host = cal["host"]
