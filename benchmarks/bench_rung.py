@@ -74,7 +74,7 @@ def main() -> None:
     env = launch.detect()
     device = launch.pick_device(env)
     flavor, prec = get_flavor(a.model), policy(a.precision)
-    unused_parameter_names(flavor.family)  # before the group, as the runner does (rung/ladder.py)
+    unused_parameter_names(flavor.family)  # before the group, as the runner does (rung/unused_params.py)
     launch.init(env, device)
     prec.apply_backend_flags()
     torch.manual_seed(0)

@@ -66,7 +66,7 @@ COMPILED = ["ddp-compile", "fsdp2-full-compile", "fsdp2-full-ac-compile"]
 PREFETCH = ["fsdp2-full:pf2", "fsdp2-full-ac:pf1"]
 # The FLAVA seed's AC form (FSDP1 only): each unit inside its checkpoint wrapper, recomputed
 # through the unit. FLAVA is the case that matters: its encoders run twice per step, and the
-# other nesting recomputes one pass on freed parameters (rung/ladder.py wrap_fsdp).
+# other nesting recomputes one pass on freed parameters (rung/parallelize.py wrap_fsdp).
 REENTRANT = ["fsdp-full-ac-reentrant", "fsdp-grad-op-ac-reentrant", "fsdp-hybrid2-ac-reentrant"]
 # Selective AC (-sac, rung/sac.py) on each wrapper: the recompute of LayerNorm, GELU and softmax
 # around the kept matmul outputs must give the same losses as -ac and as no AC.

@@ -214,7 +214,7 @@ def _worker() -> None:
 
     from scaleladder.rung.unused_params import unused_parameter_names
 
-    unused_parameter_names("flava")  # before the group, as the runner does (rung/ladder.py)
+    unused_parameter_names("flava")  # before the group, as the runner does (rung/unused_params.py)
     dist.init_process_group("gloo")
     out: dict[str, Any] = {}
     four = dist.get_world_size() == 4

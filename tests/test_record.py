@@ -110,7 +110,7 @@ SOURCES = {
     "src/scaleladder/data/loader.py": "record_attrs",
     "src/scaleladder/data/devdecode.py": "record_attrs",
     "src/scaleladder/rung/profiling.py": None,  # self.written["..."] in several methods
-    # rung/ladder.py's sharding_ran keys its dict by record.Build's names: defined by construction
+    # rung/what_ran.py's sharding_ran keys its dict by record.Build's names: defined by construction
 }
 
 

@@ -267,7 +267,7 @@ def test_meta_init_with_codebook_weights_runs(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     with h5py.File(out) as f:
         # 5 layer units, the codebook's, the root, and FLAVA's 5 frozen heads and poolers (FSDP1,
-        # use_orig_params=False: each an all-frozen unit of its own, rung/ladder.py)
+        # use_orig_params=False: each an all-frozen unit of its own, rung/parallelize.py)
         assert f.attrs["init"] == "meta" and f.attrs["fsdp_layer_units"] == 5 and f.attrs["fsdp_units"] == 12
 
 

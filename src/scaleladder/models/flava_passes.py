@@ -20,7 +20,7 @@ The outputs keep ``FLAVAOutput``'s shape for ``FLAVAForPreTraining``: each ``Tra
 holds ``last_hidden_state`` and, as ``hidden_states``, only the last layer's output before the
 final norm (all the fusion encoder reads; the package keeps every layer's). The unimodal
 encoders' ``pooler_output``, which no FLAVA loss reads (their poolers are frozen as unused,
-rung/ladder.py), is left out.
+rung/unused_params.py), is left out.
 
 Dropout with ``p = 0`` (all of FLAVA's) still dispatches an op per call in training; the
 embeddings' dropouts skip it here (``NoOpDropout``), as the fused layers do theirs.
