@@ -1,7 +1,7 @@
 """An independent check of the planner: torch's own memory trackers on fake CPU tensors (issue 22).
 
 :func:`measure` builds a rung's full-size model on FAKE tensors (no storage), wraps it with
-the runner's own ladder, optimizer and scaler, and runs two real training steps of the
+the runner's own apply_strategy, optimizer and scaler, and runs two real training steps of the
 runner's step under ``MemTracker`` (``FSDPMemTracker`` for FSDP2, on the fake process group as
 rank 0 of ``world``); the second step's peak and static categories are compared with
 :func:`scaleladder.planner.memory.predict`. The traps met are ``TRAP:`` comments where each is
@@ -111,7 +111,7 @@ def _fake_materialize(model: Any, device: Any) -> None:
 
 @contextlib.contextmanager
 def _group(world: int) -> Iterator[None]:
-    """A process group for the ladder: a real one-rank gloo group, or torch's fake group playing
+    """A process group for apply_strategy: a real one-rank gloo group, or torch's fake group playing
     rank 0 of ``world`` (collectives return at once; FSDP2 shards as on ``world`` ranks)."""
     import torch.distributed as dist
 
@@ -167,7 +167,7 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
     with _group(world):
         mesh_patch: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if spec.strategy.is_fsdp2:
-            # TRAP: init_device_mesh must run before fake mode; the ladder asks for it inside.
+            # TRAP: init_device_mesh must run before fake mode; apply_strategy asks for it inside.
             import torch.distributed.device_mesh as dm
 
             real = dm.init_device_mesh

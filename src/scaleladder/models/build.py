@@ -162,7 +162,7 @@ def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_wei
     """Build ``flavor`` on ``device``. ``device="meta"`` allocates nothing (for counting).
 
     ``flava_impl`` (models/flava_impl.py) is ignored for ViT. Its default here is the package's
-    own FLAVA, which the planner models and the ladder's wrapper tests count gathers of; a rung
+    own FLAVA, which the planner models and the wrapper tests (tests/test_parallelize.py) count gathers of; a rung
     builds what ``scaleladder run --flava-impl`` says (default ``sdpa``, flava_impl.DEFAULT)."""
     with torch.device(device):
         if flavor.family == "vit":

@@ -10,7 +10,7 @@ memory-efficient on a GPU), and no probabilities are made.
 
 How: each instance's class is switched to a subclass that only overrides ``forward``, so the
 modules, parameters and state_dict keys are the package's own (checkpoints, initialisation,
-FSDP units, the ladder's ``isinstance`` checks and the planner's layouts do not change), and
+FSDP units, rung/parallelize.py's ``isinstance`` checks and the planner's layouts do not change), and
 the installed package is never edited.
 
 * ``SdpaLayer``: pre-norm attention and MLP (FLAVA builds every encoder ``norm_first=True``).

@@ -25,7 +25,7 @@ from scaleladder.flavors import Flavor, get_flavor
 class ParamInfo:
     name: str
     numel: int
-    trainable: bool  # requires grad once the ladder has frozen the codebook and the unused heads
+    trainable: bool  # requires grad once the runner has frozen the codebook and the unused heads
     cast: bool  # autocast caches a low-precision copy (a trainable Linear/Conv weight or bias)
     dim0: int = 0  # size of dim 0 (FSDP2 shards each parameter on it); 0: unknown, taken as numel (1-D)
 

@@ -281,7 +281,7 @@ def init(env: DistEnv, device: torch.device, timeout_s: int = 600) -> None:
     Always ``env://``: under torchrun the workers must join the agent's store
     (TORCHELASTIC_USE_AGENT_STORE); a ``tcp://`` URL would make rank 0 bind the
     port torchrun already holds. A single process is still a real one-rank group,
-    so the ladder never special-cases "no process group".
+    so rung/parallelize.py never special-cases "no process group".
     """
     # A plain process picks a free port; a launched one (even one rank under torchrun,
     # whose agent already serves the store on MASTER_PORT) must use the port it was given.

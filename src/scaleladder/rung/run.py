@@ -1,4 +1,4 @@
-"""`scaleladder run`: one rung, on every rank. Spec → model → ladder → loop → HDF5.
+"""`scaleladder run`: one rung, on every rank. Spec → model → parallelize → loop → HDF5.
 
 This is the per-rank program. It runs as a single process, under ``torchrun``,
 or under ``srun`` (rung/launch.py reads whichever variables are there). Rank 0 writes
@@ -186,7 +186,7 @@ def _run_rank(ctx: RankContext) -> int:
 
 
 def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: PrecisionPolicy) -> tuple[torch.nn.Module, WrapReport, int]:
-    """The model of ``cfg`` on ``device``, through the ladder: (wrapped, ladder report, params)."""
+    """The model of ``cfg`` on ``device``, through apply_strategy: (wrapped, wrap report, params)."""
     import torch
 
     from scaleladder.models.build import build_model, count_parameters
@@ -250,7 +250,7 @@ def _train_and_record(ctx: RankContext, where: dict[str, Any]) -> int:
 
 
 def _build(ctx: RankContext) -> Built:
-    """Data source, model (through the ladder), optimizer and scaler; the first batch's FLOPs."""
+    """Data source, model (through apply_strategy), optimizer and scaler; the first batch's FLOPs."""
     from scaleladder.rung.optim import make_optimizer, make_scaler
     from scaleladder.rung.precision import policy
 
