@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Round 3's repeat: the same six rungs again, predicted from round 3's bench files and its single
-# rung (copied into recs/), so the prediction is round 3's and only the measurements are new.
+# The repeat: the same six rungs again, predicted from the first quiet run's bench files and its single
+# rung (copied into recs/), so the prediction is that run's and only the measurements are new.
 set -euo pipefail
 cd /work/main
 source .venv/bin/activate
@@ -16,5 +16,5 @@ for s in ddp fsdp-full fsdp-hybrid2; do
   done
 done
 uptime; date -u
-python benchmarks/steptime_two_nodes.py --bench docs/planner-b-round3 --records $B/recs > $B/table.txt
+python benchmarks/steptime_two_nodes.py --bench docs/planner-two-nodes --records $B/recs > $B/table.txt
 cat $B/table.txt
