@@ -4,10 +4,14 @@ results/ never collide)."""
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +84,157 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if on_loadgroup_worker:
         rank = {group: i for i, group in enumerate(COSTLIEST_FIRST)}
         items.sort(key=lambda item: rank.get(group_of[id(item)], len(rank)))
+
+
+# -- the fast tier's boundary: a test that starts a process carries the `process` mark ------
+
+PROCESS_MARK = "process"
+
+
+class ProcessStarted(RuntimeError):
+    """Raised where a test without the `process` mark starts a process."""
+
+
+def _command(function: str, args: tuple[Any, ...]) -> str:
+    """What a refused start would have run, for the failure message."""
+    argv: Any = args[1] if function == "subprocess.Popen" and len(args) > 1 else (
+        args[1] if function in ("os.posix_spawn", "os.posix_spawnp", "multiprocessing spawn") and len(args) > 1
+        else args[0] if args else "")
+    if isinstance(argv, (str, bytes, os.PathLike)):
+        return os.fsdecode(argv)
+    try:
+        return shlex.join(os.fsdecode(a) for a in argv)
+    except TypeError:
+        return repr(argv)
+
+
+@contextlib.contextmanager
+def no_process_starts(test: str) -> Iterator[list[str]]:
+    """Every way a test can start a process, refused while the block runs.
+
+    Each attempt raises ProcessStarted, and is also listed in the yielded list, so that code
+    which catches the error (a best-effort `git` call, a retry loop) cannot hide it: the
+    caller fails the test when the list is not empty. subprocess (run, check_output, Popen,
+    asyncio's subprocesses) goes through Popen._execute_child; multiprocessing's fork through
+    os.fork, its spawn and forkserver through multiprocessing.util.spawnv_passfds."""
+    started: list[str] = []
+
+    def refuse(function: str) -> Callable[..., Any]:
+        def start(*args: Any, **kwargs: Any) -> Any:
+            command = _command(function, args)
+            started.append(f"{function}: {command}")
+            raise ProcessStarted(f"{test} started a process ({function}: {command}) but has no "
+                                 f"@pytest.mark.{PROCESS_MARK} (tests/conftest.py)")
+        return start
+
+    patched: list[tuple[Any, str, str]] = [
+        (subprocess.Popen, "_execute_child", "subprocess.Popen"),
+        (os, "fork", "os.fork"), (os, "forkpty", "os.forkpty"), (os, "system", "os.system"),
+        (os, "posix_spawn", "os.posix_spawn"), (os, "posix_spawnp", "os.posix_spawnp"),
+        (multiprocessing.util, "spawnv_passfds", "multiprocessing spawn"),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched if hasattr(owner, name)]
+    try:
+        for owner, name, function in patched:
+            if hasattr(owner, name):
+                setattr(owner, name, refuse(function))
+        yield started
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _guarded(item: pytest.Item, phase: str) -> Generator[None, object, object]:
+    """One phase (setup, call, teardown) of a test: unless the test carries the `process`
+    mark, it fails when it (or a fixture it sets up) started a process."""
+    if item.get_closest_marker(PROCESS_MARK):
+        return (yield)
+    with no_process_starts(item.nodeid) as started:
+        try:
+            result = yield
+        except BaseException:
+            if not started:
+                raise
+            result = None
+    if started:
+        where = "" if phase == "call" else f" (in its {phase}: a fixture)"
+        pytest.fail(f"{item.nodeid} starts a process{where} but has no @pytest.mark.{PROCESS_MARK}: "
+                    f"{'; '.join(started)}. Mark it (pyproject.toml [tool.pytest.ini_options] markers), "
+                    f"or call the code in-process (scaleladder.cli.main(argv)).", pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guarded(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guarded(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guarded(item, "teardown"))
+
+
+class _CheckoutGit:
+    """`scaleladder.gitinfo`'s `subprocess`, answering the checkout's own git questions (which
+    commit, dirty or not: every record's and ladder's provenance) from one asking when the
+    suite starts, so that a test that writes a record starts no `git`. Any other command (git
+    in a test's own repository) goes to the real subprocess.run, and so to the guard."""
+
+    SubprocessError = subprocess.SubprocessError
+    TimeoutExpired = subprocess.TimeoutExpired
+    CalledProcessError = subprocess.CalledProcessError
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str, ...], subprocess.CompletedProcess[str] | Exception] = {}
+        self.recording = False
+
+    def run(self, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        key = tuple(map(str, argv))
+        if self.recording:
+            try:
+                self.answers[key] = subprocess.run(argv, **kwargs)
+            except (OSError, subprocess.SubprocessError) as e:
+                self.answers[key] = e
+        answer = self.answers.get(key)
+        if answer is None:
+            return subprocess.run(argv, **kwargs)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+CHECKOUT_GIT = _CheckoutGit()
+
+
+def _ask_the_checkout_once() -> None:
+    """Record what `gitinfo.commit_and_source()` asks git about this checkout, here, before any
+    test runs (and outside the process guard)."""
+    from scaleladder import gitinfo
+    real = gitinfo.subprocess
+    CHECKOUT_GIT.recording = True
+    gitinfo.subprocess = CHECKOUT_GIT  # type: ignore[assignment]
+    try:
+        gitinfo.commit_and_source()
+    finally:
+        gitinfo.subprocess = real
+        CHECKOUT_GIT.recording = False
+
+
+_ask_the_checkout_once()
+
+
+@pytest.fixture(autouse=True)
+def _checkout_commit_asked_once(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a test without the `process` mark, the checkout's commit comes from the one asking
+    above (the same answer, while the tree does not change under the suite)."""
+    if request.node.get_closest_marker(PROCESS_MARK) is None:
+        from scaleladder import gitinfo
+        monkeypatch.setattr(gitinfo, "subprocess", CHECKOUT_GIT)
 
 
 def write_rung(root: Path, spec_path: str, status: str = "ok", **metrics: Any) -> Path:
