@@ -5,13 +5,16 @@ results/ never collide)."""
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import multiprocessing.util
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +238,41 @@ def _checkout_commit_asked_once(request: pytest.FixtureRequest, monkeypatch: pyt
     if request.node.get_closest_marker(PROCESS_MARK) is None:
         from scaleladder import gitinfo
         monkeypatch.setattr(gitinfo, "subprocess", CHECKOUT_GIT)
+
+
+def in_process(*argv: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`scaleladder ARGV` run in this process (scaleladder.cli.main), for a test whose point is
+    what the command does, not the process it runs in: its exit code and what it printed to
+    stdout and stderr, as ``subprocess.run(..., capture_output=True, text=True)`` returns them.
+    ``env`` is added to os.environ for the call; os.environ, the working directory, the
+    SIGTERM handler and scaleladder's log level are put back after it."""
+    from scaleladder import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_sigterm = signal.getsignal(signal.SIGTERM)
+    logger = logging.getLogger("scaleladder")
+    saved_level = logger.level
+    try:
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(argv))
+            except SystemExit as e:  # argparse, and a command's own exit: what the process would return
+                if isinstance(e.code, int) or e.code is None:
+                    rc = e.code or 0
+                else:
+                    print(e.code, file=sys.stderr)
+                    rc = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        signal.signal(signal.SIGTERM, saved_sigterm)
+        logger.setLevel(saved_level)
+    return subprocess.CompletedProcess(["scaleladder", *argv], rc, out.getvalue(), err.getvalue())
 
 
 def write_rung(root: Path, spec_path: str, status: str = "ok", **metrics: Any) -> Path:

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import in_process
 from scaleladder.cli import build_parser
 from scaleladder.flavors import get_flavor
 from scaleladder.models.build import build_model, count_parameters
@@ -94,7 +95,7 @@ def test_record_schema(tmp_path: Path) -> None:
 )
 def test_bad_arguments_exit_2_with_one_line_and_no_file(tmp_path: Path, args: list[str], culprit: str) -> None:
     out = tmp_path / "x.h5"
-    p = sl("run", *args, "--out", str(out), "--steps", "3", "--warmup", "1") if "--steps" not in args else sl("run", *args, "--out", str(out))
+    p = in_process("run", *args, "--out", str(out), "--steps", "3", "--warmup", "1") if "--steps" not in args else in_process("run", *args, "--out", str(out))
     assert_bad_input(p, culprit, tmp_path)
 
 
@@ -194,7 +195,7 @@ def test_first_slurm_host_without_scontrol() -> None:
 def test_launch_checks_the_world_before_starting_ranks(tmp_path: Path, args: list[str], culprit: str) -> None:
     out = tmp_path / "x.h5"
     launcher = [] if "--launcher" in args else ["--launcher", "false"]  # `false`: any launch would fail differently
-    p = sl("launch", *launcher, *args, "--out", str(out))
+    p = in_process("launch", *launcher, *args, "--out", str(out))
     assert_bad_input(p, culprit, tmp_path)
 
 
@@ -285,8 +286,8 @@ def test_a_rung_on_shards_records_its_tokenizer(tmp_path: Path) -> None:
 
 
 def test_launch_plan_only_needs_a_device(tmp_path: Path) -> None:
-    p = sl("launch", "--plan-only", "--ranks-per-node", "8", "--spec", "vit-base/ddp/bf16-mixed/pre-lag/n1/b8",
-           "--out", str(tmp_path / "r.h5"))
+    p = in_process("launch", "--plan-only", "--ranks-per-node", "8", "--spec", "vit-base/ddp/bf16-mixed/pre-lag/n1/b8",
+                   "--out", str(tmp_path / "r.h5"))
     assert_bad_input(p, "--plan-only needs --plan-device", tmp_path)
 
 
@@ -297,8 +298,8 @@ def test_launch_plan_only_needs_a_device(tmp_path: Path) -> None:
 ])
 def test_launch_plan_only_records_the_planners_verdict(tmp_path: Path, spec: str, recorded: bool) -> None:
     out = tmp_path / "r.h5"
-    p = sl("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
-           "--launcher", "false", "--out", str(out))
+    p = in_process("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
+                   "--launcher", "false", "--out", str(out))
     if recorded:
         assert p.returncode == 0, p.stderr
         with h5py.File(out) as f:
@@ -381,11 +382,11 @@ def test_a_compiled_fsdp2_rung_runs_under_torchrun(tmp_path: Path) -> None:
 @pytest.mark.parametrize("spec", ["vit-base/ddp-compile/bf16-mixed/pre-lag/n1/b8", "vit-base/fsdp2-full-compile/bf16-mixed/pf0/n1/b8"])
 def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spec: str) -> None:
     # `plan` gives a compiled rung its eager rung's memory, said to be an upper bound (issue 32) ...
-    p = sl("plan", "--spec", spec, "--device", "a100-40gb")
+    p = in_process("plan", "--spec", spec, "--device", "a100-40gb")
     assert p.returncode == 0 and "upper bound" in p.stdout, p.stderr
     # ... which is no verdict to record a rung as predicted-oom by: --plan-only refuses, one line
-    p = sl("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
-           "--launcher", "false", "--out", str(tmp_path / "r.h5"))
+    p = in_process("launch", "--plan-only", "--plan-device", "a100-40gb", "--ranks-per-node", "8", "--spec", spec,
+                   "--launcher", "false", "--out", str(tmp_path / "r.h5"))
     assert_bad_input(p, "only an upper bound", tmp_path)
 
 
