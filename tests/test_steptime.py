@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, in_process
 from scaleladder.errors import SpecError
 from scaleladder.planner.comm import Link, Links, all_gather_s, all_reduce_s, links_from_profile, reduce_scatter_s
 from scaleladder.planner.overlap import Stage, schedule
@@ -231,30 +231,30 @@ def test_host_work_from_the_table_found_or_composed() -> None:
 
 
 def test_plan_json_text_and_fits_table_carry_the_step_time() -> None:
-    run = [sys.executable, "-m", "scaleladder", "plan"]
-    out = subprocess.run(run + ["--spec", "vit-huge/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32", "--profile", "frontier",
-                                "--json"], capture_output=True, text=True, cwd=REPO, check=True)
-    d = json.loads(out.stdout)
+    def plan(*args: str) -> str:
+        p = in_process("plan", *args, cwd=REPO)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    d = json.loads(plan("--spec", "vit-huge/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32", "--profile", "frontier", "--json"))
     assert d["step_time_s"] > 0 and d["step_time_parts"]["comm_s"] > 0
-    text = subprocess.run(run + ["--spec", "vit-base/ddp/bf16-mixed/pre-lag/n1/b32", "--profile", "local", "--device",
-                                 "a100-40gb"], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    text = plan("--spec", "vit-base/ddp/bf16-mixed/pre-lag/n1/b32", "--profile", "local", "--device", "a100-40gb")
     assert "step time:" in text and "no timing.links" in text
-    table = subprocess.run(run + ["--fits-table", "--device", "a100-40gb", "--profile", "a100", "--batch", "8"],
-                           capture_output=True, text=True, cwd=REPO, check=True).stdout
+    table = plan("--fits-table", "--device", "a100-40gb", "--profile", "a100", "--batch", "8")
     assert " ms" in table and "predicted step time" in table
 
 
 def test_time_chart_before_any_run(tmp_path: Path) -> None:
     """`plan --time-chart OUT --profile P`: items/s and memory per GPU against nodes for every
     strategy of the ladder (the CI profile: debug flavors, cheap); a bad suffix exits 2."""
-    run = [sys.executable, "-m", "scaleladder", "plan", "--profile", "slurm-localhost", "--device", "cpu"]
-    out = subprocess.run(run + ["--time-chart", str(tmp_path / "t.png"), "--json"], capture_output=True, text=True,
-                         cwd=REPO, check=True)
+    run = ["plan", "--profile", "slurm-localhost", "--device", "cpu"]
+    out = in_process(*run, "--time-chart", str(tmp_path / "t.png"), "--json", cwd=REPO)
+    assert out.returncode == 0, out.stderr
     pts = json.loads(out.stdout)
     assert (tmp_path / "t.png").stat().st_size > 10_000
     assert {p["strategy"] for p in pts} >= {"ddp", "fsdp-full"} and {p["nodes"] for p in pts} == {1, 2}
     assert all(p["items_per_s"] > 0 for p in pts if p["fits"])
-    bad = subprocess.run(run + ["--time-chart", str(tmp_path / "t.txt")], capture_output=True, text=True, cwd=REPO)
+    bad = in_process(*run, "--time-chart", str(tmp_path / "t.txt"), cwd=REPO)
     assert bad.returncode == 2 and "--time-chart" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
