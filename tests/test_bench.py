@@ -179,6 +179,7 @@ def test_bench_host_counts_top_level_ops_and_gpu_syncs_only() -> None:
     assert top_level_ops(events) == (5, 2)
 
 
+@pytest.mark.process
 def test_bench_host_quick_runs_rungs_and_compares_them_with_single(tmp_path) -> None:
     import json
     import subprocess

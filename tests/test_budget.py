@@ -193,6 +193,7 @@ def test_start_up_is_priced_from_finished_rungs_and_scales_with_nodes(tmp_path: 
     assert rows[0]["of which start-up"] == "10.0" and float(rows[0]["node-hours to run"]) >= 10.0
 
 
+@pytest.mark.process
 def test_budget_prices_what_select_keeps_as_the_dry_run_plans_it(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 29: --config/--configfile as snakemake takes them, select applied, the jobs it priced
     equal to the dry run's rung jobs, and --top N the costliest first."""

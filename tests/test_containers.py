@@ -51,6 +51,7 @@ def _tool(name: str) -> str:
     return path
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_dockerfile_passes_hadolint(flavor: str) -> None:
     out = subprocess.run([_tool("hadolint"), "--no-color", str(C / f"Dockerfile.{flavor}")], capture_output=True, text=True)
@@ -63,6 +64,7 @@ def run_bodies(flavor: str) -> list[str]:
     return [" ".join(m.split()) for m in re.findall(r"^RUN\s+((?:.*\\\n)*.*)$", code, re.M)]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_dockerfile_builds_the_same_without_shell(flavor: str) -> None:
     """TRAP: SHELL is a Docker-format instruction; podman and buildah build OCI images by default
@@ -163,6 +165,7 @@ def run_lock_step(tmp_path: Path, index: str) -> tuple[list[list[str]], str, str
     return calls, (tmp_path / "containers/lock-used.txt").read_text(), out.stdout
 
 
+@pytest.mark.process
 def test_rocm_standin_replaces_only_the_rocm_index_pins(tmp_path: Path) -> None:
     """`make image-check-rocm` builds the real Dockerfile.rocm with TORCH_INDEX_URL=PyPI (the ROCm
     index cannot be reached here). Then, and only then, the ROCm-index-only pin is dropped
@@ -350,6 +353,7 @@ def test_provenance_reads_the_commit_baked_into_an_image(monkeypatch: pytest.Mon
     assert got["git_commit"] == "0123abc" and got["container_image"] == "scaleladder:cuda"
 
 
+@pytest.mark.process
 def test_the_conda_env_installs_this_checkout_from_snakemakes_copy_of_it(tmp_path: Path) -> None:
     """--software-deployment-method conda: Snakemake builds the env from a COPY of
     workflow/envs/scaleladder.yaml under .snakemake/conda/, so its pip lines must not be
@@ -378,6 +382,7 @@ def test_the_conda_env_installs_this_checkout_from_snakemakes_copy_of_it(tmp_pat
             os.environ["SCALELADDER_REPO"] = saved
 
 
+@pytest.mark.process
 def test_the_mounted_ladder_config_plans_without_a_rebuild(tmp_path: Path) -> None:
     """containers/ladder.yaml, mounted into the image and read after the profile's site.yaml
     (README "Containers"; `make image-check` runs it inside the image): `site:` merges key by
@@ -397,6 +402,7 @@ def test_the_mounted_ladder_config_plans_without_a_rebuild(tmp_path: Path) -> No
     assert f"--max-batch-cap {cap} " in out and f"--steps {mounted['steps']} " in out
 
 
+@pytest.mark.process
 def test_image_check_runs_the_readme_lines_in_ci() -> None:
     """The README's container commands are the ones `make image-check` runs (CI's last step),
     but for --gpus all (no GPU in CI) and the uid, a stand-in for the host user's."""

@@ -54,6 +54,7 @@ def converge(digits: dict[str, Path], out: Path, *extra: str, env: dict[str, str
               "--eval-every", "50", "--lr", "1e-3", "--out", str(out), *extra, env=env, timeout=timeout)
 
 
+@pytest.mark.process
 def test_digits_export_and_shard(digits: dict[str, Path]) -> None:
     info = json.loads((digits["root"] / "digits" / "digits.json").read_text())
     assert (info["train"], info["test"], info["samples"]) == (1437, 360, 1797)
@@ -72,6 +73,7 @@ def test_digits_export_and_shard(digits: dict[str, Path]) -> None:
     assert img.shape == (8, 8) and np.array_equal(img, np.rint(load_digits().images[1] * 255 / 16).astype(np.uint8))
 
 
+@pytest.mark.process
 def test_export_refuses_a_full_folder(digits: dict[str, Path], tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "keep.txt").write_text("mine")
@@ -80,6 +82,7 @@ def test_export_refuses_a_full_folder(digits: dict[str, Path], tmp_path: Path) -
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.process
 def test_fp32_single_reaches_the_target(digits: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "single-fp32.h5"
     p = converge(digits, out, "--model", "vit-debug", "--strategy", "single", "--batch", "32", "--steps", BUDGET)
@@ -99,6 +102,7 @@ def test_fp32_single_reaches_the_target(digits: dict[str, Path], tmp_path: Path)
     assert acc[0] < 0.5  # it learned: the first evaluation (after 50 steps) is far below the target
 
 
+@pytest.mark.process
 def test_planted_nonlearner_is_caught_and_shown(digits: dict[str, Path], tmp_path: Path) -> None:
     """A precision whose updates vanish trains without error and reaches nothing: it must
     be a recorded failing result (exit 0), drawn and flagged in the report."""
@@ -163,6 +167,7 @@ def test_fsdp_fp16_two_ranks_through_the_launcher(digits: dict[str, Path], tmp_p
     assert a["status"] == "ok" and a["world_size"] == 2 and a["final_test_accuracy"] >= 0.6
 
 
+@pytest.mark.process
 def test_bad_input_is_one_line(digits: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Refused before any process group or file exists (in-process: no rank starts)."""
     from scaleladder.cli import main

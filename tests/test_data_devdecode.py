@@ -195,6 +195,7 @@ def test_the_report_names_input_bound_rungs() -> None:
     assert "Input-bound" not in render_markdown([fed], {}, "plots", figures=[])
 
 
+@pytest.mark.process
 def test_a_rung_on_shards_records_its_input_pipeline(shards: dict[int, Path], tmp_path: Path) -> None:
     """The real `scaleladder run` (one CPU rank): the record says which decode path ran, what
     crossed from the workers (uint8), the loader's own rate, its host cost and whether the steps

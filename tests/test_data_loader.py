@@ -51,6 +51,7 @@ def _load(manifest: Path, flavor=FLAVA, **kw):
     return make_loader(manifest, flavor, **args)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_exact_step_count_beyond_one_pass(small: Path, workers: int) -> None:
     # 12 steps x 8 = 96 samples > 68 in the set: streams wrap around; still exactly 12.
@@ -146,6 +147,7 @@ def test_explicit_node_and_worker_split() -> None:
     assert sorted(seen) == shards  # disjoint, and together everything
 
 
+@pytest.mark.process
 def test_fewer_shards_than_readers(tmp_path: Path) -> None:
     one = _make(tmp_path / "one", 6, 6)
     # resampling: every reader draws from the single shard, both ranks get their steps

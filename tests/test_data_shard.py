@@ -62,6 +62,7 @@ def _photo_folder(d: Path, n: int, png_every: int = 0) -> list[tuple[str, str, i
 # -- determinism ------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_same_seed_gives_byte_identical_shards_across_processes(tmp_path: Path) -> None:
     args = ["--samples", "40", "--per-shard", "16", "--image-size", "32", "--seed", "3", "--quiet"]
     assert shard(["--out", str(tmp_path / "a"), *args]) == 0
@@ -397,6 +398,7 @@ def test_failure_midway_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
 def test_sigterm_leaves_no_partial_shard_set(tmp_path: Path) -> None:
     out = tmp_path / "s"
     proc = subprocess.Popen(
@@ -431,6 +433,7 @@ sys.exit(3)
 """
 
 
+@pytest.mark.process
 def test_a_sigterm_inside_a_c_extensions_code_still_exits_1(tmp_path: Path) -> None:
     # The CI failure behind shard.Interrupted: a plain KeyboardInterrupt raised inside
     # PyRun_String is noted by CPython as unhandled, and a `python -m` process (how the

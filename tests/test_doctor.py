@@ -98,6 +98,7 @@ def fatal(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("FATAL")]
 
 
+@pytest.mark.process
 def test_the_fixed_frontier_profile_passes_on_a_frontier_login_node(login: Path) -> None:
     rc, lines = diagnose(login)
     assert rc == 0 and not fatal(lines), "\n".join(lines)
@@ -137,6 +138,7 @@ PLANTED = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("finding, rel, change, says", PLANTED, ids=[p[0] for p in PLANTED])
 def test_each_planted_fault_is_one_fatal_line(login: Path, finding: str, rel: str, change: tuple[str, str], says: str) -> None:
     edit(login / rel, *change)
@@ -146,6 +148,7 @@ def test_each_planted_fault_is_one_fatal_line(login: Path, finding: str, rel: st
     assert len(hits) == 1, f"{finding}: expected one FATAL saying {says!r}:\n" + "\n".join(lines)
 
 
+@pytest.mark.process
 def test_libcxi_dependencies_must_resolve_inside_the_image(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_LDD_MISSING", "libnl-3.so.200")
     rc, lines = diagnose(login)
@@ -153,6 +156,7 @@ def test_libcxi_dependencies_must_resolve_inside_the_image(login: Path, monkeypa
                            for line in fatal(lines)), lines
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("env, says", [
     ({"SCALELADDER_SLURM_ACCOUNT": ""}, "slurm account: none; set SCALELADDER_SLURM_ACCOUNT"),
     ({"SCALELADDER_SLURM_PARTITION": "gpu-a100"}, "slurm partition 'gpu-a100': sinfo does not know it"),
@@ -171,6 +175,7 @@ def test_environment_faults(login: Path, monkeypatch: pytest.MonkeyPatch, env: d
     assert rc == 1 and any(says in line for line in fatal(lines)), "\n".join(lines)
 
 
+@pytest.mark.process
 def test_missing_plugin_variable_names_itself(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SCALELADDER_RCCL_NET_PLUGIN")
     rc, lines = diagnose(login)
@@ -178,6 +183,7 @@ def test_missing_plugin_variable_names_itself(login: Path, monkeypatch: pytest.M
                            for line in fatal(lines)), lines
 
 
+@pytest.mark.process
 def test_snakemake_plugin_missing(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = doctor_checks.version
 
@@ -191,6 +197,7 @@ def test_snakemake_plugin_missing(login: Path, monkeypatch: pytest.MonkeyPatch) 
     assert rc == 1 and any(line.startswith("FATAL snakemake-executor-plugin-slurm: not installed") for line in lines), lines
 
 
+@pytest.mark.process
 def test_a100_deprecated_name_and_threads(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     site = login / "profiles/a100/site.yaml"
     edit(site, "    TORCH_NCCL_ASYNC_ERROR_HANDLING: 1", "    NCCL_ASYNC_ERROR_HANDLING: 1")
@@ -206,6 +213,7 @@ def test_a100_deprecated_name_and_threads(login: Path, monkeypatch: pytest.Monke
     assert any("CUDA 13.0 needs NVIDIA driver >= 580" in line for line in lines), lines
 
 
+@pytest.mark.process
 def test_compute_reports_a_driver_older_than_the_image_needs(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_TORCH", "2.14.1 13.0 None")
     probe = {"gpus_seen": 8, "hostname": "gpu001", "cuda_version": "13.0", "hip_version": None, "nvidia_driver": "550.54.15",
@@ -218,6 +226,7 @@ def test_compute_reports_a_driver_older_than_the_image_needs(login: Path, monkey
     assert any(line.startswith("ok    compute: GPUs seen 8") for line in lines)
 
 
+@pytest.mark.process
 def test_compute_sees_a_socket_fallback_between_nodes(login: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     probe = {"gpus_seen": 8, "hostname": "frontier00001", "cuda_version": None, "hip_version": "7.0.51831",
              "backend": "nccl", "hosts": ["frontier00001", "frontier00002"], "busbw_gbps": 1.2, "allreduce_ok": True}
@@ -291,6 +300,7 @@ TOOLCHAIN = {"cc": "/usr/bin/gcc", "cxx": "/usr/bin/g++", "python_include": "/us
              "python": "/usr/local/bin/python3", "c_extension": "ok", "cxx_extension": "ok"}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fault, says", [
     ({"cc": None, "cxx": None, "c_extension": "not tried", "cxx_extension": "not tried"},
      "no C compiler (Triton builds its launcher with $CC, gcc or clang): install gcc and libc6-dev; no C++ compiler"),
@@ -317,6 +327,7 @@ def test_compute_checks_the_compile_toolchain_inside_the_image(login: Path, faul
     assert not fatal(_read_probe(login, "frontier", {**probe, "toolchain": {**TOOLCHAIN, **fault}}))
 
 
+@pytest.mark.process
 def test_the_real_toolchain_probe_names_a_missing_compiler(tmp_path: Path) -> None:
     """campaign/toolchain.py on this machine: with gcc/g++ it builds and imports both modules;
     with $CC naming no compiler, and with an empty PATH, it names what is missing."""
@@ -333,6 +344,7 @@ def test_the_real_toolchain_probe_names_a_missing_compiler(tmp_path: Path) -> No
         "no C++ compiler (inductor uses $CXX or g++): install g++"]
 
 
+@pytest.mark.process
 def test_compute_names_the_old_driver_when_torch_sees_no_gpu(login: Path) -> None:
     # issue 22: CUDA 13 wheels on a 550 driver see NO GPU; the cause is the driver, not apptainer --nv,
     # and doctor --compute says so before the ladder's first rung fails with NoGPUError
@@ -348,6 +360,7 @@ def test_compute_names_the_old_driver_when_torch_sees_no_gpu(login: Path) -> Non
     assert not fatal(ok) and any("NVIDIA driver 580.65.06 runs the image's CUDA 13.0" in ln for ln in ok), ok
 
 
+@pytest.mark.process
 def test_compute_on_rocm_with_no_gpu_names_the_amdgpu_driver(login: Path) -> None:
     probe = {"gpus_seen": 0, "hostname": "frontier00001", "cuda_version": None, "hip_version": "7.0.51831",
              "amdgpu_driver": "6.8.5", "backend": "gloo", "hosts": ["frontier00001"], "busbw_gbps": 0.1, "allreduce_ok": True}
@@ -355,6 +368,7 @@ def test_compute_on_rocm_with_no_gpu_names_the_amdgpu_driver(login: Path) -> Non
     assert any("ROCm 7.0.51831 build sees none under amdgpu driver 6.8.5" in ln for ln in fatal(lines)), lines
 
 
+@pytest.mark.process
 def test_no_ok_for_binds_after_a_fatal_bind(login: Path) -> None:
     """Issue 21: 'ok binds: N sources checked' used to follow the bind FATALs it summed up."""
     edit(login / SITE, *PLANTED[0][2])
@@ -363,6 +377,7 @@ def test_no_ok_for_binds_after_a_fatal_bind(login: Path) -> None:
     assert not any(line.startswith("ok") and "binds:" in line for line in lines), "\n".join(lines)
 
 
+@pytest.mark.process
 def test_an_infiniband_site_needs_no_network_plugin(login: Path) -> None:
     """The A100 profile climbs nodes over InfiniBand, which NCCL serves itself: no RCCL/OFI plugin
     is asked of it (only a Slingshot site, which binds libcxi, needs one)."""
@@ -385,6 +400,7 @@ def test_every_check_has_a_name_and_one_line_saying_what_it_checks() -> None:
         assert c.name == name and c.about and "\n" not in c.about, name
 
 
+@pytest.mark.process
 def test_one_check_runs_alone(login: Path) -> None:
     """A check is a function of the context: no other check needs to run first (the env check's
     expansions, which threads and binds read, are the context's own)."""
@@ -399,6 +415,7 @@ def test_one_check_runs_alone(login: Path) -> None:
     assert doctor_checks.check_network(_context(login, "local")) == []  # one CPU node: nothing to say
 
 
+@pytest.mark.process
 def test_only_and_skip_choose_the_checks(login: Path) -> None:
     _, every = diagnose(login)
     rc, lines = diagnose(login, only="threads,config")  # the running order, not the order asked

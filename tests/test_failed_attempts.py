@@ -11,6 +11,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import VENV_BIN, write_rung
 from scaleladder.campaign.supervise import failure_notes
 from scaleladder.figures import report
@@ -26,6 +28,7 @@ def launch(out: Path, launcher: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+@pytest.mark.process
 def test_a_failed_launch_is_noted_not_recorded_and_the_report_lists_it(tmp_path: Path) -> None:
     out = tmp_path / "results" / "rungs" / f"{SPEC}.h5"
     # the launcher dies the way a lost node's srun does: a non-zero exit, no rank wrote anything

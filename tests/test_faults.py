@@ -45,6 +45,7 @@ def litter(folder: Path) -> list[str]:
 # -- fault 3: a rung that cannot write its output fails before training ---------------------------
 
 
+@pytest.mark.process
 def test_run_refuses_an_output_it_could_not_write_before_training(tmp_path: Path) -> None:
     # 100000 steps: were it to train first, it would run past the timeout
     p = sl("run", "--spec", RUNG, "--steps", "100000", "--warmup", "1", "--out", str(tmp_path / "x.h5"),
@@ -55,6 +56,7 @@ def test_run_refuses_an_output_it_could_not_write_before_training(tmp_path: Path
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.process
 def test_launch_refuses_it_before_any_rank_starts(tmp_path: Path) -> None:
     p = sl("launch", "--launcher", "", "--spec", RUNG, "--steps", "100000", "--warmup", "1",
            "--out", str(tmp_path / "x.h5"), fsize=16 * 1024, timeout=60)
@@ -76,6 +78,7 @@ def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+@pytest.mark.process
 def test_a_full_disk_is_found_before_training(tiny_fs: Path) -> None:
     p = sl("run", "--spec", RUNG, "--steps", "100000", "--warmup", "1", "--out", str(tiny_fs / "r" / "x.h5"), timeout=60)
     assert p.returncode == 1 and "no space left on the device [ENOSPC]" in one_line(p)
@@ -96,6 +99,7 @@ def big_rungs(root: Path, n: int = 3) -> list[Path]:
     return files
 
 
+@pytest.mark.process
 def test_aggregate_on_a_full_disk_is_one_line_and_keeps_the_old_ladder(tmp_path: Path) -> None:
     files = big_rungs(tmp_path)
     ladder = tmp_path / "results" / "ladder.h5"
@@ -107,6 +111,7 @@ def test_aggregate_on_a_full_disk_is_one_line_and_keeps_the_old_ladder(tmp_path:
     assert ladder.read_bytes() == b"the previous ladder" and litter(tmp_path) == []
 
 
+@pytest.mark.process
 def test_shard_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path: Path) -> None:
     p = sl("shard", "--out", str(tmp_path / "sh"), "--samples", "64", "--per-shard", "16", "--image-size", "32",
            fsize=64 * 1024)
@@ -116,6 +121,7 @@ def test_shard_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
 def test_compare_figure_on_a_full_disk(tmp_path: Path) -> None:
     files = three_rungs(tmp_path)
     assert sl("aggregate", "--out", str(tmp_path / "ladder.h5"), *map(str, files)).returncode == 0
@@ -133,6 +139,7 @@ def three_rungs(root: Path) -> list[Path]:
                                           "flava-debug/ddp/fp32/pre-lag/n1/b4")]
 
 
+@pytest.mark.process
 def test_a_truncated_rung_is_named_and_marked_the_ladder_figures_and_report_still_come_out(tmp_path: Path) -> None:
     from scaleladder.results.aggregate import read_ladder
 
@@ -157,6 +164,7 @@ def test_a_truncated_rung_is_named_and_marked_the_ladder_figures_and_report_stil
     assert "## Corrupt rung files" in md and redo in md
 
 
+@pytest.mark.process
 def test_a_record_filed_under_another_rungs_path_is_not_taken_for_it(tmp_path: Path) -> None:
     files = three_rungs(tmp_path)
     wrong = files[0].with_name("b1500.h5")
@@ -171,6 +179,7 @@ def test_a_record_filed_under_another_rungs_path_is_not_taken_for_it(tmp_path: P
     assert statuses["vit-debug/ddp/fp32/pre-lag/n1/b4"] == "ok"
 
 
+@pytest.mark.process
 def test_compare_names_a_garbage_or_truncated_file_and_exits_2(tmp_path: Path) -> None:
     files = three_rungs(tmp_path)
     garbage = tmp_path / "garbage.h5"
@@ -186,6 +195,7 @@ def test_compare_names_a_garbage_or_truncated_file_and_exits_2(tmp_path: Path) -
 # -- fault 7: the next run cleans up its own dead leftovers, never a live process's ---------------------
 
 
+@pytest.mark.process
 def test_dead_leftovers_are_removed_live_ones_kept(tmp_path: Path) -> None:
     files = three_rungs(tmp_path)
     out = tmp_path / "results" / "ladder.h5"
@@ -206,6 +216,7 @@ def test_dead_leftovers_are_removed_live_ones_kept(tmp_path: Path) -> None:
 # -- fault 8: a reference holds only under the conditions it states -------------------------------------
 
 
+@pytest.mark.process
 def test_a_reference_refuses_a_rung_measured_under_other_conditions(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[1]
     spec = "vit-debug/ddp/fp32/pre-lag/n1/b4"
@@ -230,6 +241,7 @@ def test_a_reference_refuses_a_rung_measured_under_other_conditions(tmp_path: Pa
 # -- fault 6: a long rung shows that it is alive ---------------------------------------------------------
 
 
+@pytest.mark.process
 def test_rank_0_prints_progress_lines_at_a_steady_interval(tmp_path: Path) -> None:
     def run(every: str | None) -> list[str]:
         every_arg = ["--progress-s", every] if every else []
@@ -251,6 +263,7 @@ def test_rank_0_prints_progress_lines_at_a_steady_interval(tmp_path: Path) -> No
     assert len(run(None)) == 3
 
 
+@pytest.mark.process
 def test_shard_into_a_log_says_what_it_does_at_a_few_lines_a_minute(tmp_path: Path) -> None:
     p = sl("shard", "--out", str(tmp_path / "s"), "--samples", "64", "--per-shard", "16", "--image-size", "32")
     assert p.returncode == 0 and "\r" not in p.stderr
@@ -263,6 +276,7 @@ def test_shard_into_a_log_says_what_it_does_at_a_few_lines_a_minute(tmp_path: Pa
 # -- fault 5: a cluster profile says what it is missing before any job --------------------------------
 
 
+@pytest.mark.process
 def test_missing_site_settings_are_said_before_any_job_even_on_a_dry_run(tmp_path: Path) -> None:
     from conftest import snakemake, workflow_copy
 
@@ -283,6 +297,7 @@ def test_missing_site_settings_are_said_before_any_job_even_on_a_dry_run(tmp_pat
 # -- the smaller ones ------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_an_empty_or_garbage_jpeg_is_named_without_a_python_repr(tmp_path: Path) -> None:
     from PIL import Image
 
@@ -300,6 +315,7 @@ def test_an_empty_or_garbage_jpeg_is_named_without_a_python_repr(tmp_path: Path)
     assert p.returncode == 2 and "cannot identify image file" in one_line(p) and "BytesIO" not in p.stderr
 
 
+@pytest.mark.process
 def test_a_caption_that_is_not_utf8_is_counted_and_said(tmp_path: Path) -> None:
     import json
 
@@ -318,6 +334,7 @@ def test_a_caption_that_is_not_utf8_is_counted_and_said(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["scaleladder"]["stats"]["captions_not_utf8"] == 1
 
 
+@pytest.mark.process
 def test_converge_help_states_its_own_defaults() -> None:
     p = subprocess.run([sys.executable, "-m", "scaleladder", "converge", "--help"], capture_output=True, text=True, timeout=120)
     text = " ".join(p.stdout.split())
@@ -338,6 +355,7 @@ def planned(out: str) -> set[str]:
     return {m[1] for m in re.finditer(r"^(\w+)\s+\d+$", out[out.index("Job stats:"):], re.M)} - {"total", "job"}
 
 
+@pytest.mark.process
 def test_a_failed_attempt_with_other_settings_never_reruns_a_finished_rung(tmp_path: Path) -> None:
     from conftest import snakemake, workflow_copy
 
@@ -385,6 +403,7 @@ def test_a_value_of_no_allowed_form_names_the_forms() -> None:
         site_config.validate_config(cfg, repo / "workflow/schemas/config.schema.yaml")
 
 
+@pytest.mark.process
 def test_every_reader_of_a_ladder_names_an_unreadable_one(tmp_path: Path) -> None:
     garbage = tmp_path / "ladder.h5"
     garbage.write_bytes(b"\0" * 4096)
@@ -396,6 +415,7 @@ def test_every_reader_of_a_ladder_names_an_unreadable_one(tmp_path: Path) -> Non
                                                      "(file signature not found)"), p.stderr
 
 
+@pytest.mark.process
 def test_plots_and_report_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
     files = three_rungs(tmp_path)
     assert sl("aggregate", "--out", str(tmp_path / "ladder.h5"), *map(str, files)).returncode == 0

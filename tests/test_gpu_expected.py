@@ -179,6 +179,7 @@ def test_auto_on_a_gpu_node_without_a_gpu_warns(monkeypatch: pytest.MonkeyPatch,
     assert "warning: --device auto trains on the CPU although this node has a GPU driver" in capsys.readouterr().err
 
 
+@pytest.mark.process
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
 def test_run_with_device_cuda_on_a_machine_without_gpu_exits_2_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "r.h5"
@@ -200,6 +201,7 @@ def wf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workflow_copy(tmp_path_factory.mktemp("gpu-expected") / "wf")
 
 
+@pytest.mark.process
 def test_frontier_rungs_run_and_finalize_with_device_cuda(wf: Path) -> None:
     rung = "results/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.h5"
     cmd = shell_of(dry_run(wf, "frontier", rung, SCALELADDER_SLURM_ACCOUNT="abc123"), "rung", rung)
@@ -207,6 +209,7 @@ def test_frontier_rungs_run_and_finalize_with_device_cuda(wf: Path) -> None:
     assert " finalize --rc $rc --device cuda --spec " in cmd
 
 
+@pytest.mark.process
 def test_a100_rungs_and_max_batch_search_run_with_device_cuda(wf: Path) -> None:
     fixed = "results/rungs/flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
     mx = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
@@ -217,12 +220,14 @@ def test_a100_rungs_and_max_batch_search_run_with_device_cuda(wf: Path) -> None:
     assert " --ranks-per-node 8 --device cuda --spec flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax " in shell_of(out, "rung_max", mx)
 
 
+@pytest.mark.process
 def test_the_local_and_ci_profiles_do_not_force_a_device(wf: Path) -> None:
     out = dry_run(wf, "local")
     assert job_counts(out)["rung"] > 0 and "--device" not in out  # auto: the runner's default
     assert "--device" not in dry_run(wf, "slurm-localhost")
 
 
+@pytest.mark.process
 def test_a_bad_site_device_fails_before_any_job(wf: Path) -> None:
     from conftest import snakemake
 

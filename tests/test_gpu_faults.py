@@ -242,6 +242,7 @@ def test_bf16_true_masters_work_on_fsdp2_shards() -> None:
 # -- the loss scaler's inf flag under FSDP1 and FSDP2 ----------------------------------------
 
 
+@pytest.mark.process
 def test_the_scaler_skips_the_step_on_every_rank_or_none() -> None:
     """Two real gloo ranks, both FSDP generations, an inf in one rank's shard or in all.
 

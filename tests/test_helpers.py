@@ -77,6 +77,7 @@ def test_a_failed_write_keeps_the_old_file_and_is_one_line(tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
 
 
+@pytest.mark.process
 def test_a_dead_writers_temporary_is_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -101,6 +102,7 @@ def _repo(path: Path) -> str:
     return git("rev-parse", "HEAD")
 
 
+@pytest.mark.process
 def test_commit_from_git_with_dirty_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(gitinfo.ENV, "baked")
     head = _repo(tmp_path / "r")
@@ -111,6 +113,7 @@ def test_commit_from_git_with_dirty_marker(tmp_path: Path, monkeypatch: pytest.M
     assert gitinfo.git_commit(tmp_path / "r") == head + "-dirty"
 
 
+@pytest.mark.process
 def test_commit_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no checkout above tmp_path either
     stamp = tmp_path / "COMMIT"

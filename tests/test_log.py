@@ -60,6 +60,7 @@ def test_a_line_goes_to_stderr_as_given_and_follows_the_level(capsys: pytest.Cap
     assert capsys.readouterr().err == "[rank 1] shown\n"
 
 
+@pytest.mark.process
 def test_the_level_flag_and_variable(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], level: object) -> None:
     root = logging.getLogger(log.ROOT)
     assert command_of(["--log-level", "warning", "models"]) == "models"

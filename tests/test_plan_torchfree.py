@@ -43,6 +43,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("data", ["synthetic", "shards/manifest.json"])
 def test_predict_runs_without_torch_and_agrees_with_it(data: str) -> None:
     from scaleladder.site.plan import fits_table, predict
@@ -58,6 +59,7 @@ def test_predict_runs_without_torch_and_agrees_with_it(data: str) -> None:
     assert got["table"] == [[c.model, c.strategy, c.fits, c.max_batch] for c in fits_table("mi250x-gcd", 1, 8, batch=32)]
 
 
+@pytest.mark.process
 def test_the_plan_command_draws_its_chart_without_torch(tmp_path: Path) -> None:
     chart = tmp_path / "fits.pdf"
     code = ("import sys\nfor m in ('torch', 'torchvision', 'torchmultimodal'): sys.modules[m] = None\n"
@@ -68,6 +70,7 @@ def test_the_plan_command_draws_its_chart_without_torch(tmp_path: Path) -> None:
     assert chart.read_bytes()[:5] == b"%PDF-"
 
 
+@pytest.mark.process
 def test_a_flavor_with_no_stored_layout_says_how_to_fix_it_without_torch() -> None:
     code = ("import dataclasses, sys\nsys.modules['torch'] = None\n"
             "from scaleladder.flavors import get_flavor\nfrom scaleladder.planner.inventory import inventory\n"

@@ -28,6 +28,7 @@ def fresh(family: str, cache: Path) -> list[str]:
     return names
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("family", ["vit", "flava"])
 def test_the_cached_answer_is_the_probes_and_a_fresh_process_reads_it(tmp_path: Path, family: str) -> None:
     cold = fresh(family, tmp_path)  # probes, then stores

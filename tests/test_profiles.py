@@ -47,6 +47,7 @@ def wf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workflow_copy(tmp_path_factory.mktemp("profiles") / "wf")
 
 
+@pytest.mark.process
 def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     rung = "results/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.h5"
     out = dry_run(wf, "frontier", rung, SCALELADDER_SLURM_ACCOUNT="abc123")
@@ -91,6 +92,7 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
 FRONTIER_RUNGS = (18 + 6 * 7 * 4 - 3) + (9 + 6 * 6 * 4 - 3)
 
 
+@pytest.mark.process
 def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
     out = dry_run(wf, "frontier")
     counts = job_counts(out)
@@ -112,6 +114,7 @@ def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
     assert "srun -N8 -n64 -c7" in out and "rung_max" not in counts
 
 
+@pytest.mark.process
 def test_predicted_oom_rungs_are_recorded_on_the_login_node(wf: Path) -> None:
     spec = "vit-15b/ddp/bf16-mixed/pre-lag/n2/b32"
     out = dry_run(wf, "frontier", f"results/predicted/{spec}.h5")
@@ -126,6 +129,7 @@ def test_predicted_oom_rungs_are_recorded_on_the_login_node(wf: Path) -> None:
     assert "predicted_oom" not in job_counts(out) and job_counts(out)["rung"] == FRONTIER_RUNGS
 
 
+@pytest.mark.process
 def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     fixed = "results/rungs/flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
     mx = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
@@ -172,6 +176,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     assert "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5" in whole
 
 
+@pytest.mark.process
 def test_local_spawns_two_cpu_ranks(wf: Path) -> None:
     out = dry_run(wf, "local")
     target = "results/rungs/vit-debug/fsdp-full/fp32/post-nolag/n1/b4.h5"
@@ -192,6 +197,7 @@ def test_local_spawns_two_cpu_ranks(wf: Path) -> None:
     assert "slurm" not in out and "srun" not in out
 
 
+@pytest.mark.process
 def test_ci_profile_differs_from_frontier_only_in_site_values(wf: Path) -> None:
     rung = "results/rungs/vit-debug/fsdp-full/fp32/pre-lag/n1/b4.h5"
     out = dry_run(wf, "slurm-localhost")
@@ -290,6 +296,7 @@ def _sbatch_log(tmp: Path, profile: str) -> str:
     return log.read_text()
 
 
+@pytest.mark.process
 def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path: Path) -> None:
     """TRAP: Snakemake gives every job mem_mb=1000 unless told otherwise, and the SLURM
     plugin turns it into `sbatch --mem 1000`: 8 ranks of a 10B model killed for host
@@ -309,6 +316,7 @@ def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path
         assert "--mem" not in line, line
 
 
+@pytest.mark.process
 def test_max_batch_search_settings_come_from_the_config(wf: Path) -> None:
     mx = "results/rungs/flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax.h5"
     out = dry_run(wf, "local", mx, "--config", "maxbatch={max_retries: 1, probe_steps: 3, probe_warmup: 1}")
@@ -352,6 +360,7 @@ def test_the_package_names_no_site() -> None:
     assert not offending, "\n".join(offending)
 
 
+@pytest.mark.process
 def test_frontier_writes_the_shards_where_snakemake_runs(wf: Path, tmp_path: Path) -> None:
     """site.local_data: a few MB of shards are not worth a whole exclusive Frontier node. The
     shard job runs locally (here it meets a fake apptainer that fails), never through sbatch."""

@@ -96,6 +96,7 @@ def assert_sources_intact(argv: list[str], files: dict[str, Path]) -> None:
 # -- the params the rules build: shell-quoted, each value one word -----------------------------
 
 
+@pytest.mark.process
 def test_shard_sources_are_each_one_word_through_a_real_shell(tmp_path: Path) -> None:
     value = HOSTILE + "\nsecond line"  # a newline too: quoting carries it (the config check refuses it)
     data = {"images": value, "captions": value, "wds": [value, "b " + value], "vocab": value}
@@ -136,6 +137,7 @@ def test_a_missing_image_folder_is_refused_when_the_dag_is_built(tmp_path: Path)
         site_config.check_data_values({"data": {"images": str(tmp_path / "nope")}})
 
 
+@pytest.mark.process
 def test_snakemake_refuses_a_newline_before_any_job(wf: Path, tmp_path: Path, hostile: dict[str, Path]) -> None:
     log, env = recording_config(tmp_path, wf, {"data": {"images": str(hostile["images"]) + "\nx"}})
     run = run_recorded(wf, "results/shards/32px/manifest.json", env)
@@ -147,6 +149,7 @@ def test_snakemake_refuses_a_newline_before_any_job(wf: Path, tmp_path: Path, ho
 # -- each rule's shell line, run by Snakemake -----------------------------------------------------
 
 
+@pytest.mark.process
 def test_shard_rule_carries_every_source_intact(wf: Path, tmp_path: Path, hostile: dict[str, Path]) -> None:
     log, env = recording_config(tmp_path, wf, data_config(hostile))
     run = run_recorded(wf, "results/shards/32px/manifest.json", env)
@@ -157,6 +160,7 @@ def test_shard_rule_carries_every_source_intact(wf: Path, tmp_path: Path, hostil
     assert not canaries(wf, tmp_path)
 
 
+@pytest.mark.process
 def test_slice_and_gather_rules_carry_every_source_intact(wf: Path, tmp_path: Path, hostile: dict[str, Path]) -> None:
     log, env = recording_config(tmp_path, wf, data_config(hostile, slices=2))
     run_recorded(wf, "results/shards/32px.parts/slice-0000-of-0002.json", env)
@@ -174,6 +178,7 @@ def test_slice_and_gather_rules_carry_every_source_intact(wf: Path, tmp_path: Pa
     assert not canaries(wf, tmp_path)
 
 
+@pytest.mark.process
 def test_converge_rung_carries_its_manifests_intact(wf: Path, tmp_path: Path, hostile: dict[str, Path]) -> None:
     converge = {"converge": {"enabled": True, "strategies": ["single"], "precisions": ["fp32"],
                              "train": str(hostile["train"]), "test": str(hostile["test"])}}
@@ -186,6 +191,7 @@ def test_converge_rung_carries_its_manifests_intact(wf: Path, tmp_path: Path, ho
     assert not canaries(wf, tmp_path)
 
 
+@pytest.mark.process
 def test_aggregate_carries_the_provenance_intact(wf: Path, tmp_path: Path, hostile: dict[str, Path]) -> None:
     from conftest import write_rung
 

@@ -34,6 +34,7 @@ def test_docs_table_is_the_definition() -> None:
     assert text[start:text.index(END)] == record.markdown(), f"docs/design.md's record table differs from results/record.py; {REGENERATE}"
 
 
+@pytest.mark.process
 def test_the_module_prints_the_table() -> None:
     out = subprocess.run([sys.executable, "-m", "scaleladder.results.record", "--markdown"], capture_output=True, text=True, check=True)
     assert out.stdout == record.markdown()

@@ -37,6 +37,7 @@ def assert_bad_input(p: subprocess.CompletedProcess[str], culprit: str, folder: 
     assert not list(folder.iterdir())
 
 
+@pytest.mark.process
 def test_record_schema(tmp_path: Path) -> None:
     out = tmp_path / "r.h5"
     p = sl("run", "--spec", "flava-debug/single/fp32/pre-lag/n1/b10", "--steps", "5", "--warmup", "2", "--out", str(out))
@@ -99,12 +100,14 @@ def test_bad_arguments_exit_2_with_one_line_and_no_file(tmp_path: Path, args: li
     assert_bad_input(p, culprit, tmp_path)
 
 
+@pytest.mark.process
 def test_unknown_command_and_out_suffix(tmp_path: Path) -> None:
     assert sl("nonsense").returncode == 2
     p = sl("run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--out", str(tmp_path / "x.txt"))
     assert p.returncode == 2 and ".h5" in p.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["", ":cublas", ":nccl", ":rccl"])
 def test_oom_in_one_process_is_a_result(tmp_path: Path, kind: str) -> None:
     # ":cublas": the RuntimeError cuBLAS raises when it cannot allocate, not a torch.OutOfMemoryError;
@@ -154,6 +157,7 @@ def test_launch_ok_and_failure_paths(tmp_path: Path) -> None:
     assert not bad.exists()
 
 
+@pytest.mark.process
 def test_sigterm_leaves_no_partial_output(tmp_path: Path) -> None:
     out = tmp_path / "t.h5"
     proc = subprocess.Popen([sys.executable, "-m", "scaleladder", "run", "--spec", "vit-debug/single/fp32/pre-lag/n1/b4",
@@ -175,6 +179,7 @@ def test_rank_variables_from_torchrun_slurm_or_nothing() -> None:
     assert detect({}).source == "single" and detect({}).world == 1
 
 
+@pytest.mark.process
 def test_first_slurm_host_without_scontrol() -> None:
     assert first_slurm_host("frontier[00012-00015,00020]") in ("frontier00012",)
     assert first_slurm_host("nodeA,nodeB") == "nodeA"
@@ -272,6 +277,7 @@ def test_meta_init_with_codebook_weights_runs(tmp_path: Path) -> None:
         assert f.attrs["init"] == "meta" and f.attrs["fsdp_layer_units"] == 5 and f.attrs["fsdp_units"] == 12
 
 
+@pytest.mark.process
 def test_a_rung_on_shards_records_its_tokenizer(tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     p = sl("shard", "--out", str(shards), "--samples", "24", "--per-shard", "8", "--image-size", "64", "--quiet")
@@ -314,6 +320,7 @@ def test_launch_plan_only_records_the_planners_verdict(tmp_path: Path, spec: str
 # -- FSDP2 and compiled rungs from the CLI (issue 12) ------------------------------------------
 
 
+@pytest.mark.process
 def test_an_fsdp2_rung_records_its_units_and_knobs(tmp_path: Path) -> None:
     out = tmp_path / "r.h5"
     p = sl("run", "--spec", "vit-debug/fsdp2-full/fp32/pf1/n1/b4", "--steps", "3", "--warmup", "1", "--out", str(out))
@@ -390,6 +397,7 @@ def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spe
     assert_bad_input(p, "only an upper bound", tmp_path)
 
 
+@pytest.mark.process
 def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tmp_path: Path) -> None:
     # issue 22 part 9: torch.profiler works on the CPU; the allocator snapshot is refused in one line
     import json

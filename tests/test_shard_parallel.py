@@ -141,6 +141,7 @@ _KILL_MID_SLICE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 def test_a_killed_slice_is_redone_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--samples", "36", "--per-shard", "4", "--parts", str(tmp_path / "parts"), "--skip-bad", "--quiet"]
     assert shard([*common, "--slice", "0/3"]) == 0

@@ -24,6 +24,7 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1", **extra}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", ["scaleladder.campaign.supervise", "scaleladder.campaign.maxbatch", "scaleladder.rung.spawn",
                                     "scaleladder.rung.run", "scaleladder.rung.run_config", "scaleladder.rung.oom_record",
                                     "scaleladder.cli"])
@@ -35,6 +36,7 @@ def test_the_supervisor_and_launcher_import_no_torch(module: str) -> None:
     assert out == "False"
 
 
+@pytest.mark.process
 def test_process_age_counts_from_the_kernels_start_time() -> None:
     age = startup.process_age_s()
     assert age is not None and 0 < age < 24 * 3600  # this pytest process: started seconds or minutes ago
@@ -57,6 +59,7 @@ def test_phases_are_consecutive_and_sum_to_startup() -> None:
     assert attrs["teardown_s"] == 0.5 and attrs["startup_origin"] == "process start (/proc)"
 
 
+@pytest.mark.process
 def test_a_two_rank_rung_under_spawn_records_its_startup(tmp_path: Path) -> None:
     out = tmp_path / "r.h5"
     run = subprocess.run([SCALELADDER, "launch", "--launcher", "scaleladder spawn --nproc-per-node 2 scaleladder",
@@ -85,6 +88,7 @@ time.sleep(float(os.environ.get("SLEEP", 0)))
 """
 
 
+@pytest.mark.process
 def test_spawn_gives_every_rank_torchruns_variables(tmp_path: Path) -> None:
     prog = tmp_path / "rank.py"
     prog.write_text(RANK_PROGRAM)
@@ -97,6 +101,7 @@ def test_spawn_gives_every_rank_torchruns_variables(tmp_path: Path) -> None:
     assert lines == [f"rank {r} 3 {r} 127.0.0.1 {port} spawn 1" for r in range(3)]
 
 
+@pytest.mark.process
 def test_one_failed_rank_stops_the_others_and_is_the_exit_code(tmp_path: Path) -> None:
     prog = tmp_path / "rank.py"
     prog.write_text(RANK_PROGRAM)
@@ -107,6 +112,7 @@ def test_one_failed_rank_stops_the_others_and_is_the_exit_code(tmp_path: Path) -
     assert time.monotonic() - t0 < 30  # rank 0 would sleep 120 s: it was stopped
 
 
+@pytest.mark.process
 def test_sigterm_to_spawn_reaches_every_rank(tmp_path: Path) -> None:
     prog = tmp_path / "rank.py"
     prog.write_text(RANK_PROGRAM)
@@ -119,6 +125,7 @@ def test_sigterm_to_spawn_reaches_every_rank(tmp_path: Path) -> None:
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
 
 
+@pytest.mark.process
 def test_spawn_without_a_program_is_one_line(tmp_path: Path) -> None:
     run = subprocess.run([SCALELADDER, "spawn", "--nproc-per-node", "2"], env=env(), capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and "rank program" in run.stderr
@@ -143,6 +150,7 @@ def test_the_report_shows_each_rungs_startup(tmp_path: Path) -> None:
     assert rows["vit-debug/ddp/fp32/pre-lag/n1/b4"] == "7.25" and rows["vit-debug/fsdp-full/fp32/pre-lag/n1/b4"] == "-"
 
 
+@pytest.mark.process
 def test_bench_startup_prints_every_phase() -> None:
     """benchmarks/bench_startup.py stays runnable (its figures are for a quiet machine, not this test)."""
     from conftest import REPO
@@ -157,6 +165,7 @@ def test_bench_startup_prints_every_phase() -> None:
     assert float(cells[9]) >= sum(float(c) for c in cells[2:8])  # the wall holds every phase
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_rank_ends_at_once_with_its_line_printed_and_no_worker_left(tmp_path: Path, workers: int) -> None:
     """`scaleladder run` as a program skips interpreter teardown (cli._exit_without_teardown): its
@@ -177,6 +186,7 @@ def test_a_rank_ends_at_once_with_its_line_printed_and_no_worker_left(tmp_path: 
     assert not left, f"processes of this rung still running: {left}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("model, flava_loaded", [("vit-debug", False), ("flava-debug", True)])
 def test_a_rank_imports_only_what_its_rung_uses(tmp_path: Path, model: str, flava_loaded: bool) -> None:
     """No plotting, workflow or report modules in a rank; TorchMultimodal's FLAVA only for FLAVA."""

@@ -258,6 +258,7 @@ def test_time_chart_before_any_run(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--time-chart" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("content", [None, "{not json", '{"device": "h100-80gb", "torch": "2.11", "compute": {}, "host": {}}'])
 def test_two_node_table_refuses_a_bad_cpu_calibration_in_one_line(tmp_path: Path, content: str | None) -> None:
     """benchmarks/steptime_two_nodes.py --cpu-calibration: a missing file, bad JSON or another

@@ -591,6 +591,7 @@ def wf_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workflow_copy(tmp_path_factory.mktemp("logic") / "wf")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("profile", sorted(PINNED))
 def test_each_profiles_dry_run_plans_the_pinned_jobs(wf_copy: Path, profile: str) -> None:
     out = snakemake(wf_copy, "--profile", f"profiles/{profile}", "-n", "--config", "data={source: synthetic}",
@@ -600,6 +601,7 @@ def test_each_profiles_dry_run_plans_the_pinned_jobs(wf_copy: Path, profile: str
     assert embedded == dict(PINNED[profile], shard=SHARDS[profile], total=PINNED[profile]["total"] + SHARDS[profile])
 
 
+@pytest.mark.process
 def test_repeats_multiply_the_rung_jobs_of_a_dry_run(wf_copy: Path) -> None:
     """issue 14: `--config repeats=3` plans every measured rung three times, one ladder file."""
     (wf_copy / "repeats.yaml").write_text("ladders: [{models: [vit-debug], strategies: [ddp], batches: [4, max]}]\n")
