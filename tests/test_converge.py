@@ -153,6 +153,7 @@ def test_planted_nonlearner_is_caught_and_shown(digits: dict[str, Path], tmp_pat
         assert "Accuracy kept" in text and "FAILING" in text and "convergence.png" in text
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_fsdp_fp16_two_ranks_through_the_launcher(digits: dict[str, Path], tmp_path: Path) -> None:
     """2 gloo ranks under torchrun, FSDP FULL_SHARD, fp16 autocast with the sharded grad
@@ -209,6 +210,7 @@ def test_workflow_rungs_share_one_global_batch() -> None:
     assert cvr.launcher_arg("ddp", "torchrun -m scaleladder") == " --launcher 'torchrun -m scaleladder'"
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_workflow_rule_runs_and_shows_a_failing_rung(tmp_path: Path) -> None:
     """The real rules on the local profile, from nothing: digits -> shard -> two convergence

@@ -318,6 +318,7 @@ def _run_ranks(script: str, tmp_path: Path, *args: str, world: int = 2, timeout:
 GLOO_STEPS, GLOO_BATCH, GLOO_WORKERS = 12, 4, 2  # as RANK_SCRIPT loads
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_two_gloo_ranks_take_the_same_number_of_steps(small: Path, tmp_path: Path) -> None:
     # 5 unequal shards (16, 16, 16, 16, 4) over 2 ranks x 2 workers: rank 0 owns 36 samples,
@@ -376,6 +377,7 @@ PREFLIGHT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_gloo_ranks_split_the_checksums_and_share_the_verdict(tmp_path: Path) -> None:
     d = _make(tmp_path / "s", 10, 2)

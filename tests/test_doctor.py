@@ -258,6 +258,7 @@ def test_every_frontier_bind_source_is_a_documented_path_or_a_checked_variable()
         assert src in documented or src.startswith("${SCALELADDER_"), src
 
 
+@pytest.mark.process
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_compute_through_the_real_one_node_slurm(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ def _run(out: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_cpu_smoke_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "gc"
@@ -83,6 +84,7 @@ def test_cpu_smoke_end_to_end(tmp_path: Path) -> None:
     assert "time per section" in proc.stdout
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_spent_budget_skips_every_section_but_reports(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--budget-min", "0", timeout=300)
@@ -380,6 +382,7 @@ def test_host_section_alone_fits_its_budget_key_rows_first(tmp_path: Path, monke
     assert c.elapsed() <= 9 * 60 and all("--trace-steps" in cmd.argv for cmd in c.commands if cmd.name.startswith("host"))
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_host_section_on_the_cpu(tmp_path: Path) -> None:
     """`--sections host --smoke` under --device cpu: the FSDP pair and FLAVA's two implementations,

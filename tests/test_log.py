@@ -90,6 +90,7 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_two_gloo_ranks_name_themselves_and_inherit_the_level(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
@@ -109,6 +110,7 @@ def test_two_gloo_ranks_name_themselves_and_inherit_the_level(tmp_path: Path) ->
                                                "[rank 1] scaleladder test: warning from 1"]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_two_rank_rung_says_who_speaks_and_keeps_its_summary_line(tmp_path: Path) -> None:
     """A real 2-rank gloo rung under `scaleladder spawn`: rank 0's progress is prefixed, the

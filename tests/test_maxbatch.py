@@ -160,6 +160,7 @@ def test_bad_input_is_one_line_naming_the_culprit(tmp_path: Path, argv: dict[str
 # -- end to end: real probes in fresh processes ---------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_end_to_end_probes_then_the_rung_then_the_record(tmp_path: Path) -> None:
     # No OOM on a CPU: the cap ends the search (probes b=1, b=2). The probes run the rung's own

@@ -91,6 +91,7 @@ def _attrs(tmp_path: Path) -> dict[str, Any]:
 SPEC = "vit-1b/ddp/bf16-mixed/pre-lag/n1/bmax"
 
 
+@pytest.mark.process
 def test_the_search_starts_at_the_planners_max_batch(tmp_path: Path, launcher: Any) -> None:
     planned = predict(RunSpec.from_path(SPEC), 8, 8, "a100-40gb").max_batch
     assert planned is not None and planned > 8
@@ -105,6 +106,7 @@ def test_the_search_starts_at_the_planners_max_batch(tmp_path: Path, launcher: A
     assert set(a["statuses"]) == {"ok", "oom"} and any("CUBLAS_STATUS_ALLOC_FAILED" in r for r in a["reasons"])
 
 
+@pytest.mark.process
 def test_the_planner_sees_the_runs_data_mode(tmp_path: Path, launcher: Any) -> None:
     # With a shard loader one input batch sits on the device instead of the synthetic pool:
     # the planned start is the planner's for that mode.
@@ -126,6 +128,7 @@ def test_plan_device_without_ranks_per_node_is_refused(tmp_path: Path, launcher:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
 def test_keep_probes_keeps_every_probe_including_the_winner(tmp_path: Path, launcher: Any) -> None:
     # Probes that ran the rung's own steps make the winning probe the rung: it used to be deleted.
     out = tmp_path / "out" / "r.h5"
@@ -139,6 +142,7 @@ def test_keep_probes_keeps_every_probe_including_the_winner(tmp_path: Path, laun
     assert h5py.File(out).attrs["max_batch"] == 6
 
 
+@pytest.mark.process
 def test_keep_probes_removes_only_the_rungs_temporary_file(tmp_path: Path, launcher: Any) -> None:
     assert _run(tmp_path, "vit-debug/single/fp32/pre-lag/n1/bmax", launcher(3, world=1, rpn=1), "--keep-probes") == 0
     kept = maxbatch.probe_dir(tmp_path / "out" / "r.h5")
@@ -152,6 +156,7 @@ def test_help_says_where_kept_probes_go(capsys: pytest.CaptureFixture[str]) -> N
     assert ".<name of --out>.maxbatch/" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.process
 def test_a_full_rung_over_the_retry_threshold_is_recorded_as_such(tmp_path: Path, launcher: Any) -> None:
     # The 2-step probes at the limit stay clean; the 3-step rung at the found batch retries twice.
     assert _run(tmp_path, "vit-debug/single/fp32/pre-lag/n1/bmax", launcher(5, world=1, rpn=1, FAKE_RETRIES="3:2")) == 0
@@ -165,6 +170,7 @@ def test_a_full_rung_over_the_retry_threshold_is_recorded_as_such(tmp_path: Path
     assert a["maxbatch_final_retries"] == 2 and "maxbatch_note" not in a
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("error,status", [
     ("CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
     ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
@@ -181,6 +187,7 @@ def test_probe_records_are_classified_by_the_runners_rule(tmp_path: Path, error:
     assert maxbatch.read_probe(tmp_path / "p.h5", 8, 1.0).status == status
 
 
+@pytest.mark.process
 def test_an_oom_search_record_says_the_world_the_probes_ran_on(tmp_path: Path, launcher: Any) -> None:
     # No planner, so no --ranks-per-node: the world comes from the probes' own records.
     assert _run(tmp_path, SPEC, launcher(0, world=8, rpn=8)) == 0
@@ -188,6 +195,7 @@ def test_an_oom_search_record_says_the_world_the_probes_ran_on(tmp_path: Path, l
     assert a["status"] == "oom" and a["max_batch"] == 0 and a["world_size"] == 8 and a["probes"] == [1]
 
 
+@pytest.mark.process
 def test_at_the_cap_the_probe_is_the_rung_and_no_launch_repeats_it(tmp_path: Path, launcher: Any) -> None:
     """Issue 25: a pass at --max-batch-cap ends the search, so that probe runs the rung's own
     steps (3 here, probes 2) and becomes the record: 3 launches, not 4."""

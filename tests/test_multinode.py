@@ -24,7 +24,7 @@ import pytest
 from conftest import REPO, VENV_BIN, snakemake, snakemake_env, workflow_copy
 from scaleladder.results.aggregate import read_ladder
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.process]
 
 PROFILE = ("--profile", "profiles/slurm-localhost")
 MULTINODE = ("--configfile", "profiles/slurm-localhost/site.yaml", "profiles/slurm-localhost/multinode.yaml")

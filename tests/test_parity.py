@@ -122,6 +122,7 @@ def _check(got: dict[str, list[float]], ref: np.ndarray, what: str) -> None:
 
 
 # ITM negatives sit at every 10th global index: a local batch of 10 gives each rank one.
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor,global_batch", [("vit-debug", 8), ("flava-debug", 20)])
 def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_batch: int) -> None:
@@ -144,6 +145,7 @@ def test_every_strategy_reproduces_the_single_process_loss(flavor: str, global_b
     assert raw[0] == pytest.approx(ref[0], rel=1e-5) and not np.allclose(raw[1:], ref[1:], rtol=1e-3)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_flava_implementations_agree_on_every_strategy() -> None:
     impls = _one_rank("flava-debug")
@@ -165,6 +167,7 @@ HYBRID_4 = {"vit-debug": ["fsdp-hybrid2", "fsdp-hybrid2-ac", "fsdp2-hybrid2", "f
             "flava-debug": ["fsdp2-hybrid2", "fsdp2-hybrid2-ac"]}
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor,global_batch", [("vit-debug", 8), ("flava-debug", 40)])
 def test_hybrid_sharding_with_two_replicas_reproduces_the_single_process_loss(flavor: str, global_batch: int) -> None:

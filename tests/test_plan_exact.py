@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow  # two processes (still run in CI, and by default)
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # two processes (still run in CI, and by default)
 
 FLAVORS = ("vit-debug", "flava-debug")
 STRATEGIES = ("ddp", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "fsdp-hybrid1", "fsdp-hybrid2", "fsdp-full-ac",

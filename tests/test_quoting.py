@@ -219,6 +219,7 @@ ladders:
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_make_run_from_a_folder_with_a_space(tmp_path: Path) -> None:
     """`make run` (the README's command) from a checkout in '/tmp/.../a b/', on a one-rung

@@ -18,7 +18,7 @@ from PIL import Image
 from scaleladder.data.manifest import read_manifest, sha256_file
 from scaleladder.data.shard_command import main as shard
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 # tiny and short: the faults are found before the first batch, so only start-up costs

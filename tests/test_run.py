@@ -128,6 +128,7 @@ def test_oom_in_one_process_is_a_result(tmp_path: Path, kind: str) -> None:
     assert list(tmp_path.iterdir()) == [out]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_oom_on_one_rank_of_two_is_recorded_by_the_supervisor(tmp_path: Path) -> None:
     out = tmp_path / "o.h5"
@@ -144,6 +145,7 @@ def test_oom_on_one_rank_of_two_is_recorded_by_the_supervisor(tmp_path: Path) ->
     assert sorted(x.name for x in tmp_path.iterdir()) == ["o.h5"]  # markers cleaned up
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_launch_ok_and_failure_paths(tmp_path: Path) -> None:
     out = tmp_path / "ok.h5"
@@ -204,6 +206,7 @@ def test_launch_checks_the_world_before_starting_ranks(tmp_path: Path, args: lis
     assert_bad_input(p, culprit, tmp_path)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_world_fault_under_torchrun_is_one_line_from_rank_0(tmp_path: Path) -> None:
     p = subprocess.run([*TORCHRUN, "run", "--spec", "vit-debug/fsdp-hybrid3/fp32/pre-lag/n1/b2", "--out", str(tmp_path / "x.h5")],
@@ -261,6 +264,7 @@ def test_data_may_be_the_shard_directory(tmp_path: Path) -> None:
     assert cfg.data == str(tmp_path) and cfg.seed == 0 and cfg.workers == 4
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_meta_init_with_codebook_weights_runs(tmp_path: Path) -> None:
     import torch
@@ -363,6 +367,7 @@ def _compiled_record(out: Path, layers: int, units: int) -> None:
         assert a["window_s"] < steps.sum() - 0.5 * steps[0]  # the window starts after the compiling step
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_compiled_rung_runs_from_the_cli_in_one_process(tmp_path: Path) -> None:
     out = tmp_path / "r.h5"
@@ -373,6 +378,7 @@ def test_a_compiled_rung_runs_from_the_cli_in_one_process(tmp_path: Path) -> Non
         assert f.attrs["ac_layers"] == 2
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_compiled_fsdp2_rung_runs_under_torchrun(tmp_path: Path) -> None:
     out = tmp_path / "r.h5"

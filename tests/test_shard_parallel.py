@@ -205,6 +205,7 @@ def _job_counts(out: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_snakemake_killed_mid_slices_reruns_only_the_missing_ones(tmp_path: Path) -> None:
     """A real Snakemake run of 2 slice jobs, SIGKILLed (snakemake and its running job)

@@ -17,7 +17,7 @@ import pytest
 from conftest import VENV_BIN, snakemake, snakemake_env, workflow_copy
 from scaleladder.results.aggregate import read_ladder
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 PROFILE = ("--profile", "profiles/local")
 # A ladder of three rungs (two ViT strategies, one FLAVA) that trains in about a minute.

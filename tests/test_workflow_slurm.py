@@ -16,7 +16,7 @@ import pytest
 from conftest import snakemake, workflow_copy
 from scaleladder.results.aggregate import read_ladder
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.process]
 
 PROFILE = ("--profile", "profiles/slurm-localhost")
 
