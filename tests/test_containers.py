@@ -226,6 +226,7 @@ def test_only_the_torch_wheels_come_from_the_torch_index(flavor: str) -> None:
         assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128" in text and "driver >= 580" in text
 
 
+@pytest.mark.process
 @pytest.mark.skipif(os.environ.get("SCALELADDER_NETWORK_TESTS") != "1",
                     reason="needs the package indexes (set SCALELADDER_NETWORK_TESTS=1; ~5 min)")
 @pytest.mark.parametrize("flavor", FLAVORS)

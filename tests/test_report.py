@@ -132,6 +132,7 @@ def test_input_bound_rungs_a_loader_could_help_are_listed_each() -> None:
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+@pytest.mark.process
 @pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium here (Debian: apt-get install chromium)")
 def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     """The page as a browser lays it out: a screenshot that is not blank (one Chromium start:
