@@ -4,6 +4,7 @@
 - ``settings``: ``SiteConfig``, the validated config read once into frozen, typed fields (the rules read them);
   generated from the schema.
 - ``settings_codegen``: writes ``settings`` and docs/settings.md from workflow/schemas/config.schema.yaml.
+- ``settings_read``: how the generated ``settings`` reads a validated section (an unknown key named).
 - ``ladder``: the ladder as run specs, the planner's routing, result paths, targets (:func:`ladder.prepare`).
 - ``commands``: the site's strings and arguments in the rules' shell commands (``swf`` in the .smk files).
 - ``converge_rungs``: the convergence rungs the workflow's ``converge`` config asks for, and their run specs.

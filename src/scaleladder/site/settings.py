@@ -14,44 +14,12 @@ no default and the config gives none. ``site.env`` and the other free-form mappi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-from scaleladder.site.config import ConfigError
+from scaleladder.site import settings_read as read
 
 __all__ = ['Budget', 'Converge', 'Data', 'LadderBlock', 'Link', 'LinkFigures', 'Links', 'Loader', 'MaxBatch', 'Profiling', 'Select', 'Site', 'SiteConfig', 'Timing']
-
-T = TypeVar("T")
-
-
-def _key(key: str, name: str) -> str:
-    """The dotted key a user types: ``site.env``; a top-level key alone."""
-    return f"{key}.{name}" if key else name
-
-
-def _section(m: object, key: str, known: tuple[str, ...]) -> Mapping[str, Any]:
-    """``m`` as a mapping whose every key the schema knows (else one line naming it)."""
-    if not isinstance(m, Mapping):
-        raise ConfigError(f"config key {key or '(top level)'!r}: expected a mapping, got {m!r}")
-    for k in m:
-        if k not in known:
-            raise ConfigError(f"config key {_key(key, str(k))!r}: unknown key (the keys here: {', '.join(known)})")
-    return m
-
-
-def _required(m: Mapping[str, Any], name: str, key: str) -> Any:
-    if name not in m:
-        raise ConfigError(f"config key {_key(key, name)!r}: required, and not given")
-    return m[name]
-
-
-def _pairs(m: Mapping[str, T] | None) -> tuple[tuple[str, T], ...]:
-    return tuple((m or {}).items())
-
-
-def _tuple(v: list[T] | tuple[T, ...] | T) -> tuple[T, ...] | T:
-    return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
 
@@ -79,23 +47,23 @@ class Site:
     @classmethod
     def of(cls, section: object, key: str) -> Site:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('name', 'requires', 'ranks_per_node', 'cpu_ranks', 'device', 'max_nodes', 'plan_device', 'image', 'scaleladder', 'launcher', 'supervise', 'max_batch_cap', 'local_data', 'supervisor_can_launch', 'env', 'prologue'))
+        m = read.section(section, key, ('name', 'requires', 'ranks_per_node', 'cpu_ranks', 'device', 'max_nodes', 'plan_device', 'image', 'scaleladder', 'launcher', 'supervise', 'max_batch_cap', 'local_data', 'supervisor_can_launch', 'env', 'prologue'))
         return cls(
-            name=_required(m, 'name', key),
-            requires=_pairs(m['requires']) if m.get('requires') is not None else None,
-            ranks_per_node=_required(m, 'ranks_per_node', key),
+            name=read.required(m, 'name', key),
+            requires=read.pairs(m['requires']) if m.get('requires') is not None else None,
+            ranks_per_node=read.required(m, 'ranks_per_node', key),
             cpu_ranks=m['cpu_ranks'] if 'cpu_ranks' in m else 2,
             device=m['device'] if 'device' in m else 'auto',
             max_nodes=m['max_nodes'] if 'max_nodes' in m else None,
             plan_device=m['plan_device'] if 'plan_device' in m else '',
             image=m['image'] if 'image' in m else '',
-            scaleladder=_required(m, 'scaleladder', key),
-            launcher=_required(m, 'launcher', key),
-            supervise=_required(m, 'supervise', key),
+            scaleladder=read.required(m, 'scaleladder', key),
+            launcher=read.required(m, 'launcher', key),
+            supervise=read.required(m, 'supervise', key),
             max_batch_cap=m['max_batch_cap'] if 'max_batch_cap' in m else None,
             local_data=m['local_data'] if 'local_data' in m else False,
             supervisor_can_launch=m['supervisor_can_launch'] if 'supervisor_can_launch' in m else True,
-            env=_pairs(m['env']) if m.get('env') is not None else _pairs({}),
+            env=read.pairs(m['env']) if m.get('env') is not None else read.pairs({}),
             prologue=m['prologue'] if 'prologue' in m else '',
         )
 
@@ -115,14 +83,14 @@ class LadderBlock:
     @classmethod
     def of(cls, section: object, key: str) -> LadderBlock:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('name', 'models', 'strategies', 'precisions', 'knobs', 'batches', 'nodes'))
+        m = read.section(section, key, ('name', 'models', 'strategies', 'precisions', 'knobs', 'batches', 'nodes'))
         return cls(
             name=m['name'] if 'name' in m else None,
-            models=tuple(_required(m, 'models', key)),
-            strategies=tuple(_required(m, 'strategies', key)),
+            models=tuple(read.required(m, 'models', key)),
+            strategies=tuple(read.required(m, 'strategies', key)),
             precisions=tuple(m['precisions']) if m.get('precisions') is not None else ('fp32',),
             knobs=tuple(m['knobs']) if m.get('knobs') is not None else ('pre-lag',),
-            batches=tuple(_required(m, 'batches', key)),
+            batches=tuple(read.required(m, 'batches', key)),
             nodes=tuple(m['nodes']) if m.get('nodes') is not None else (1,),
         )
 
@@ -138,7 +106,7 @@ class Loader:
     @classmethod
     def of(cls, section: object, key: str) -> Loader:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('workers', 'decode', 'transport'))
+        m = read.section(section, key, ('workers', 'decode', 'transport'))
         return cls(
             workers=m['workers'] if 'workers' in m else None,
             decode=m['decode'] if 'decode' in m else 'cpu',
@@ -157,7 +125,7 @@ class Profiling:
     @classmethod
     def of(cls, section: object, key: str) -> Profiling:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('trace_steps', 'memory_snapshot', 'progress_s'))
+        m = read.section(section, key, ('trace_steps', 'memory_snapshot', 'progress_s'))
         return cls(
             trace_steps=m['trace_steps'] if 'trace_steps' in m else 0,
             memory_snapshot=m['memory_snapshot'] if 'memory_snapshot' in m else False,
@@ -175,10 +143,10 @@ class LinkFigures:
     @classmethod
     def of(cls, section: object, key: str) -> LinkFigures:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('alpha_us', 'gbps'))
+        m = read.section(section, key, ('alpha_us', 'gbps'))
         return cls(
-            alpha_us=_required(m, 'alpha_us', key),
-            gbps=_required(m, 'gbps', key),
+            alpha_us=read.required(m, 'alpha_us', key),
+            gbps=read.required(m, 'gbps', key),
         )
 
 
@@ -195,13 +163,13 @@ class Link:
     @classmethod
     def of(cls, section: object, key: str) -> Link:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('alpha_us', 'gbps', 'all_reduce', 'all_gather', 'reduce_scatter'))
+        m = read.section(section, key, ('alpha_us', 'gbps', 'all_reduce', 'all_gather', 'reduce_scatter'))
         return cls(
-            alpha_us=_required(m, 'alpha_us', key),
-            gbps=_required(m, 'gbps', key),
-            all_reduce=LinkFigures.of(m['all_reduce'], _key(key, 'all_reduce')) if m.get('all_reduce') is not None else None,
-            all_gather=LinkFigures.of(m['all_gather'], _key(key, 'all_gather')) if m.get('all_gather') is not None else None,
-            reduce_scatter=LinkFigures.of(m['reduce_scatter'], _key(key, 'reduce_scatter')) if m.get('reduce_scatter') is not None else None,
+            alpha_us=read.required(m, 'alpha_us', key),
+            gbps=read.required(m, 'gbps', key),
+            all_reduce=LinkFigures.of(m['all_reduce'], read.key_of(key, 'all_reduce')) if m.get('all_reduce') is not None else None,
+            all_gather=LinkFigures.of(m['all_gather'], read.key_of(key, 'all_gather')) if m.get('all_gather') is not None else None,
+            reduce_scatter=LinkFigures.of(m['reduce_scatter'], read.key_of(key, 'reduce_scatter')) if m.get('reduce_scatter') is not None else None,
         )
 
 
@@ -218,13 +186,13 @@ class Links:
     @classmethod
     def of(cls, section: object, key: str) -> Links:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('intra_pair', 'pair_ranks', 'backend', 'intra_node', 'inter_node'))
+        m = read.section(section, key, ('intra_pair', 'pair_ranks', 'backend', 'intra_node', 'inter_node'))
         return cls(
-            intra_pair=Link.of(m['intra_pair'], _key(key, 'intra_pair')) if m.get('intra_pair') is not None else None,
+            intra_pair=Link.of(m['intra_pair'], read.key_of(key, 'intra_pair')) if m.get('intra_pair') is not None else None,
             pair_ranks=m['pair_ranks'] if 'pair_ranks' in m else None,
             backend=m['backend'] if 'backend' in m else None,
-            intra_node=Link.of(m['intra_node'], _key(key, 'intra_node')) if m.get('intra_node') is not None else None,
-            inter_node=Link.of(m['inter_node'], _key(key, 'inter_node')) if m.get('inter_node') is not None else None,
+            intra_node=Link.of(m['intra_node'], read.key_of(key, 'intra_node')) if m.get('intra_node') is not None else None,
+            inter_node=Link.of(m['inter_node'], read.key_of(key, 'inter_node')) if m.get('inter_node') is not None else None,
         )
 
 
@@ -239,9 +207,9 @@ class Timing:
     @classmethod
     def of(cls, section: object, key: str) -> Timing:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('links', 'cpu_factor', 'compile_s'))
+        m = read.section(section, key, ('links', 'cpu_factor', 'compile_s'))
         return cls(
-            links=Links.of(m['links'], _key(key, 'links')) if m.get('links') is not None else None,
+            links=Links.of(m['links'], read.key_of(key, 'links')) if m.get('links') is not None else None,
             cpu_factor=m['cpu_factor'] if 'cpu_factor' in m else None,
             compile_s=m['compile_s'] if 'compile_s' in m else None,
         )
@@ -257,9 +225,9 @@ class Budget:
     @classmethod
     def of(cls, section: object, key: str) -> Budget:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('mfu', 'startup_s'))
+        m = read.section(section, key, ('mfu', 'startup_s'))
         return cls(
-            mfu=_pairs(m['mfu']) if m.get('mfu') is not None else None,
+            mfu=read.pairs(m['mfu']) if m.get('mfu') is not None else None,
             startup_s=m['startup_s'] if 'startup_s' in m else None,
         )
 
@@ -275,7 +243,7 @@ class MaxBatch:
     @classmethod
     def of(cls, section: object, key: str) -> MaxBatch:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('max_retries', 'probe_steps', 'probe_warmup'))
+        m = read.section(section, key, ('max_retries', 'probe_steps', 'probe_warmup'))
         return cls(
             max_retries=m['max_retries'] if 'max_retries' in m else None,
             probe_steps=m['probe_steps'] if 'probe_steps' in m else None,
@@ -303,7 +271,7 @@ class Converge:
     @classmethod
     def of(cls, section: object, key: str) -> Converge:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('enabled', 'model', 'strategies', 'precisions', 'seeds', 'global_batch', 'lr', 'target', 'steps', 'eval_every', 'train', 'test'))
+        m = read.section(section, key, ('enabled', 'model', 'strategies', 'precisions', 'seeds', 'global_batch', 'lr', 'target', 'steps', 'eval_every', 'train', 'test'))
         return cls(
             enabled=m['enabled'] if 'enabled' in m else False,
             model=m['model'] if 'model' in m else 'vit-debug',
@@ -337,7 +305,7 @@ class Data:
     @classmethod
     def of(cls, section: object, key: str) -> Data:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('source', 'images', 'captions', 'wds', 'vocab', 'samples', 'per_shard', 'seed', 'slices'))
+        m = read.section(section, key, ('source', 'images', 'captions', 'wds', 'vocab', 'samples', 'per_shard', 'seed', 'slices'))
         return cls(
             source=m['source'] if 'source' in m else 'embedded',
             images=m['images'] if 'images' in m else None,
@@ -365,14 +333,14 @@ class Select:
     @classmethod
     def of(cls, section: object, key: str) -> Select:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('models', 'strategies', 'precisions', 'knobs', 'nodes', 'batches'))
+        m = read.section(section, key, ('models', 'strategies', 'precisions', 'knobs', 'nodes', 'batches'))
         return cls(
-            models=_tuple(m['models']) if m.get('models') is not None else None,
-            strategies=_tuple(m['strategies']) if m.get('strategies') is not None else None,
-            precisions=_tuple(m['precisions']) if m.get('precisions') is not None else None,
-            knobs=_tuple(m['knobs']) if m.get('knobs') is not None else None,
-            nodes=_tuple(m['nodes']) if m.get('nodes') is not None else None,
-            batches=_tuple(m['batches']) if m.get('batches') is not None else None,
+            models=read.as_tuple(m['models']) if m.get('models') is not None else None,
+            strategies=read.as_tuple(m['strategies']) if m.get('strategies') is not None else None,
+            precisions=read.as_tuple(m['precisions']) if m.get('precisions') is not None else None,
+            knobs=read.as_tuple(m['knobs']) if m.get('knobs') is not None else None,
+            nodes=read.as_tuple(m['nodes']) if m.get('nodes') is not None else None,
+            batches=read.as_tuple(m['batches']) if m.get('batches') is not None else None,
         )
 
 
@@ -400,22 +368,22 @@ class SiteConfig:
     @classmethod
     def of(cls, section: object, key: str) -> SiteConfig:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = _section(section, key, ('site', 'ladders', 'steps', 'warmup', 'seed', 'workers', 'loader', 'profiling', 'run_predicted_oom', 'repeats', 'timing', 'budget', 'maxbatch', 'converge', 'data', 'select'))
+        m = read.section(section, key, ('site', 'ladders', 'steps', 'warmup', 'seed', 'workers', 'loader', 'profiling', 'run_predicted_oom', 'repeats', 'timing', 'budget', 'maxbatch', 'converge', 'data', 'select'))
         return cls(
-            site=Site.of(_required(m, 'site', key), _key(key, 'site')),
-            ladders=tuple(LadderBlock.of(x, f"{_key(key, 'ladders')}[{i}]") for i, x in enumerate(_required(m, 'ladders', key))),
-            steps=_required(m, 'steps', key),
-            warmup=_required(m, 'warmup', key),
+            site=Site.of(read.required(m, 'site', key), read.key_of(key, 'site')),
+            ladders=tuple(LadderBlock.of(x, f"{read.key_of(key, 'ladders')}[{i}]") for i, x in enumerate(read.required(m, 'ladders', key))),
+            steps=read.required(m, 'steps', key),
+            warmup=read.required(m, 'warmup', key),
             seed=m['seed'] if 'seed' in m else 0,
             workers=m['workers'] if 'workers' in m else 0,
-            loader=Loader.of(m['loader'], _key(key, 'loader')) if m.get('loader') is not None else Loader.of({}, _key(key, 'loader')),
-            profiling=Profiling.of(m['profiling'], _key(key, 'profiling')) if m.get('profiling') is not None else Profiling.of({}, _key(key, 'profiling')),
+            loader=Loader.of(m['loader'], read.key_of(key, 'loader')) if m.get('loader') is not None else Loader.of({}, read.key_of(key, 'loader')),
+            profiling=Profiling.of(m['profiling'], read.key_of(key, 'profiling')) if m.get('profiling') is not None else Profiling.of({}, read.key_of(key, 'profiling')),
             run_predicted_oom=m['run_predicted_oom'] if 'run_predicted_oom' in m else False,
             repeats=m['repeats'] if 'repeats' in m else 1,
-            timing=Timing.of(m['timing'], _key(key, 'timing')) if m.get('timing') is not None else Timing.of({}, _key(key, 'timing')),
-            budget=Budget.of(m['budget'], _key(key, 'budget')) if m.get('budget') is not None else Budget.of({}, _key(key, 'budget')),
-            maxbatch=MaxBatch.of(m['maxbatch'], _key(key, 'maxbatch')) if m.get('maxbatch') is not None else MaxBatch.of({}, _key(key, 'maxbatch')),
-            converge=Converge.of(m['converge'], _key(key, 'converge')) if m.get('converge') is not None else Converge.of({}, _key(key, 'converge')),
-            data=Data.of(m['data'], _key(key, 'data')) if m.get('data') is not None else Data.of({}, _key(key, 'data')),
-            select=Select.of(m['select'], _key(key, 'select')) if m.get('select') is not None else Select.of({}, _key(key, 'select')),
+            timing=Timing.of(m['timing'], read.key_of(key, 'timing')) if m.get('timing') is not None else Timing.of({}, read.key_of(key, 'timing')),
+            budget=Budget.of(m['budget'], read.key_of(key, 'budget')) if m.get('budget') is not None else Budget.of({}, read.key_of(key, 'budget')),
+            maxbatch=MaxBatch.of(m['maxbatch'], read.key_of(key, 'maxbatch')) if m.get('maxbatch') is not None else MaxBatch.of({}, read.key_of(key, 'maxbatch')),
+            converge=Converge.of(m['converge'], read.key_of(key, 'converge')) if m.get('converge') is not None else Converge.of({}, read.key_of(key, 'converge')),
+            data=Data.of(m['data'], read.key_of(key, 'data')) if m.get('data') is not None else Data.of({}, read.key_of(key, 'data')),
+            select=Select.of(m['select'], read.key_of(key, 'select')) if m.get('select') is not None else Select.of({}, read.key_of(key, 'select')),
         )

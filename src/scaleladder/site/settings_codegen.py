@@ -57,42 +57,10 @@ no default and the config gives none. ``site.env`` and the other free-form mappi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-from scaleladder.site.config import ConfigError
-
-T = TypeVar("T")
-
-
-def _key(key: str, name: str) -> str:
-    """The dotted key a user types: ``site.env``; a top-level key alone."""
-    return f"{key}.{name}" if key else name
-
-
-def _section(m: object, key: str, known: tuple[str, ...]) -> Mapping[str, Any]:
-    """``m`` as a mapping whose every key the schema knows (else one line naming it)."""
-    if not isinstance(m, Mapping):
-        raise ConfigError(f"config key {key or '(top level)'!r}: expected a mapping, got {m!r}")
-    for k in m:
-        if k not in known:
-            raise ConfigError(f"config key {_key(key, str(k))!r}: unknown key (the keys here: {', '.join(known)})")
-    return m
-
-
-def _required(m: Mapping[str, Any], name: str, key: str) -> Any:
-    if name not in m:
-        raise ConfigError(f"config key {_key(key, name)!r}: required, and not given")
-    return m[name]
-
-
-def _pairs(m: Mapping[str, T] | None) -> tuple[tuple[str, T], ...]:
-    return tuple((m or {}).items())
-
-
-def _tuple(v: list[T] | tuple[T, ...] | T) -> tuple[T, ...] | T:
-    return tuple(v) if isinstance(v, (list, tuple)) else v
+from scaleladder.site import settings_read as read
 '''
 
 
@@ -155,7 +123,7 @@ class _Gen:
         if kind == "object" and "properties" in node:
             return f"{self.done[id(node)]}.of({expr}, {key})"
         if kind == "object":
-            return f"_pairs({expr})"
+            return f"read.pairs({expr})"
         if kind == "array":
             items = node.get("items")
             if isinstance(items, Mapping) and self.resolve(items).get("type") == "object" and "properties" in self.resolve(items):
@@ -163,7 +131,7 @@ class _Gen:
                 return f'tuple({cls}.of(x, f"{{{key}}}[{{i}}]") for i, x in enumerate({expr}))'
             return f"tuple({expr})"
         if "anyOf" in node and any(self.resolve(a).get("type") == "array" for a in node["anyOf"]):
-            return f"_tuple({expr})"
+            return f"read.as_tuple({expr})"
         return expr
 
     def default_of(self, node: Node, annotation: str, name: str) -> tuple[str, str, str]:
@@ -176,9 +144,9 @@ class _Gen:
         value = node["default"]
         if node_r.get("type") == "object" and "properties" in node_r:
             made = f"{self.done[id(node_r)]}.of({value!r}, {name!r})"
-            return f"field(default_factory=lambda: {made})", annotation, made.replace(f", {name!r})", f", _key(key, {name!r}))")
+            return f"field(default_factory=lambda: {made})", annotation, made.replace(f", {name!r})", f", read.key_of(key, {name!r}))")
         if isinstance(value, dict):
-            return "()", annotation, f"_pairs({value!r})"  # a free-form mapping: its pairs
+            return "()", annotation, f"read.pairs({value!r})"  # a free-form mapping: its pairs
         if isinstance(value, list):
             return repr(tuple(value)), annotation, repr(tuple(value))
         return repr(value), annotation, repr(value)
@@ -198,13 +166,13 @@ class _Gen:
             comment = f"  #: {doc}" if doc else ""
             if k in required:
                 fields_req.append(f"    {k}: {annotations[k]}{comment}")
-                readers.append(f"            {k}={self.reader(sub, f'_required(m, {k!r}, key)', f'_key(key, {k!r})')},")
+                readers.append(f"            {k}={self.reader(sub, f'read.required(m, {k!r}, key)', f'read.key_of(key, {k!r})')},")
             else:
                 default, annotation, fallback = self.default_of(sub, annotations[k], k)
                 fields_opt.append(f"    {k}: {annotation} = {default}{comment}")
-                read = self.reader(sub, f"m[{k!r}]", f"_key(key, {k!r})")
-                present = f"{k!r} in m" if read == f"m[{k!r}]" else f"m.get({k!r}) is not None"
-                readers.append(f"            {k}={read} if {present} else {fallback},")
+                reading = self.reader(sub, f"m[{k!r}]", f"read.key_of(key, {k!r})")
+                present = f"{k!r} in m" if reading == f"m[{k!r}]" else f"m.get({k!r}) is not None"
+                readers.append(f"            {k}={reading} if {present} else {fallback},")
         if cls == "SiteConfig":
             doc = "The whole config, typed: the schema's top level."
         else:
@@ -214,7 +182,7 @@ class _Gen:
         known = ", ".join(repr(k) for k in props) + ("," if len(props) == 1 else "")
         lines += ["", "    @classmethod", f"    def of(cls, section: object, key: str) -> {cls}:",
                   '        """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""',
-                  f"        m = _section(section, key, ({known}))", "        return cls(", *readers, "        )"]
+                  f"        m = read.section(section, key, ({known}))", "        return cls(", *readers, "        )"]
         self.classes.append("\n".join(lines))
         return cls
 
@@ -227,8 +195,8 @@ def generate(schema: Node) -> str:
     gen.type_of(top, "SiteConfig")
     names = sorted(gen.done.values())
     body = _HEADER + "".join(gen.classes) + "\n"
-    body = body.replace("from scaleladder.site.config import ConfigError\n",
-                        "from scaleladder.site.config import ConfigError\n\n__all__ = [" + ", ".join(repr(n) for n in names) + "]\n", 1)
+    imports = "from scaleladder.site import settings_read as read\n"
+    body = body.replace(imports, imports + "\n__all__ = [" + ", ".join(repr(n) for n in names) + "]\n", 1)
     return body
 
 
