@@ -38,6 +38,20 @@ def test_the_guard_refuses_every_way_to_start_a_process() -> None:
     assert (subprocess.Popen._execute_child, os.fork, os.system, os.posix_spawn) == patched  # type: ignore[attr-defined]
 
 
+def test_a_start_inside_an_import_is_no_tests_doing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`import torch` runs `ldconfig -p` once per process, in whichever test imports it first."""
+    (tmp_path / "probes_at_import.py").write_text("import subprocess\nRC = subprocess.run(['true']).returncode\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with no_process_starts("tests/x.py::test_x") as started:
+        import probes_at_import  # type: ignore[import-not-found]
+
+        assert probes_at_import.RC == 0
+        with pytest.raises(ProcessStarted):
+            subprocess.run(["true"])  # ... but the same start outside the import is refused
+    assert started == ["subprocess.Popen: true"]
+    sys.modules.pop("probes_at_import", None)
+
+
 INNER = '''
 import subprocess
 
