@@ -2,6 +2,7 @@
 #   make run    create .venv, install, run the workflow on the workstation profile
 #               -> results/ladder.h5, results/plots/*.{png,pdf}, results/report.html
 #   make test   the same setup, then the whole test suite (CI runs this via .ci/run)
+#   make test-fast  while iterating: the tests that start no process, in under 3 min
 # And for the GPU figures (benchmarks/gpu_check.py, docs/performance.md "make gpu-check"):
 #   make gpu-wheels   here (registry access): .whl/ = what a GPU machine without one lacks
 #   make gpu-check    there, on ONE GPU (DEVICE=cpu: the same path on the debug flavors)
@@ -19,7 +20,7 @@ LOCK    := containers/constraints-cuda.txt
 # the snakemake jobs and the tests call `scaleladder`, `torchrun`, `snakemake` by name
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test lint lint-py dryrun lock verify-pins image-check image-check-rocm clean gpu-wheels gpu-check
+.PHONY: setup run test test-fast lint lint-py dryrun lock verify-pins image-check image-check-rocm clean gpu-wheels gpu-check
 
 setup: $(VENV)/.installed
 
@@ -47,6 +48,15 @@ PYTEST_ARGS  ?=
 TEST_LINT    ?= lint-py
 test: setup $(TEST_LINT)
 	pytest -q -rs --durations=15 $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+
+# The fast tier, while iterating (docs/workflow.md, "Tests"): every test but those that start a
+# process (@pytest.mark.process: torchrun, snakemake, a CLI subprocess, podman, Slurm) and the
+# `slow` ones, in this one process (two xdist workers were no faster: the tests are CPU-bound
+# and in-process). tests/conftest.py fails an unmarked test that starts a process, so the tier
+# stays what it says. No lint here (`make lint-py`); `make test` runs everything, lint first.
+FAST_MARKS ?= not process and not slow
+test-fast: setup
+	pytest -q -rs --durations=10 -p no:xdist -m "$(FAST_MARKS)" $(PYTEST_ARGS)
 
 lint: setup
 	snakemake --lint --profile profiles/local
