@@ -1,6 +1,8 @@
 """Shared test helpers: rung files in the design's HDF5 schema, and a repo copy for
 workflow tests (each snakemake test runs in its own tmp copy so .snakemake/ and
-results/ never collide)."""
+results/ never collide); a command run in-process (`in_process`); and the fast tier's
+boundary: a test without @pytest.mark.process that starts a process fails, naming itself
+(`no_process_starts`; docs/workflow.md, "Tests")."""
 
 from __future__ import annotations
 
