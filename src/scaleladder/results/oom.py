@@ -4,7 +4,7 @@ An ``oom`` record is a result, not a crash: it carries the spec, what failed whe
 the same provenance as an ok record wherever it is known — the parameter count (from the
 meta device) and the placement each failing rank wrote into its marker. A rung that
 never ran (``predicted-oom``) knows no device or hosts; those attributes are then absent,
-never guessed. Pure: the caller (``rung.run.write_oom_record``) gathers what it needs.
+never guessed. Pure: the caller (``rung.oom_record.write_oom_record``) gathers what it needs.
 Its attributes are defined in results/record.py (kinds ``OOM`` and ``PREDICTED_OOM``).
 """
 

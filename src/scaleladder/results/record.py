@@ -109,7 +109,7 @@ class Spec(Section):
 
 
 class Settings(Section):
-    title = "How the rung was run (rung.run.RunConfig.attrs)"
+    title = "How the rung was run (rung.run_config.RunConfig.attrs)"
     steps = attr("count", "steps in all, warm-up included (a convergence record: its step budget)")
     warmup = attr("count", "first steps excluded from every statistic")
     data = attr("", "`synthetic`, or the shard manifest the loader read")
