@@ -93,7 +93,7 @@ _TABLE: dict[str, Flavor] = {
         Flavor("vit-debug", "vit", 32, 64, 2, 2, 8, 32, num_classes=10, debug=True),
         # Wide and shallow, few tokens (32-px image, 16-px patches: 5 tokens): 17M parameters
         # whose gradients and gathers cost gloo far more than their compute costs a CPU rank,
-        # so a CPU DDP/FSDP rung is communication-bound (issue 32, docs/planner.md "Two nodes").
+        # so a CPU DDP/FSDP rung is communication-bound (docs/planner.md, "Two nodes").
         Flavor("vit-debug-wide", "vit", 1024, 2048, 16, 2, 16, 32, num_classes=10, debug=True),
     ]
 }

@@ -156,7 +156,7 @@ def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: i
     """A probe that runs ``steps`` real steps at a batch in fresh processes via supervise.launch.
 
     At ``full_at`` (the cap) it runs the rung's own steps instead: a pass there ends the search,
-    so that probe IS the rung, and the launch that would repeat it is saved (issue 25)."""
+    so that probe IS the rung, and the launch that would repeat it is saved."""
     from scaleladder.campaign.supervise import launch
 
     def probe(batch: int) -> ProbeResult:

@@ -1,4 +1,4 @@
-"""An independent check of the planner: torch's own memory trackers on fake CPU tensors (issue 22).
+"""An independent check of the planner: torch's own memory trackers on fake CPU tensors.
 
 :func:`measure` builds a rung's full-size model on FAKE tensors (no storage), wraps it with
 the runner's own apply_strategy, optimizer and scaler, and runs two real training steps of the

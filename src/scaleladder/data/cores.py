@@ -1,7 +1,7 @@
 """The rank's cores belong to the rank: which cores the loader's workers may run on, and ``--workers auto``.
 
-Issue 31: on an H100, 14 workers decoding beside the rank slowed its kernel launches (its
-vit-base b128 step went from 49 to 62 ms). The rank's launch thread must keep a core.
+On an H100, 14 workers decoding beside the rank slowed its kernel launches (its vit-base b128
+step went from 49 to 62 ms; docs/performance.md). The rank's launch thread must keep a core.
 
 * The cores start from ``os.sched_getaffinity(0)``: what Slurm bound this task to
   (``--cpus-per-task``, ``--cpu-bind``), not the machine's ``os.cpu_count()``. Where ranks

@@ -9,8 +9,8 @@ the worker as before. :class:`DeviceDecoder`, called by the rung's feed on the d
 then decodes the whole batch with ``torchvision.io.decode_jpeg(list, device="cuda")``
 (nvJPEG: NVIDIA only; ROCm's torchvision has no device decoder, so Frontier's profile
 decodes on the CPU) and resamples, flips and normalises there, batched: no loop over
-the images issues device work (issue 31: the loop it replaced issued ~20 ops per image
-on the rank's own thread, and synchronised the side stream every batch).
+the images issues device work (a loop over them would issue ~20 ops per image on the rank's
+own thread).
 
 Same batches as the CPU path, up to rounding: the resampling reproduces Pillow's
 (``Image.resize`` with a box: the same separable filters, bicubic a = -0.5 and Lanczos
@@ -251,8 +251,8 @@ class _DecodeStream:
     own. The caching allocator hands a block freed on a stream to the next allocation on
     that stream as soon as the host frees it, trusting stream order; so on the feed's side
     stream a block freed by the previous batch's resize kernels, still queued there, could
-    be handed to the decoder and overwritten before those kernels ran. Before issue 31 a
-    host synchronisation of the side stream per batch kept that from happening.
+    be handed to the decoder and overwritten before those kernels ran. A host
+    synchronisation of the side stream per batch would prevent it, at a wait per batch.
 
     Now the decode runs with a stream of its own current, on which nothing else is ever
     allocated: its pool holds only decoded images. They are handed to the consumer (the

@@ -1,6 +1,6 @@
 """uint8 images -> normalised float32 on the device: the rank's half of the uint8 transport.
 
-Why the images cross from the workers as uint8 (issue 31): on an H100, vit-base b128 fed
+Why the images cross from the workers as uint8: on an H100, vit-base b128 fed
 float32 batches by 14 workers ran at 0.795x its synthetic rate while the step waited only
 0.29 ms for a batch. A float32 batch is 77 MB at b128 and 224 px, pinned by the rank's
 pin-memory thread and copied to the device; that traffic and the workers' CPU load slowed

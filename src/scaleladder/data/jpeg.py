@@ -1,7 +1,7 @@
 """Cheap JPEG checks: the header's frame (size, components) and the end-of-image marker.
 
 These are what lets the shard writer copy a source JPEG's bytes without decoding it
-(issue 15: a decode per image held the writer at ~5% of ``tar cf``).
+(a decode per image would hold the writer at ~5% of ``tar cf``).
 
 What they catch, and what they do not:
 

@@ -251,7 +251,7 @@ def make_loader(
     ``decode_device`` overrides the decoder's device (tests run the "gpu" path on the CPU).
     ``transport``: what the workers' images are with decode "cpu": "float32" (normalised in
     the worker) or "uint8" (normalised on the device by ``ShardLoader.device_transform``; the
-    rung's choice, issue 31). ``worker_cores``: the cores the workers are bound to (the
+    rung's choice). ``worker_cores``: the cores the workers are bound to (the
     rank's own kept free: :mod:`cores`); empty: where the OS puts them.
     """
     if not isinstance(workers, int):  # "auto" is resolved by the caller, which knows the rank's cores (cores.loader_workers)

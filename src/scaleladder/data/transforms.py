@@ -22,7 +22,7 @@ What crosses from the workers to the rank (``transport``, recorded as ``loader_t
 ``"uint8"`` (the rung's default): the resized images as uint8 CHW, a quarter of the
 bytes; the rank normalises them on the device (:mod:`devnorm`), with the same float32
 arithmetic as :func:`to_tensor`, so the numbers are the same. ``"float32"``: normalised
-here, in the worker (the reference; what every rung did before issue 31). ``decode="gpu"``
+here, in the worker (the reference). ``decode="gpu"``
 ships the encoded JPEG instead (``"jpeg"``, :mod:`devdecode`).
 
 All randomness comes from per-reader generators (see :mod:`readers`), never from the

@@ -47,7 +47,7 @@ def fig_fsdp_knobs(rungs: list[RungAttrs], palette: Palette) -> Figure:
     # FSDP1's knobs (BACKWARD_PRE first), then FSDP2's prefetch depths
     knob_values = sorted({r[Spec.knobs] for r in rs}, key=lambda k: (k.startswith("pf"), k.split("-")[0] != "pre", k))
     strategies = sorted({r[Spec.strategy] for r in rs}, key=strategy_sort_key)
-    # room under each strategy for its name in short lines, beside the legend (issue 29: they overlapped)
+    # room under each strategy for its name in short lines, beside the legend (else they overlap)
     fig.set_size_inches(max(12.0, 4.5 + LABEL_SLOT_IN * len(strategies)), 5)
     cmap = plt.get_cmap("Set2")
     # each strategy's bars side by side, centred on its tick: FSDP1 and FSDP2 take different knobs,

@@ -48,7 +48,7 @@ def fig_pareto(rungs: list[RungAttrs], palette: Palette) -> Figure:
             ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", linewidth=1, alpha=0.6,
                     zorder=2)
             best = max(ok, key=lambda r: r[Throughput.items_per_s])
-            # a max-batch rung says so: its batch is its search's, not the fixed batch (issue 29)
+            # a max-batch rung says so: its batch is its search's, not the fixed batch
             batch = f"max batch {max_batch_label(best)}" if is_max(best) else f"batch {best.get(Spec.batch)}"
             ax.text(0.02, 0.97, f"fastest: {strategy_label(best[Spec.strategy])}, {batch}",
                     transform=ax.transAxes, ha="left", va="top", fontsize=7,

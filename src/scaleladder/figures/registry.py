@@ -1,5 +1,5 @@
 """The one figure table: every figure by name, with its title, its caption, what draws it,
-and where it is shown (issue 33).
+and where it is shown.
 
 ``scaleladder plots`` draws the rows that ``plots`` draws, in this order; ``scaleladder
 report`` heads each figure with its title; ``workflow/rules/report.smk`` builds its outputs

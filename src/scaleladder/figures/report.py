@@ -152,7 +152,7 @@ def _cell(r: RungAttrs, key: str) -> str:
 
 def distinguishable(a: RungAttrs, b: RungAttrs) -> str:
     """'' when the 95% throughput intervals of ``a`` and ``b`` are apart; else why the
-    ranking of the two means nothing (issue 14): they overlap, or one has no interval."""
+    ranking of the two means nothing: they overlap, or one has no interval."""
     names = f"{strategy_label(a[Spec.strategy])} vs {strategy_label(b[Spec.strategy])}"
     verdict = overlap(interval(a) or (float("nan"),) * 2, interval(b) or (float("nan"),) * 2)
     if verdict is None:
@@ -186,7 +186,7 @@ INPUT_NOTE = ("These rungs trained on shards (--data) and their steps waited for
 def _loader_could_help(r: RungAttrs) -> bool:
     """False for a CPU rung with no loader workers: its ranks decode their own batches on the
     cores they train on, so the wait is the decode itself and the advice (more workers, GPU
-    decode) has no spare cores or GPU to use. Issue 29: 20 such rungs buried the report."""
+    decode) has no spare cores or GPU to use; a CPU ladder's every rung would carry the advice."""
     return not on_cpu(r) or bool(num(r.get(Loader.loader_workers)))
 
 
@@ -258,8 +258,8 @@ def _largest(rs: list[RungAttrs]) -> str:
 
 def winners(rungs: list[RungAttrs]) -> list[dict[str, str]]:
     """The report's first table: per model and node count, the fastest strategy at the fixed
-    batch and the fastest at its max batch, never mixed (issue 29: a max-batch rung's rate was
-    shown with the fixed batch), each with its peak memory per GPU; the largest batch; which
+    batch and the fastest at its max batch, never mixed (a max-batch rung's rate is not the
+    fixed batch's), each with its peak memory per GPU; the largest batch; which
     strategies ran out of memory."""
     groups: dict[tuple[str, int], list[RungAttrs]] = defaultdict(list)
     for r in rungs:

@@ -134,7 +134,7 @@ def at_reference(rungs: list[RungAttrs], keys: tuple[str, ...] = (Spec.precision
 
     TRAP: the knobs are referenced per FSDP generation. FSDP2 rungs take ``pf0..pf2`` and
     every other rung FSDP1's ``pre-lag``-style knobs, so one knobs value for all would drop
-    a whole generation (FSDP2 and its compiled rungs) from the figure (issue 29)."""
+    a whole generation (FSDP2 and its compiled rungs) from the figure."""
     ref = reference(rungs)
     ref[Spec.knobs] = _most_common((r.get(Spec.knobs) for r in rungs if not is_fsdp2(r)), prefer="pre-lag")
     knobs2 = _most_common((r.get(Spec.knobs) for r in rungs if is_fsdp2(r)), prefer="pf0")

@@ -42,7 +42,7 @@ def throughput_label(fam: str) -> str:
 
 
 #: How the figures name a wrapper and an FSDP sharding; a name not here is named by
-#: :func:`derived_label` (issue 33: a new wrapper gets a label, not a KeyError).
+#: :func:`derived_label` (a new wrapper gets a label, not a KeyError).
 WRAPPER_LABELS = {"single": "single process", "ddp": "DDP", "fsdp": "FSDP", "fsdp2": "FSDP2"}
 SHARDING_LABELS = {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}
 
@@ -55,7 +55,7 @@ def derived_label(name: str) -> str:
 
 def strategy_label(s: str) -> str:
     """A rung's strategy as the seeds' figures name it; FSDP2 rungs say "FSDP2" so a reader
-    tells the two generations apart at a glance (issue 12). A name this version cannot parse
+    tells the two generations apart at a glance. A name this version cannot parse
     (an older file's) is shown as it is; a wrapper or sharding the label tables do not know,
     by :func:`derived_label`."""
     try:
@@ -88,8 +88,8 @@ LABEL_SLOT_IN = 1.3
 
 
 def axis_labels(ax: Axes, labels: list[str], fontsize: float = 9) -> None:
-    """Strategy names under an axis's ticks in short lines (issue 29: one line each, they
-    overlapped); the figure must give each :data:`LABEL_SLOT_IN` inches."""
+    """Strategy names under an axis's ticks in short lines (one line each would overlap); the
+    figure must give each :data:`LABEL_SLOT_IN` inches."""
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels([stacked_label(t) for t in labels], fontsize=fontsize, linespacing=1.1)
 

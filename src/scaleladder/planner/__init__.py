@@ -18,5 +18,6 @@
 Nothing here touches a GPU; every number is computed from the flavor's dimensions and
 the layout of a *reduced* copy of the model built on the meta device (one layer per
 encoder, which has the same root and codebook parameters as the full model).
-See ``docs/planner.md`` for the derivation of each term and the seed comparison.
+``docs/planner-internals.md`` derives each term; ``docs/planner.md`` holds the predictions against
+measurement and the seeds' claims recomputed.
 """

@@ -8,7 +8,7 @@ code op by op (torchmultimodal nightly 2024.4.1, torch 2.14); tests/test_plan_ac
 checks the saved bytes against autograd's saved-tensor hooks. FLAVA comes in the implementation
 the rung builds (models/flava_impl.py): ``sdpa`` (the default: :func:`flava_sdpa_calls`) or
 TorchMultimodal's own (:func:`flava_calls`).
-Why and the dtype traps behind the numbers: docs/planner.md, "2. Activations, call by call".
+Why and the dtype traps behind the numbers: docs/planner-internals.md, "2. Activations, call by call".
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def sdpa_lse_bytes(T: int, f: Flavor, d: Dtypes, masked: bool = False, target: s
     and also saves the mask as an additive bias in the compute dtype, [1, 1, T] a sample padded to
     8 (a stride-0 expand of it reaches the kernel). ``cpu``: ``_scaled_dot_product_flash_attention_for_cpu``,
     an fp32 [T, a] logsumexp unpadded, and the mask (converted to the compute dtype) as it came.
-    torch 2.14's meta registrations give these shapes (docs/planner.md, "FLAVA on SDPA").
+    torch 2.14's meta registrations give these shapes (docs/planner-internals.md, "FLAVA on SDPA").
     """
     a = f.heads
     if target == "cpu":

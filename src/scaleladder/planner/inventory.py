@@ -5,7 +5,7 @@ unit's flat parameter; frozen parameters get no gradient or state). It builds a 
 copy of the flavor (one layer per encoder) on the meta device, ``full = root + codebook +
 n_layers × layer``, with units and freezing as ``rung.parallelize`` makes them. Without torch it
 reads the stored ``layouts.json`` (``python -m scaleladder.planner.inventory`` writes it).
-Why: docs/planner.md, "1. Parameters, exactly".
+Why: docs/planner-internals.md, "1. Parameters, exactly".
 """
 
 from __future__ import annotations

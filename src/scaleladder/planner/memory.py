@@ -3,7 +3,7 @@
 The step itself is replayed in :mod:`~scaleladder.planner.timeline` (phases) from a
 :mod:`~scaleladder.planner.step_setup` (what does not depend on the batch). Whether a peak
 FITS adds what the allocator does not count: :data:`CONTEXT_BYTES`, :data:`COMM_LIB_BYTES`,
-:data:`FRAGMENTATION`. docs/planner.md, "How it works", gives the reasoning.
+:data:`FRAGMENTATION`. docs/planner-internals.md, "Memory: how it works", gives the reasoning.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Device:
 
 
 # Calibration constants (no GPU in this repository's CI: these are ESTIMATES, to be refit
-# from measured rungs — see docs/planner.md, "Calibration").
+# from measured rungs — see docs/planner-internals.md, "Calibration constants").
 CONTEXT_BYTES = int(0.5 * GIB)  # CUDA/HIP context + kernels: outside the caching allocator
 COMM_LIB_BYTES = int(0.5 * GIB)  # NCCL/RCCL channel buffers when world > 1: also outside it
 FRAGMENTATION = 0.05  # reserved/active − 1 in steady state: the allocator's rounding and splitting

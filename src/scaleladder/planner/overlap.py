@@ -22,7 +22,7 @@ What is exposed is the makespan less the compute: ``exposed_s = total_s - comput
 Whether the device can overlap at all is the calibration's ``overlap`` (``rates.Rates``): the
 share of what the replay hides that really hides, 1 on a GPU (its compute stream and the
 NCCL/RCCL channel run side by side), 0 on a CPU rank with gloo. TRAP (measured,
-``benchmarks/bench_comm.py --overlap``, docs/planner.md "(b) Two nodes"): on the 2-core VM an
+``benchmarks/bench_comm.py --overlap``, docs/planner-internals.md "CPU ranks and gloo"): on the 2-core VM an
 async gloo all-reduce beside a matmul loop took as long as the two one after the other, since
 gloo's thread copies and sums on the same cores; and FSDP1 on a CPU issues its gathers and
 reduce-scatters synchronously (no streams) anyway. ``total_s`` is then the replay's makespan

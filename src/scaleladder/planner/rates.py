@@ -8,8 +8,8 @@ so the rate rises with width towards the ceiling), and the host's microseconds p
 Where no file measures the device, the device table (``planner/devices.py``) gives the
 datasheet peak and HBM bandwidth, this module the STATED efficiency, and every figure says so.
 
-Why one functional form with two numbers: 4(a) of issue 32 asks for every H100 rung
-predicted from ONE calibration rung, so each number must come from one measurement; the
+Why one functional form with two numbers: every H100 rung is predicted from ONE calibration
+rung (docs/planner.md, "Step time against the H100"), so each number must come from one measurement; the
 ceiling is fixed beforehand (a plain 8192^3 bf16 matmul reaches ~0.80 of the H100's peak),
 and vit-base single b128 fixes ``h_half``.
 
@@ -41,7 +41,7 @@ OPT_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, exp_avg, exp_avg_sq (
 
 # The STATED efficiency, used where no calibration file measures the device: rate = peak x
 # ceiling x h/(h + h_half), h the model's width. Ceiling 0.80: a plain 8192^3 bf16 matmul
-# reaches 790-800 of 989 TFLOP/s on an H100 SXM (docs/planner.md, "Step time"); h_half
+# reaches 790-800 of 989 TFLOP/s on an H100 SXM (docs/planner-internals.md, "The step-time model"); h_half
 # carried over from the H100 calibration (calibration/h100.json); HBM reaches 0.80 of its
 # datasheet bandwidth. NOT measured on the devices they stand in for.
 STATED_CEILING = 0.8
@@ -63,7 +63,7 @@ class Rates:
     host_source: str
     startup_s: float | None = None
     # the calibration host's ms per ms of the host table's (dev-cpu, host_table.py); None: the
-    # calibration prices host work per aten op only (the CPU calibrations of part (b))
+    # calibration prices host work per aten op only (the CPU calibrations: docs/planner.md, "Two nodes")
     table_factor: float | None = None
     # the share of what the overlap replay hides that really hides (overlap.py): 1 unless the
     # calibration measured less (a CPU rank with gloo: 0, calibration/cpu*.json)

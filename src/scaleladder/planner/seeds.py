@@ -56,8 +56,8 @@ SEED_FLAVA_512 = Variant(gather_across_passes=False, gathered_param_bytes=4, buc
 # ORNL's ViT-FSDP: torch.optim.AdamW(..., fused=cfg.use_fused_optimizer); its measured peaks hold
 # 16 B/param in the step (see the docs), i.e. no foreach temporary: the same optimizer as ours.
 ORNL_VIT = Variant(adamw="fused")
-# The runner before issue 10: torch's default AdamW on a GPU (foreach), for the before/after columns.
-# (It built TorchMultimodal's FLAVA too: the `sdpa` implementation came with issue 30.)
+# torch's default AdamW on a GPU (foreach), with TorchMultimodal's FLAVA: the foreach columns, and the
+# verdicts that would differ with it.
 FOREACH = Variant(adamw="foreach", flava_impl="torchmultimodal")
 
 BORDERLINE = (0.5, 1.5)  # flip factors in this range: the verdict hangs on the overhead estimates
@@ -172,7 +172,7 @@ def tables() -> str:
             r350, r900, ten = batch_ratios(v, CALIBRATED.scaled(k))
             cells.append(f"{r350:.2f}×, {r900:.2f}×, {ten or '–'}")
         out.append(row([name, *cells]))
-    out += ["", "ViT on MI250X GCDs, local batch 32 (runner = fused AdamW = ORNL's; foreach = the runner before issue 10):",
+    out += ["", "ViT on MI250X GCDs, local batch 32 (runner = fused AdamW = ORNL's; foreach = torch's default AdamW on a GPU):",
             "", row(["model", "strategy", "GCDs", "runner (fused AdamW)", "peak", "foreach AdamW"]), row(["---"] * 6)]
     for m, s, g in VIT_CASES:
         f = vit_fit(m, s, g)

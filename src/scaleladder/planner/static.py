@@ -4,7 +4,7 @@ What each strategy keeps on a rank *between* steps (after ``optimizer.step()``, 
 ``zero_grad``) for the runner's exact setup: ``single``/``ddp`` whole, FSDP1 as chunks of
 each unit's padded flat parameter, FSDP2 as padded per-parameter shards
 (:func:`fsdp2_padded`). DDP's buckets and every transient belong to the timeline
-(:mod:`.memory`). Why: docs/planner.md, "1. Parameters, exactly" and "FSDP2".
+(:mod:`.memory`). Why: docs/planner-internals.md, "1. Parameters, exactly" and "FSDP2".
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@
   modelled), its host work from the table's ``-compile`` rows; its compile time is per job.
 
 The STATED fallback, for a rung the table has nothing for and for calibrations that price host
-work per aten op (the CPU ones of part (b)): 126 top-level aten ops per ViT layer pass and 212
+work per aten op (the CPU ones: docs/planner.md, "Two nodes"): 126 top-level aten ops per ViT layer pass and 212
 per FLAVA layer pass (a vit-base step ~1,500, a flava-350m step ~11,500: the H100 run's traces,
 docs/gpu-check-h100/); non-reentrant AC re-runs the forward, about half of a step's ops (each
-forward op leaves one backward node); FSDP1 and FSDP2 at one rank issue 2.1x and 1.9x the host
-work of ``single`` (vit-debug b4 on the CPU, issue 30). Torch-free: ``plan`` runs on a login node.
+forward op leaves one backward node); FSDP1 and FSDP2 at one rank spend 2.1x and 1.9x the host
+work of ``single`` (vit-debug b4 on the CPU; docs/performance.md, "Host work"). Torch-free: ``plan`` runs on a login node.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def host_seconds(spec: RunSpec, rates: Rates, site: Site, flava_impl: str = FLAV
                  table: HostTable | None = None) -> tuple[float, str]:
     """The step's host work: the host table's measured row (or the model's ``single`` x the family's
     measured ratio) x the calibration host's ``table_factor`` x the site's ``cpu_factor``; where the
-    calibration has no table factor (the CPU calibrations of part (b)) or the table nothing for the
+    calibration has no table factor (the CPU calibrations: cpu.json, cpu_wide.json) or the table nothing for the
     rung, the STATED per-op figures of the module docstring, labelled so."""
     flavor = get_flavor(spec.model)
     impl = flava_impl if flavor.family == "flava" else ""

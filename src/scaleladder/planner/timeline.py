@@ -2,7 +2,7 @@
 
 :func:`simulate` runs the phases in order: the resident state, the forward, the backward
 (one function per wrapper family: single/DDP, FSDP1, FSDP2) and the optimizer step.
-docs/planner.md, "The step as a timeline", says what each phase holds and why.
+docs/planner-internals.md, "The step as a timeline", says what each phase holds and why.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def step_sizes(setup: StepSetup, batch: int) -> StepSizes:
     # (FSDP1/FSDP2 gather bf16 parameters, MixedPrecision's param_dtype: autocast casts nothing.)
     cast_layer = 2 * setup.inv.layer.cast_numel if (mixed and not fsdp) else 0.0
     cast_root = 2 * setup.inv.root.cast_numel if (mixed and not fsdp) else 0.0
-    # TRAP (issue 22): a CHECKPOINTED layer saves none of its forward's tensors, its bf16 weight
+    # TRAP: a CHECKPOINTED layer saves none of its forward's tensors, its bf16 weight
     # copies included, so they live only in autocast's cache, which is cleared when the step's
     # autocast context exits: after the loss, BEFORE backward(). They are not held until the
     # layer's backward, as without AC. In backward each layer's recompute enters autocast again
@@ -219,9 +219,9 @@ def _codebook_forward(setup: StepSetup, sizes: StepSizes, timeline: Timeline) ->
     timeline.point("codebook", activations=sizes.batch * codebook_transient(flavor, sizes.dtypes), buffers=codebook_copy)
     if sizes.shard.fsdp2 and sizes.gathered and sizes.keep_after_forward:
         # fsdp2-grad-op: not resharded after its forward. Kept to the end of the step: the
-        # backward regather and free that docs/planner.md describes ("FLAVA's frozen codebook
-        # is gathered again in backward") have been switched off since 9efb884 (a reset of the
-        # flag right after this block), and turning them on would move predictions.
+        # backward regather and free that docs/planner-internals.md describes ("FLAVA's frozen
+        # codebook is gathered again in backward") are switched off (a reset of the flag right
+        # after this block), and turning them on would move predictions.
         timeline.add("buffers", codebook_copy)
 
 

@@ -169,7 +169,7 @@ def provenance_mismatch(spec: str, base: RungAttrs, new: RungAttrs) -> str:
 
 def _dof(r: RungAttrs) -> float:
     """The interval's degrees of freedom: ``ci_dof``, else the t its ``ci_method`` names
-    ("… t(3) …", records from before issue 22), else NaN (unknown: read as the normal)."""
+    ("… t(3) …", records written before 25756b2), else NaN (unknown: read as the normal)."""
     dof = _num(r.get(Interval.ci_dof))
     if dof >= 1:
         return dof
@@ -190,7 +190,7 @@ def _log_se(r: RungAttrs) -> tuple[float, float]:
     # An older record: only the interval. Undo ITS t (the normal's z only where it names none).
     # TRAP: recovering ``s`` as ``ln(hi/lo) / 3.92`` overstates the noise by t/1.96 (2.2× at
     # 3 repeats), since the intervals were built with t(b−1) or t(R−1); a record without
-    # ``items_per_s_se`` (written before issue 22) is read through the t its ``ci_method`` names.
+    # ``items_per_s_se`` (written before 25756b2) is read through the t its ``ci_method`` names.
     return (math.log(hi) - math.log(lo)) / (2 * (t_quantile(int(dof)) if dof >= 1 else Z)), dof
 
 

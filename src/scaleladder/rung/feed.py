@@ -28,7 +28,7 @@ on. Synthetic batches are made on the device before the loop and need no feed.
 The loader's batches arrive as uint8 images (or encoded JPEGs); the ``decoder`` given here
 (``ShardLoader.device_transform``: data/devnorm.py or data/devdecode.py) copies them from
 pinned memory with ``non_blocking`` copies and normalises them in float32 on the device,
-on the side stream; :func:`to_device` then casts to the rung's dtype (issue 31).
+on the side stream; :func:`to_device` then casts to the rung's dtype.
 
 Beside the wait, the record keeps the loader's host cost: the workers' CPU seconds per
 batch (``loader_cpu_s_per_batch``, the timed steps' mean; data/loader.py measures it in

@@ -103,7 +103,7 @@ class LocalShardAdamW(_InnerAdamW):
     each rank's shard, without DTensor's dispatch: handed DTensors, every one of the
     step's ``_fused_adamw_``/``_foreach_*`` calls goes through DTensor's sharding
     propagation in Python, which made the optimizer step 3.1 ms of host time against
-    0.6 ms on plain tensors (issue 30, a vit-base skeleton). Each step points every local
+    0.6 ms on plain tensors (a vit-base skeleton, ``benchmarks/bench_host.py``). Each step points every local
     shard's ``.grad`` at its DTensor gradient's local tensor (views, no copy) and steps
     them. The state (moments, step counters) is per local shard, what it was over DTensors
     (planner.static's FSDP2 counts hold; tests/test_plan_exact.py).
@@ -137,7 +137,7 @@ def _local(t: Tensor) -> Tensor:
 
     Read as DTensor's slot, not ``isinstance(t, DTensor)``: that needs the import inside the
     function (rung.optim imports no torch.distributed at load), which cost ~4 Python calls
-    per tensor, 2 tensors per parameter every step (issue 30: ~250 calls a vit-debug step).
+    per tensor, 2 tensors per parameter every step (~250 calls a vit-debug step).
     """
     local = getattr(t, "_local_tensor", None)
     return t if local is None else local

@@ -126,7 +126,7 @@ FSDP1_UNSAFE_SETATTR = "FSDP_USE_UNSAFE_SETATTR"
 
 @contextmanager
 def _fsdp1_plain_setattr(model: nn.Module) -> Iterator[None]:
-    """FSDP1 units made inside set their views by plain attribute writes (issue 30, part 3).
+    """FSDP1 units made inside set their views by plain attribute writes.
 
     Each forward, FSDP1 re-makes every parameter of a unit as a view of its flat parameter and
     sets it on its module, by default with ``delattr`` + ``nn.Module.__setattr__`` (a few

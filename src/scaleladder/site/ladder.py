@@ -196,7 +196,7 @@ def shards_settled(manifest: str, cfg: SiteConfig) -> bool:
     Then a rerun of its shard job writes the same bytes (sharding is deterministic), so a rung
     must not run again for it: the rung takes the manifest as ``ancient()`` input (common.smk).
     TRAP: a failed shard attempt with other settings leaves its params in Snakemake's metadata,
-    so the next run reshards once; without this every finished rung would run again (issue 21).
+    so the next run reshards once; without this every finished rung would run again.
     When the settings differ (data changed on purpose) the manifest is a plain input, and the
     rungs run again on the new shards. A missing or unreadable manifest is not settled."""
     try:

@@ -1,4 +1,4 @@
-"""What a site cannot run without, said before any job is submitted (issue 21, fault 5).
+"""What a site cannot run without, said before any job is submitted.
 
 A profile's ``site.requires`` maps each setting to what it is: an environment variable
 (``SCALELADDER_SLURM_ACCOUNT: the Slurm account ...``) must be set and not empty; ``image``
