@@ -8,8 +8,9 @@ like any other.
 
     .venv/bin/python benchmarks/count_any.py [ROOT] [--top N]
 
-Measured: 388 at 1da48f4 (before the config was generated from the schema), on the 2-core dev
-VM; the count is a property of the source, the same on any machine.
+Measured: 388 at 1da48f4, 368 once the config was generated from the schema and RunConfig's
+fields typed their parsers (2026-11-28); the count is a property of the source, the same on any
+machine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "src" / "scaleladder"
 
 #: The count may fall; it may not rise above this (lower it when it falls).
-CEILING = 388
+CEILING = 368
 
 
 def holds_any(node: ast.AST | None) -> bool:
