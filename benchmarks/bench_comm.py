@@ -1,5 +1,5 @@
 """A link's alpha and beta per collective, measured with the calls FSDP and DDP make, and
-whether communication overlaps compute at all (issue 32, part 4b).
+whether communication overlaps compute at all.
 
 Run it under the launcher whose link you want, e.g. on the 2-node CI Slurm
 (`.ci/slurm-up --nodes 2`):

@@ -7,7 +7,7 @@ Prints, on this machine:
   samples (vit-base: image + label), from shards of 300-900 px JPEGs (web images, as
   real datasets hold: not already at model size, so decode and resize cost what they
   do in a real rung), for each transport across the process boundary: ``float32``
-  (normalised in the worker) against ``uint8`` (normalised on the device: issue 31),
+  (normalised in the worker) against ``uint8`` (normalised on the device),
   with the bytes per batch that cross and the workers' CPU seconds per batch;
 * shard-writing MB/s of `scaleladder shard --images` (validation: a draft-mode,
   DCT-scaled decode of every JPEG plus its end-of-image check; tar, sha256,

@@ -1,4 +1,4 @@
-"""Host work per step, on the CPU (issue 30): how much Python, dispatcher, autograd and
+"""Host work per step, on the CPU: how much Python, dispatcher, autograd and
 wrapper-hook work one training step of a rung costs, whatever the GPU would do.
 
 Per rung it reports three figures, each from the rung's own run (`scaleladder run` called

@@ -1,4 +1,4 @@
-"""The planner held against torch's own MemTracker / FSDPMemTracker, the full matrix (issue 22).
+"""The planner held against torch's own MemTracker / FSDPMemTracker, the full matrix.
 
     python3 benchmarks/bench_plan_check.py [--out results/plan-check.md]
 

@@ -1,4 +1,4 @@
-"""Where FSDP2's host work per step goes, at one rank on the CPU (issue 30, part 3): the
+"""Where FSDP2's host work per step goes, at one rank on the CPU: the
 diagnosis behind docs/performance.md's "Where FSDP2's host time goes".
 
 vit-debug b4 fp32, one gloo rank, one thread; ``single`` and ``fsdp2-full`` built by the ladder

@@ -1,4 +1,4 @@
-"""The step-time model's host table (issue 32): bench_host's host ms and aten ops per step for
+"""The step-time model's host table: bench_host's host ms and aten ops per step for
 the real flavors' skeletons x the strategy kinds, written as a calibration file.
 
     python benchmarks/host_table.py --out src/scaleladder/planner/calibration/host_table.json
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = bench_host.measure(rungs, a.repeats, a.steps, 1, 1, Path(tmp))
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     commit = tree(a.tree)
-    # a tree before --flava-impl (issue 30) ran TorchMultimodal's FLAVA: said so in the row
+    # a tree before --flava-impl ran TorchMultimodal's FLAVA: said so in the row
     out_rows = [{"model": r["model"].removesuffix(bench_host.SKELETON_SUFFIX), "strategy": r["strategy"],
                  "flava_impl": r["flava_impl"] or ("torchmultimodal" if r["model"].startswith("flava") else ""), "host_ms": round(r["host_ms_per_step"], 3),
                  "aten_ops": None if r["aten_ops_per_step"] is None else round(r["aten_ops_per_step"], 1), "host_ms_repeats": [round(x, 3) for x in r["host_ms_repeats"]],

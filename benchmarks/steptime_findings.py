@@ -1,4 +1,4 @@
-"""The seeds' findings as predictions (issue 32, part 4c): what the step-time model and the memory
+"""The seeds' findings as predictions: what the step-time model and the memory
 planner say, before anything runs, on the Frontier and A100 profiles.
 
     python benchmarks/steptime_findings.py     # one Markdown table, a row per claim

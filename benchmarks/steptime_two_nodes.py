@@ -1,4 +1,4 @@
-"""The planner's step time against DDP, FSDP and HYBRID rungs run on the 2-node CI Slurm (issue 32, 4b).
+"""The planner's step time against DDP, FSDP and HYBRID rungs run on the 2-node CI Slurm.
 
     python benchmarks/steptime_two_nodes.py --bench DIR --records DIR [--write-calibration FILE] [--links-yaml]
 

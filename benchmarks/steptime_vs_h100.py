@@ -1,4 +1,4 @@
-"""The planner's step time against every H100 rung of docs/gpu-check-h100/ (issue 32, part 4a).
+"""The planner's step time against every H100 rung of docs/gpu-check-h100/.
 
     python benchmarks/steptime_vs_h100.py            # a Markdown table, then the tallies
 
@@ -11,7 +11,7 @@ machine), the 8 max-batch rungs that finished, and the rest of the `full/` repor
 max-batch rung). Torch-free.
 
 The H100 ran the tree of b5d4501 (docs/gpu-check-h100/README.md): TorchMultimodal's FLAVA (no
-``--flava-impl`` yet) and FSDP1 before issue 30. So the host work comes from the host table
+``--flava-impl`` yet) and FSDP1 before its host-work fixes. So the host work comes from the host table
 measured on that code (``calibration/host_table_75af641.json``: 75af641 has the same rung/ and
 models/ as b5d4501), and FLAVA is predicted as ``torchmultimodal``. ``--table`` names another.
 """

@@ -212,7 +212,7 @@ def test_the_report_lists_host_bound_rungs_with_what_to_try() -> None:
 
 
 def test_bench_data_compares_the_transports(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    """benchmarks/bench_data.py's loader lines (issue 31): float32 against uint8 across the
+    """benchmarks/bench_data.py's loader lines: float32 against uint8 across the
     workers' boundary, each with the bytes per batch that cross and the host CPU per batch."""
     import re
     import sys

@@ -46,7 +46,7 @@ def test_stated_mfu_time_model() -> None:
 
 
 def test_predicted_step_time() -> None:
-    """Issue 32: the planner's step time (compute, host, communication over the site's links)
+    """The planner's step time (compute, host, communication over the site's links)
     replaces the stated MFU; its source says predicted, with its parts."""
     from scaleladder.planner.rates import rates
     from scaleladder.planner.steptime import predict_step, site_from_config
@@ -171,7 +171,7 @@ def test_the_report_shows_the_budget_beside_the_ladder(tmp_path: Path) -> None:
 
 
 def test_start_up_is_priced_from_finished_rungs_and_scales_with_nodes(tmp_path: Path) -> None:
-    """Issue 25: measured start-up (startup_s + teardown_s of finished rungs) replaces the stated
+    """Measured start-up (startup_s + teardown_s of finished rungs) replaces the stated
     budget.startup_s, at the same node count, else on the line through the node counts measured."""
     spec1 = RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b32")
     stated = cost.estimate(spec1, 8, True, None, time_model(), {})
@@ -195,7 +195,7 @@ def test_start_up_is_priced_from_finished_rungs_and_scales_with_nodes(tmp_path: 
 
 @pytest.mark.process
 def test_budget_prices_what_select_keeps_as_the_dry_run_plans_it(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 29: --config/--configfile as snakemake takes them, select applied, the jobs it priced
+    """--config/--configfile as snakemake takes them, select applied, the jobs it priced
     equal to the dry run's rung jobs, and --top N the costliest first."""
     from conftest import snakemake
 

@@ -1,5 +1,5 @@
 """planner/comm.py's per-collective links and gloo's algorithms, and overlap.py's device
-overlap, on hand-computed cases (issue 32, part 4b). Torch-free, milliseconds."""
+overlap, on hand-computed cases. Torch-free, milliseconds."""
 
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def test_an_upgrade_is_named_not_refused(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_compare_uses_the_stored_standard_errors_not_the_width_over_1_96() -> None:
-    # issue 22: three repeats each. Dividing each interval by 2×1.96 overstated the noise by
+    # three repeats each. Dividing each interval by 2×1.96 overstated the noise by
     # t(2)/1.96 = 2.2×, and this 6% change read as "within noise"; the standard errors with
     # Welch–Satterthwaite's 4 degrees of freedom see it.
     from scaleladder.results.stats import between_runs, t_quantile
@@ -207,7 +207,7 @@ def test_compare_uses_the_stored_standard_errors_not_the_width_over_1_96() -> No
     assert change == pytest.approx(0.06) and low == pytest.approx(math.expm1(d - half)) and high == pytest.approx(math.expm1(d + half))
     row = judge(SPEC, base, new, 0.05, 0.05)
     assert row.verdict == "faster", row
-    # a record from before issue 22 (interval only) is read through the t its ci_method names
+    # an older record (interval only) is read through the t its ci_method names
     old = {k: v for k, v in base.items() if k not in ("items_per_s_se", "ci_dof")}
     # (up to the log of a linear interval: within 1% here, where 1.96 would be 2.2× off)
     assert throughput_change(old, new)[1] == pytest.approx(low, rel=0.01)
@@ -223,7 +223,7 @@ def test_compare_says_plainly_when_it_judged_on_tolerance_alone(tmp_path: Path, 
 
 
 def test_rung_files_anywhere_compare_and_aggregate_by_their_own_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`scaleladder run ... --out r.h5` files (issue 29): the record's own spec names the rung."""
+    """`scaleladder run ... --out r.h5` files: the record's own spec names the rung."""
     a, b = tmp_path / "a" / "r.h5", tmp_path / "b" / "r.h5"
     for src, dst, step in ((tmp_path / "ra", a, 0.100), (tmp_path / "rb", b, 0.125)):
         dst.parent.mkdir()

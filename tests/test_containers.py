@@ -286,7 +286,7 @@ def test_docker_run_works_as_any_host_user(flavor: str) -> None:
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_images_carry_what_compile_rungs_build_with(flavor: str) -> None:
-    """Issue 29: the images had no C compiler, so every -compile rung failed in them (inductor's
+    """Without a C compiler in the image every -compile rung fails (inductor's
     C++ kernels on a CPU; Triton's launcher, driver.c including Python.h, on a GPU). The one
     stage installs gcc, g++ and libc6-dev, without recommends; Python.h is the base's (checked
     before the torch layer); and the build itself builds and imports a C and a C++ extension
@@ -309,8 +309,8 @@ def test_images_carry_what_compile_rungs_build_with(flavor: str) -> None:
 
 
 def test_image_check_runs_the_readme_default_line_and_a_compile_rung() -> None:
-    """Issue 29: `make image-check` never ran the image's default command, whose local ladder
-    holds a -compile rung, so CI missed that it produced no report. It runs the README's line
+    """`make image-check` runs the image's default command, whose local ladder
+    holds a -compile rung, so CI sees whether it produces a report. It runs the README's line
     with NO command (the image's CMD), requires the ladder, the figures and both reports, and
     reads the ladder back requiring a -compile rung compiled by inductor with a compile_s."""
     script = (C / "image-check").read_text()

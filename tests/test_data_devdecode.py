@@ -1,4 +1,4 @@
-"""The loader's GPU decode path, tested where a CPU can test it (issue 15, part 1).
+"""The loader's GPU decode path, tested where a CPU can test it.
 
 The same code path as on a GPU, except that ``decode_jpeg`` and the resampling run on
 the CPU: the workers pass encoded JPEGs and crop boxes, :class:`DeviceDecoder` makes the
@@ -82,7 +82,7 @@ def test_the_vectorised_weights_are_pillows_per_pixel_loop() -> None:
 
 
 def test_a_batch_is_decoded_and_resampled_in_a_handful_of_ops() -> None:
-    """Issue 31: the per-image loop issued ~20 ops per image (650-730 for a batch of 32). Now
+    """A per-image loop would issue ~20 ops per image (650-730 for a batch of 32). Now
     the device ops do not grow with the batch (decode_jpeg is one call on a GPU; on the CPU
     torchvision loops over the images itself, so it is left out of the count), and the batched
     resample with flips is Pillow's resize + flip of each image."""
@@ -228,7 +228,7 @@ def test_a_rung_on_shards_records_its_input_pipeline(shards: dict[int, Path], tm
         assert p.returncode == 2 and "--decode gpu needs a GPU" in p.stderr and not (tmp_path / "g.h5").exists()
 
 
-# -- issue 22: what actually decoded, a missing device decoder, and the stream order ------------------
+# -- what actually decoded, a missing device decoder, and the stream order ------------------
 
 
 def _jpegs(n: int) -> list[torch.Tensor]:
@@ -251,7 +251,7 @@ class _FakeDecodeStream:
 def test_the_device_decode_runs_on_its_own_stream_without_a_host_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     # torchvision allocates decode_jpeg's output on the current stream but writes it on its own
     # (devdecode._DecodeStream): the decode runs with a stream of its own current, its images
-    # handed to the consumer device-side; no host synchronisation per batch (issue 31).
+    # handed to the consumer device-side; no host synchronisation per batch.
     from torchvision.io import ImageReadMode
     from torchvision.io import decode_jpeg as host_decode
 

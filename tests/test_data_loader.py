@@ -413,7 +413,7 @@ def test_gloo_ranks_split_the_checksums_and_share_the_verdict(tmp_path: Path) ->
     assert [r["speaker"] for r in gone] == [True, False], gone
 
 
-# -- issue 31: uint8 across the boundary, the rank's cores -----------------------------------------
+# -- uint8 across the boundary, the rank's cores -----------------------------------------
 
 
 @pytest.mark.parametrize("flavor", [FLAVA, VIT], ids=["flava", "vit"])

@@ -164,7 +164,7 @@ def test_libcxi_dependencies_must_resolve_inside_the_image(login: Path, monkeypa
     ({"FAKE_TORCH": "2.14.1 13.0 None"}, "is a CUDA 13.0 build but the launcher runs apptainer --rocm"),
     ({"FAKE_TORCH": "2.14.1+cpu None None"}, "is a CPU-only build"),
     ({"SCALELADDER_RCCL_NET_PLUGIN": "/sw/nowhere/librccl-net.so"}, "bind source /sw/nowhere does not exist"),
-    # issue 26: apptainer splits --bind at ',' and ':' after the shell expanded it
+    # apptainer splits --bind at ',' and ':' after the shell expanded it
     ({"SCALELADDER_RCCL_NET_PLUGIN": "/sw/a,b/librccl-net.so"}, "which holds ',' or ':' where apptainer's --bind splits"),
     ({"FAKE_FS_TYPE": "ext2/ext3"}, "results/: on ext2/ext3"),
 ])
@@ -286,7 +286,7 @@ def test_compute_through_the_real_one_node_slurm(tmp_path: Path) -> None:
     assert m and float(m.group(1)) > 0, out
     report = json.loads((wf / "results/doctor/compute.json").read_text())
     assert report["world"] == 2 and report["launcher"] == "slurm" and report["allreduce_ok"] is True
-    # issue 29: rank 0 built a C and a C++ extension where the ranks ran
+    # rank 0 built a C and a C++ extension where the ranks ran
     assert report["toolchain"]["c_extension"] == report["toolchain"]["cxx_extension"] == "ok", report["toolchain"]
 
 
@@ -311,7 +311,7 @@ TOOLCHAIN = {"cc": "/usr/bin/gcc", "cxx": "/usr/bin/g++", "python_include": "/us
      "a C extension does not build: /usr/bin/gcc failed: fatal error: stdio.h"),
 ], ids=["no compiler", "no headers", "no libc headers"])
 def test_compute_checks_the_compile_toolchain_inside_the_image(login: Path, fault: dict[str, object], says: str) -> None:
-    """Issue 29: the images had no gcc, so every -compile rung failed there. The probe job builds
+    """Without gcc in the image every -compile rung fails. The probe job builds
     a C and a C++ extension where the rungs run (inside the image); a missing piece is one FATAL
     line naming it, and only where the ladder holds -compile rungs."""
     probe = {"gpus_seen": 8, "hostname": "frontier00001", "cuda_version": None, "hip_version": "7.0.51831",
@@ -347,7 +347,7 @@ def test_the_real_toolchain_probe_names_a_missing_compiler(tmp_path: Path) -> No
 
 @pytest.mark.process
 def test_compute_names_the_old_driver_when_torch_sees_no_gpu(login: Path) -> None:
-    # issue 22: CUDA 13 wheels on a 550 driver see NO GPU; the cause is the driver, not apptainer --nv,
+    # CUDA 13 wheels on a 550 driver see NO GPU; the cause is the driver, not apptainer --nv,
     # and doctor --compute says so before the ladder's first rung fails with NoGPUError
     probe = {"gpus_seen": 0, "hostname": "gpu001", "cuda_version": "13.0", "hip_version": None, "nvidia_driver": "550.54.15",
              "backend": "gloo", "hosts": ["gpu001"], "busbw_gbps": 0.1, "allreduce_ok": True}
@@ -371,7 +371,7 @@ def test_compute_on_rocm_with_no_gpu_names_the_amdgpu_driver(login: Path) -> Non
 
 @pytest.mark.process
 def test_no_ok_for_binds_after_a_fatal_bind(login: Path) -> None:
-    """Issue 21: 'ok binds: N sources checked' used to follow the bind FATALs it summed up."""
+    """Bind FATALs are not followed by an 'ok binds: N sources checked' line summing them up."""
     edit(login / SITE, *PLANTED[0][2])
     rc, lines = diagnose(login)
     assert rc == 1 and any("bind source" in line for line in fatal(lines))

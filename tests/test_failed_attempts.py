@@ -1,7 +1,7 @@
 """A rung that fails for any reason but memory (a lost node, a crash) is no result: no rung
 file, a non-zero exit, so the next `snakemake` runs it again. Its attempt is noted in
 ``results/failed/<spec>.h5.json`` and the report lists it, with whether it was redone
-(issue 20, part 5: a lost node is recorded as failed, in its log and in the report)."""
+(a lost node is recorded as failed, in its log and in the report)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Faults that must never cost finished work or leave the user guessing (issue 21), for real:
+"""Faults that must never cost finished work or leave the user guessing, for real:
 a full disk (`ulimit -f` through RLIMIT_FSIZE, or a tiny tmpfs where mounting is allowed),
 a truncated or misfiled rung file, garbage given to `compare`, the litter of killed runs.
 Each test runs the real command in a subprocess; none takes more than a few seconds."""

@@ -70,7 +70,7 @@ def test_cpu_smoke_end_to_end(tmp_path: Path) -> None:
     assert summary["loader_ratio"] is not None and summary["loader_ratio"] > 0
     # The planner is asked about every rung that ran (one per file); the CPU measures no memory.
     assert len(summary["planner"]) == len({r["file"] for r in rungs})
-    # ... and its step time is held against each rung's measured median step (issue 32 (a), on any device)
+    # ... and its step time is held against each rung's measured median step (on any device)
     for p in summary["planner"]:
         assert p["predicted_step_ms"] > 0 and p["measured_step_ms"] > 0 and math.isfinite(p["step_error"]), p
     assert "| planner step time vs measured | within 20% |" in md
@@ -154,7 +154,7 @@ def test_bad_sections_is_one_line() -> None:
 
 
 def test_same_strategy_rows_are_marked_not_shown_as_different_strategies(tmp_path: Path) -> None:
-    # issue 22: on one GPU FSDP1's full, grad-op and no-shard all run as NO_SHARD. The records say so
+    # on one GPU FSDP1's full, grad-op and no-shard all run as NO_SHARD. The records say so
     # (sharding_ran, read from the wrapped model); the report marks the later rows and keeps them out
     # of the AC-cost and planner targets. The one-GPU selection does not run them at all.
     assert not {s for _, s in FULL.strategies} & set(ONE_RANK_SAME)
@@ -184,7 +184,7 @@ def test_same_strategy_rows_are_marked_not_shown_as_different_strategies(tmp_pat
     assert "| 100.0 | host | 110.0 | -9.1% |" in md
 
 
-# -- issue 22: every section starts, at a GPU's start-up cost -------------------------------------------
+# -- every section starts, at a GPU's start-up cost -------------------------------------------
 # The simulated cost of each command on one GPU, in seconds. Start-up per rung process: dev-cpu measured
 # a vit-debug rung's `startup_s` at 5.9 s (imports 2.6 s, process group 3.2 s; `scaleladder run --spec
 # vit-debug/fsdp-full/fp32/pre-lag/n1/b4 --steps 3 --warmup 1 --device cpu`); a GPU adds the CUDA
@@ -253,7 +253,7 @@ def test_every_section_starts_at_a_gpus_start_up_cost(tmp_path: Path, monkeypatc
     for role in ROLES:
         flavor = GPU.flavors[role]
         assert [flavor, "single"] in ran and [flavor, "single-ac"] in ran, ran
-    assert [GPU.flavors["vit-base"], "single-compile"] in ran, ran  # compiled rungs early, not last (issue 30)
+    assert [GPU.flavors["vit-base"], "single-compile"] in ran, ran  # compiled rungs early, not last
     searched = [cmd.name.split()[1].split("/")[:2] for cmd in started["maxbatch"] if cmd.rc == 0]  # finished
     assert all([GPU.flavors[r], "ddp"] in searched for r in ROLES), searched
     assert all(cmd.rc == 0 for cmd in started["harness"][:1] + started["loader"][:3] + started["strategies"][:6])
@@ -267,7 +267,7 @@ def test_every_section_starts_at_a_gpus_start_up_cost(tmp_path: Path, monkeypatc
 
 
 def test_the_loader_section_runs_both_decoders_and_both_worker_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 31: `--sections loader` on one GPU (simulated clock, the start-up costs above) shards
+    """`--sections loader` on one GPU (simulated clock, the start-up costs above) shards
     300-900 px JPEGs and runs the synthetic rung, then CPU and GPU decode with 14 and 6 workers, in
     under 5 minutes; the report's table has a row each with its ratio to synthetic."""
     def record(argv: list[str]) -> None:
@@ -293,7 +293,7 @@ def test_the_loader_section_runs_both_decoders_and_both_worker_counts(tmp_path: 
     assert report.loader_ratio(c) == pytest.approx(0.98)
 
 
-# -- issue 30: the host section ----------------------------------------------------------------------
+# -- the host section ----------------------------------------------------------------------
 
 
 def test_kernel_busy_merges_overlapping_device_work() -> None:

@@ -1,5 +1,5 @@
 """Where GPUs are expected, no GPU is a one-line error naming the cause — never a CPU run
-recorded as the GPU site's result (issue 10, fault 8).
+recorded as the GPU site's result.
 
 torch >= 2.9 wheels are CUDA 13 builds: on a driver older than 580, torch.cuda.is_available()
 is just False, and `--device auto` used to train on the CPU. Every branch of the diagnosis is

@@ -1,4 +1,4 @@
-"""FSDP1's host work per step at one rank, counted, not timed (issue 30, part 3).
+"""FSDP1's host work per step at one rank, counted, not timed.
 
 What a vit-debug ``fsdp-full`` step costs the host over a ``single`` step is FSDP1's own
 per-unit work (benchmarks/bench_host.py; docs/performance.md, "Where FSDP1's host time goes"):

@@ -1,4 +1,4 @@
-"""FSDP2's host work per step at one rank, counted, not timed (issue 30, part 3).
+"""FSDP2's host work per step at one rank, counted, not timed.
 
 What a vit-debug ``fsdp2-full`` step costs the host over a ``single`` step is torch's own
 FSDP2 per-unit and per-parameter work (docs/performance.md, "Where FSDP2's host time goes").
@@ -7,7 +7,7 @@ What we control around it is held here by counts that do not move with the machi
 * the optimizer steps the local shards, not DTensors (``LocalShardAdamW``): handed DTensors,
   each fused/foreach op went through DTensor's dispatch (3.1 ms against 0.6 ms of host time
   on a vit-base skeleton); and it adds few Python calls over ``single``'s optimizer (a
-  ``DTensor`` import per tensor in ``_local`` cost ~260 calls a step until issue 30);
+  ``DTensor`` import per tensor in ``_local`` cost ~260 calls a step before it moved);
 * the root is gathered once a step and kept from forward into backward (its
   ``reshard_after_forward`` left to FSDP2's root default); every layer unit reshards after
   forward (``fsdp2-full``'s meaning);

@@ -142,7 +142,7 @@ def test_the_rule_can_fail() -> None:
         < stage_of("scaleladder.models.build")
 
 
-# Issue 24: what a reader can hold. A function may run longer only with the reason in its
+# What a reader can hold. A function may run longer only with the reason in its
 # docstring ("Long because ..."); no class may.
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 300
 

@@ -197,7 +197,7 @@ def test_an_oom_search_record_says_the_world_the_probes_ran_on(tmp_path: Path, l
 
 @pytest.mark.process
 def test_at_the_cap_the_probe_is_the_rung_and_no_launch_repeats_it(tmp_path: Path, launcher: Any) -> None:
-    """Issue 25: a pass at --max-batch-cap ends the search, so that probe runs the rung's own
+    """A pass at --max-batch-cap ends the search, so that probe runs the rung's own
     steps (3 here, probes 2) and becomes the record: 3 launches, not 4."""
     log = tmp_path / "launches.txt"
     assert _run(tmp_path, "vit-debug/single/fp32/pre-lag/n1/bmax", launcher(100, world=1, rpn=1, FAKE_LOG=str(log)),

@@ -1,4 +1,4 @@
-"""Two nodes for real (issue 20): the 2-node Slurm of `.ci/slurm-up --nodes 2`, each node a
+"""Two nodes for real: the 2-node Slurm of `.ci/slurm-up --nodes 2`, each node a
 network namespace of its own (own address, hostname, slurmd), joined by a bridge.
 
 The slurm-localhost profile climbs 1 and 2 nodes through the real SLURM executor

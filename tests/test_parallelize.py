@@ -357,7 +357,7 @@ def test_meta_init_rejects_a_codebook_file_that_does_not_fit(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("strategy,ran", [
-    # issue 22: FSDP1 on one rank replaces FULL_SHARD / SHARD_GRAD_OP by NO_SHARD (a warning only)
+    # FSDP1 on one rank replaces FULL_SHARD / SHARD_GRAD_OP by NO_SHARD (a warning only)
     ("fsdp-full", "fsdp1:NO_SHARD"), ("fsdp-grad-op-ac", "fsdp1:NO_SHARD"), ("fsdp-no-shard", "fsdp1:NO_SHARD"),
     # FSDP2 keeps its schedule on a one-rank mesh, sharded over 1 rank
     ("fsdp2-full", "fsdp2:shard1:reshard"), ("fsdp2-grad-op", "fsdp2:shard1:keep"),

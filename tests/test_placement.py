@@ -1,4 +1,4 @@
-"""Where each rank ran, and bad rendezvous input, without a cluster (issue 20). The same
+"""Where each rank ran, and bad rendezvous input, without a cluster. The same
 paths across two real nodes: tests/test_multinode.py."""
 
 from __future__ import annotations

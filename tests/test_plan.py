@@ -148,7 +148,7 @@ def test_seed_flava_max_batches_exactly() -> None:
     # The planner is deterministic: these are its numbers, asserted exactly (docs/planner.md shows them).
     assert seeds.flava_max_batches(seeds.RUNNER) == {
         "ddp": [90, 24, 4, None, None, None],
-        "fsdp-full": [106, 40, 24, 17, 11, None],  # issue 30: FSDP1's frozen heads left the gathered root
+        "fsdp-full": [106, 40, 24, 17, 11, None],  # FSDP1's frozen heads left the gathered root
         "fsdp-full-ac": [616, 257, 179, 135, 98, None]}
     assert seeds.flava_max_batches(seeds.SEED_FLAVA) == {
         "ddp": [90, 24, 5, None, None, None],
@@ -164,7 +164,7 @@ def test_seed_flava_ddp_fits_350m_and_900m_only() -> None:
     f = seeds.fit("flava-1.8b", "ddp", 8, A100, 1)
     assert f.margin_gib == pytest.approx(2.19, abs=0.01) and f.flip_factor == pytest.approx(1.80, abs=0.01)
     assert not f.borderline and f.phase.startswith("backward")
-    # The runner before issue 10 (foreach AdamW: sqrt(exp_avg_sq) for every state at once) agreed,
+    # The earlier runner (foreach AdamW: sqrt(exp_avg_sq) for every state at once) agreed,
     # borderline: it missed batch 1 by 1.19 GiB (k* 0.59). The foreach temporary is the whole difference.
     g = seeds.fit("flava-1.8b", "ddp", 8, A100, 1, seeds.FOREACH)
     assert g.margin_gib == pytest.approx(-1.19, abs=0.01) and g.flip_factor == pytest.approx(0.59, abs=0.01) and g.borderline
@@ -264,7 +264,7 @@ def test_sensitivity_names_the_verdicts_the_overhead_estimates_decide() -> None:
     # overhead constants within ±50 % — and recomputing with the constants scaled flips exactly those.
     cases = [(m, s, v) for m in FLAVA for s in seeds.FLAVA_STRATEGIES for v in (seeds.RUNNER, seeds.SEED_FLAVA)]
     fits = {c: seeds.fit(c[0], c[1], 8, A100, 1, c[2]) for c in cases}
-    # (Before issue 10 our runner's DDP 1.8B was the other one; fused AdamW moved it to k* 1.80.)
+    # (With foreach AdamW our runner's DDP 1.8B was the other one; fused AdamW moved it to k* 1.80.)
     assert {c[:2] + (c[2] == seeds.SEED_FLAVA,) for c, f in fits.items() if f.borderline} == {
         ("flava-4.8b", "fsdp-full", True)}
     for k in (0.5, 1.5):
@@ -283,7 +283,7 @@ def test_sensitivity_names_the_verdicts_the_overhead_estimates_decide() -> None:
 # ORNL's measured peaks (mem_alloc_1G.py: 3B NO_SHARD 47.3 GB, DDP 59.8 GB) fit 16 B/param in the step,
 # i.e. no foreach temporary: the same optimizer (seeds.ORNL_VIT == seeds.RUNNER_SDPA, the runner's defaults;
 # seeds.RUNNER differs only in building TorchMultimodal's FLAVA, which ViT ignores). The foreach AdamW our
-# runner used before issue 10 (20 B/param in the step, seeds.FOREACH) is asserted alongside.
+# runner used before fused AdamW (20 B/param in the step, seeds.FOREACH) is asserted alongside.
 
 GCD = "mi250x-gcd"
 
@@ -319,7 +319,7 @@ def test_seed_vit_5b_needs_two_gcds() -> None:
 
 
 def test_seed_vit_15b_needs_four_gcds() -> None:
-    # AGREES (issue 10: "the planner says ViT-15B then fits on 4 MI250X GCDs, as the ViT seed claims"):
+    # AGREES (the claim: "the planner says ViT-15B then fits on 4 MI250X GCDs, as the ViT seed claims"):
     # not on 2; on 4 the peak is 57.90 GiB in backward, 61.79 GiB must fit of 63.98 — a margin of
     # 2.19 GiB (flip factor 1.56: just outside ±50 %, so it rests on the overhead estimates more
     # than most). Without the foreach temporary the step holds 16 B/param: 3.66B × 16 = 54.5 GiB.
@@ -328,7 +328,7 @@ def test_seed_vit_15b_needs_four_gcds() -> None:
     assert g.fits and g.phase.startswith("backward") and g.peak / GIB == pytest.approx(57.90, abs=0.01)
     assert g.margin_gib == pytest.approx(2.19, abs=0.01) and g.flip_factor == pytest.approx(1.56, abs=0.01)
     assert seeds.vit_fit("vit-15b", "fsdp-hybrid8-ac", 8).fits
-    # foreach AdamW (the runner before issue 10) needed 8: its step held 20 B/param, 72.6 GiB > 64.
+    # foreach AdamW (the earlier runner) needed 8: its step held 20 B/param, 72.6 GiB > 64.
     f = seeds.vit_fit("vit-15b", "fsdp-hybrid4-ac", 4, seeds.FOREACH)
     assert not f.fits and f.phase == "optimizer" and f.required / GIB == pytest.approx(72.64, abs=0.01)
 
@@ -487,7 +487,7 @@ def test_fsdp2_prefetch_and_grad_op_cost_memory_and_compile_is_planned_as_eager(
     assert peaks["pf0"] <= peaks["pf1"] < peaks["pf2"]
     grad_op = predict(spec("vit-5b/fsdp2-grad-op/bf16-mixed/pf0/n1/b8"), 8, 8, "mi250x-gcd").peak_bytes
     assert grad_op > peaks["pf0"]
-    # a -compile rung: its eager rung's memory, an upper bound (issue 32; plan --json says memory_model)
+    # a -compile rung: its eager rung's memory, an upper bound (plan --json says memory_model)
     assert predict(spec("vit-5b/fsdp2-full-compile/bf16-mixed/pf0/n1/b8"), 8, 8, "mi250x-gcd").peak_bytes == peaks["pf0"]
 
 
@@ -530,7 +530,7 @@ def test_the_seeds_reentrant_ac_as_a_rung_fits_flava_10b_where_non_reentrant_doe
 @pytest.mark.parametrize("spec", ["vit-base/single-ac/bf16-mixed/pre-lag/n1/b32", "flava-350m/single-ac/bf16-mixed/pre-lag/n1/b8",
                                   "vit-huge/single-ac/fp16-mixed/pre-lag/n1/b16", "flava-350m/single-ac-reentrant/bf16-mixed/pre-lag/n1/b8"])
 def test_under_ac_autocast_weight_copies_are_one_layers_at_a_time_in_backward(spec: str) -> None:
-    # issue 22: a checkpointed layer saves none of its bf16 weight copies; autocast's cache is cleared
+    # a checkpointed layer saves none of its bf16 weight copies; autocast's cache is cleared
     # before backward() and each layer's recompute casts again. The old term held every layer's
     # copies until its backward (10.1% over torch's MemTracker for flava-350m b8, 5.4% for vit-base b32).
     from scaleladder.flavors import get_flavor

@@ -293,7 +293,7 @@ def test_step_peak_matches_a_real_cpu_step(name: str, dims: dict[str, int], batc
                     variant=Variant(flava_impl=impl))
     predicted = simulate(st, batch).peak
     print(f"{name} ac={ac}: measured {measured} predicted {predicted:.0f} ratio {predicted / measured:.3f}")
-    # 10 %: the planner's backward transients are conservative. Until issue 10 this was 8 %: with foreach
+    # 10 %: the planner's backward transients are conservative. Until fused AdamW this was 8 %: with foreach
     # AdamW the measured peak of the AC case was the optimizer step (its sqrt temporaries: 9.12 MB, above
     # the real backward's 8.94 MB), which hid part of that excess; with the fused step the measured peak
     # is the backward itself, and the AC case shows the excess unmasked (observed 1.083).

@@ -1,10 +1,10 @@
-"""The planner held against torch's own memory trackers (issue 22, part 8): the suite's fast subset.
+"""The planner held against torch's own memory trackers: the suite's fast subset.
 
 Each case builds the model on FAKE CPU tensors, wraps it with the runner's ladder, and runs two
 training steps of the runner's own step under torch's ``MemTracker`` (``FSDPMemTracker`` for FSDP2,
 on the fake process group as rank 0 of 8), then compares the second step's peak and the static
 categories with ``scaleladder plan`` (scaleladder.campaign.plan_check). One case per mechanism: plain
-single-rank training, activation checkpointing under autocast (the term issue 22 fixed: 5.4% over
+single-rank training, activation checkpointing under autocast (a term since fixed: 5.4% over
 the tracker before the fix at this batch), FSDP2 sharding with AC. The full matrix (vit-base and
 vit-huge × single, single-ac, fsdp2-full, fsdp2-full-ac × two batches) is
 benchmarks/bench_plan_check.py, its table in docs/planner.md.

@@ -157,7 +157,7 @@ def test_plan_follows_the_flava_implementation_the_rung_builds(capsys: pytest.Ca
     # A rung runs FLAVA on SDPA unless told --flava-impl torchmultimodal; `plan` takes the same
     # option and plans that model's memory. TorchMultimodal's layer returns its T x T attention
     # weights out of a checkpointed layer, so FLAVA-10B under FSDP + AC fits 8 x A100-40GB at b8
-    # only on SDPA (issue 30: the planner follows what is resident).
+    # only on SDPA (the planner follows what is resident).
     argv = ("--spec", "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8", "--gpus", "8",
             "--device", "a100-40gb", "--flava-impl")
     sdpa, tm = _json(capsys, *argv, "sdpa"), _json(capsys, *argv, "torchmultimodal")

@@ -1,5 +1,5 @@
 """`plan --fits-table` says its numbers are predictions, and marks the cells where a seed
-claimed otherwise, pointing to docs/planner.md where the difference is explained (issue 29)."""
+claimed otherwise, pointing to docs/planner.md where the difference is explained."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_the_report_shows_compile_time_for_compiled_rungs_only() -> None:
     assert _cell({}, "compile_s") == "-"
 
 
-# -- uncertainty (issue 14) -------------------------------------------------------------------
+# -- uncertainty -------------------------------------------------------------------
 
 
 def _ci_ladder(tmp_path: Path, hybrid: tuple[float, float, float], no_shard: tuple[float, float, float]) -> list[dict]:
@@ -194,7 +194,7 @@ def test_a_rung_with_repeats_shows_each_run_beside_its_interval(tmp_path: Path) 
     plt.close("all")
 
 
-# -- issue 29: every generation in the figures, labels that can be read ----------------------
+# -- every generation in the figures, labels that can be read ----------------------
 
 
 def test_fsdp2_and_compiled_rungs_are_in_the_throughput_and_max_batch_figures(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_fsdp2_and_compiled_rungs_are_in_the_throughput_and_max_batch_figures(tm
 
 
 @pytest.mark.parametrize("strategies", [
-    # the local profile's FSDP rungs at batch 4 (profiles/local/site.yaml): issue 29 saw their names overlap
+    # the local profile's FSDP rungs at batch 4 (profiles/local/site.yaml): their names must not overlap
     ["fsdp-full", "fsdp-grad-op", "fsdp-full-ac", "fsdp2-full", "fsdp2-full-ac", "fsdp-full-ac-reentrant",
      "fsdp2-full-compile"],
     ["fsdp-no-shard", "fsdp-grad-op", "fsdp-full", "fsdp-hybrid1", "fsdp-hybrid2", "fsdp-full-ac", "fsdp-full-ac-reentrant",

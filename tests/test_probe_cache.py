@@ -1,4 +1,4 @@
-"""The unused-parameter probe's disk cache (rung/probe_cache.py, issue 25): the same answer as
+"""The unused-parameter probe's disk cache (rung/probe_cache.py): the same answer as
 the probe, read back by a fresh process, never a stale one, and never a failure when the
 cache folder cannot be written."""
 

@@ -52,7 +52,7 @@ def test_frontier_srun_apptainer_rocm(wf: Path) -> None:
     rung = "results/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.h5"
     out = dry_run(wf, "frontier", rung, SCALELADDER_SLURM_ACCOUNT="abc123")
     cmd = shell_of(out, "rung", rung)
-    # every path a shell expands is quoted, so a checkout path with a space stays one word (issue 26)
+    # every path a shell expands is quoted, so a checkout path with a space stays one word
     image = '"${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-rocm.sif}"'
     plugin_dir = "${SCALELADDER_RCCL_NET_PLUGIN%/*}"
     launcher = (
@@ -97,7 +97,7 @@ def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
     out = dry_run(wf, "frontier")
     counts = job_counts(out)
     # Figure 1: 3 strategies x 6 knob sets at 8 nodes; Figures 2-3: 6 models x 7 strategies
-    # x nodes 1/2/4/8; 3 rungs are in both. Beside them (issue 12), FSDP2's prefetch block
+    # x nodes 1/2/4/8; 3 rungs are in both. Beside them, FSDP2's prefetch block
     # (3 x pf0..pf2 at 8 nodes) and FSDP2 + compile weak scaling (6 models x 6 strategies x 4),
     # again with 3 rungs in both. Each is either run or, when the planner says it cannot fit
     # a 64 GB GCD, recorded as predicted-oom without an allocation (never a compiled rung:
@@ -134,7 +134,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     fixed = "results/rungs/flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
     mx = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
     out = dry_run(wf, "a100", fixed, mx)
-    sl = "scaleladder"  # the supervisor runs on the host (it calls srun); the ranks in the image (issue 20)
+    sl = "scaleladder"  # the supervisor runs on the host (it calls srun); the ranks in the image
     launcher = ("'srun -N1 -n1 --ntasks-per-node=1 -c64 --kill-on-bad-exit=1 apptainer exec --nv --workdir \"$PWD\" "
                 "\"${SCALELADDER_IMAGE:-$PWD/containers/scaleladder-cuda.sif}\" torchrun --nnodes 1 --nproc-per-node 8 "
                 "--rdzv-backend c10d --rdzv-endpoint \"$(scontrol show hostnames \"${SLURM_JOB_NODELIST:-$(squeue -h -j "
@@ -153,9 +153,9 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
         assert res["tasks_per_node"] == "8" and res["mpi"] == "srun"  # the launcher's srun: one torchrun per node
     whole = dry_run(wf, "a100")
     full = job_counts(whole)
-    # the seed's 6 FLAVA sizes x 3 strategies x {8, max}; beside it (issue 12) the same sizes under the
+    # the seed's 6 FLAVA sizes x 3 strategies x {8, max}; beside it the same sizes under the
     # seed's reentrant AC and FSDP2 (3 strategies), and 4 ViT sizes x 8 FSDP1/FSDP2/compile rungs at 32,
-    # 5 of them (no AC: those would outrun the time limit) at max; (issue 20) weak scaling of 2 ViT
+    # 5 of them (no AC: those would outrun the time limit) at max; weak scaling of 2 ViT
     # sizes x 5 strategies over 1, 2 and 4 nodes, less the 6 one-node rungs the ViT block already has
     assert full["rung"] + full["rung_max"] + full["predicted_oom"] == 36 + 36 + 4 * 8 + 4 * 5 + 2 * 5 * 3 - 6
     # the multi-node rungs: one torchrun per node on every node of the job, a c10d rendezvous on the first
@@ -170,7 +170,7 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     assert "results/predicted/flava-1.8b/ddp/bf16-mixed/pre-lag/n1/b8.h5" in whole
     assert "results/rungs/flava-1.8b/ddp/bf16-mixed/pre-lag/n1/bmax.h5" in whole
     # ... and FLAVA-10B fits under the seed's reentrant AC and, since the rungs run FLAVA on SDPA
-    # (issue 30: no attention weights returned out of a checkpointed layer), under our default
+    # (no attention weights returned out of a checkpointed layer), under our default
     # AC too; TorchMultimodal's FLAVA kept every layer's T x T weights and did not fit there.
     assert "results/rungs/flava-10b/fsdp-full-ac-reentrant/bf16-mixed/pre-lag/n1/b8.h5" in whole
     assert "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5" in whole
@@ -384,7 +384,7 @@ def test_frontier_writes_the_shards_where_snakemake_runs(wf: Path, tmp_path: Pat
 
 def test_a_missing_or_mistyped_profile_names_the_folder_and_the_profiles_there(tmp_path: Path,
                                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 29: every scaleladder command that takes --profile answers one line naming the folder
+    """Every scaleladder command that takes --profile answers one line naming the folder
     it looked in, the profiles there and the nearest name; from a subfolder, the checkout above."""
     from scaleladder.cli import main as cli
     from scaleladder.errors import SpecError

@@ -1,4 +1,4 @@
-"""A path is a path (issue 26): every user value that reaches a rule's shell line arrives as
+"""A path is a path: every user value that reaches a rule's shell line arrives as
 ONE argument, intact, and nothing in it runs.
 
 Each rule that carries a config value is run for real by Snakemake, with `site.scaleladder`

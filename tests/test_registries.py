@@ -1,4 +1,4 @@
-"""The extension points' registries kept whole (issue 33), and the walk through adding to them:
+"""The extension points' registries kept whole, and the walk through adding to them:
 a new figure is one module plus one row of figures/registry.py; a new device, one row of
 planner/devices.py. docs/design.md, "Where to change what", lists the files."""
 

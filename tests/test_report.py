@@ -1,4 +1,4 @@
-"""The report answers its question in its first table (issue 29): the fastest strategy at
+"""The report answers its question in its first table: the fastest strategy at
 the fixed batch and at its max batch kept apart, each with its memory per GPU, the largest
 batch; a CPU's memory is '-', an unbounded interval says so, CPU rungs without loader
 workers are not each called input-bound. The page is checked as text everywhere, and in
@@ -28,7 +28,7 @@ FIRST_TABLE = ["model", "nodes", "fastest at the fixed batch", "its peak memory 
 
 
 def cpu_ladder(root: Path) -> Path:
-    """What the local profile's CPU ladder holds, with the numbers of the run issue 29 quotes:
+    """What the local profile's CPU ladder holds, with the numbers of a recorded run:
     DDP at batch 4 (350.6 items/s) and at its max batch, stopped by the cap at 4 (564.9)."""
     files = [
         write_rung(root, "vit-debug/ddp/fp32/pre-lag/n1/b4", items_per_s=350.6, items_per_s_ci_low=300.0,
@@ -76,7 +76,7 @@ class _Tables(HTMLParser):
 def test_the_first_table_keeps_the_fixed_batch_and_the_max_batch_apart(tmp_path: Path) -> None:
     (row,) = report.winners(read_ladder(str(cpu_ladder(tmp_path)))[0])
     assert list(row) == FIRST_TABLE
-    # issue 29 read "fastest: DDP 564.9 items/s, batch 4": the max-batch rung's rate beside the fixed batch
+    # never "fastest: DDP 564.9 items/s, batch 4": the max-batch rung's rate beside the fixed batch
     assert row["fastest at the fixed batch"].startswith("DDP: 350.6 items/s at batch 4; DDP vs FSDP FULL_SHARD")
     assert row["fastest at its max batch"].startswith("DDP: 564.9 items/s at batch ≥4 (cap)")
     assert row["its peak memory per GPU"] == row["its peak memory per GPU (max batch)"] == "-"  # a CPU: not 0

@@ -83,13 +83,13 @@ def test_record_schema(tmp_path: Path) -> None:
         (["--spec", "vit-debug/fsdp-hybrid02/fp32/pre-lag/n1/b4"], "'fsdp-hybrid2'"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n01/b4"], "'n1'"),
         (["--model", "vit-debug", "--strategy", "fsdp-hybrid01", "--batch", "4"], "not canonical"),
-        # FSDP2 and compile (issue 12)
+        # FSDP2 and compile
         (["--spec", "vit-debug/fsdp2-full/fp32/pre-lag/n1/b4"], "FSDP1 knobs 'pre-lag' given for FSDP2"),
         (["--model", "vit-debug", "--strategy", "fsdp-full", "--knobs", "pf1", "--batch", "4"], "FSDP2 knobs 'pf1'"),
         (["--spec", "vit-debug/fsdp-full-compile/fp32/pre-lag/n1/b4"], "not offered with FSDP1"),
         (["--spec", "vit-debug/single-compile/fp32/pre-lag/n1/b4", "--steps", "3", "--warmup", "0"], "--warmup >= 1"),
         (["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--compile-backend", "aot_eager"], "--compile-backend applies"),
-        # issue 30: -sac where it cannot go, a knob the wrapper does not have
+        # -sac where it cannot go, a knob the wrapper does not have
         (["--spec", "vit-debug/ddp-ac-sac/fp32/pre-lag/n1/b4"], "one form of activation checkpointing at most"),
         (["--spec", "vit-debug/single-sac/fp32/pf1/n1/b4"], "FSDP knobs 'pf1' given for non-FSDP strategy 'single-sac'"),
     ],
@@ -321,7 +321,7 @@ def test_launch_plan_only_records_the_planners_verdict(tmp_path: Path, spec: str
         assert_bad_input(p, "predicted to fit", tmp_path)
 
 
-# -- FSDP2 and compiled rungs from the CLI (issue 12) ------------------------------------------
+# -- FSDP2 and compiled rungs from the CLI ------------------------------------------
 
 
 @pytest.mark.process
@@ -333,7 +333,7 @@ def test_an_fsdp2_rung_records_its_units_and_knobs(tmp_path: Path) -> None:
         a = f.attrs
         assert a["status"] == "ok" and a["wrapper"] == "fsdp2" and a["knobs"] == "pf1" and a["knob_prefetch_layers"] == 1
         assert a["fsdp_layer_units"] == 2 and a["fsdp_units"] == 3  # each layer, and the root
-        # issue 22: read from the wrapped model; FSDP2 on one rank shards over 1 rank
+        # read from the wrapped model; FSDP2 on one rank shards over 1 rank
         assert a["sharding_ran"] == "fsdp2:shard1:reshard" and a["param_shard_fraction"] == 1.0
         assert a["compile"] == False and a["compile_backend"] == "" and "compile_s" not in a  # noqa: E712
     # --strategy without --knobs takes the generation's default
@@ -394,7 +394,7 @@ def test_a_compiled_fsdp2_rung_runs_under_torchrun(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spec", ["vit-base/ddp-compile/bf16-mixed/pre-lag/n1/b8", "vit-base/fsdp2-full-compile/bf16-mixed/pf0/n1/b8"])
 def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spec: str) -> None:
-    # `plan` gives a compiled rung its eager rung's memory, said to be an upper bound (issue 32) ...
+    # `plan` gives a compiled rung its eager rung's memory, said to be an upper bound ...
     p = in_process("plan", "--spec", spec, "--device", "a100-40gb")
     assert p.returncode == 0 and "upper bound" in p.stdout, p.stderr
     # ... which is no verdict to record a rung as predicted-oom by: --plan-only refuses, one line
@@ -405,7 +405,7 @@ def test_the_planner_says_in_one_line_what_it_does_not_model(tmp_path: Path, spe
 
 @pytest.mark.process
 def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tmp_path: Path) -> None:
-    # issue 22 part 9: torch.profiler works on the CPU; the allocator snapshot is refused in one line
+    # torch.profiler works on the CPU; the allocator snapshot is refused in one line
     import json
 
     out = tmp_path / "r.h5"

@@ -1,4 +1,4 @@
-"""Sharding at tar speed and in parallel (issue 15): the tar writer's bytes, the cheap JPEG
+"""Sharding at tar speed and in parallel: the tar writer's bytes, the cheap JPEG
 checks, N slice jobs giving the same bytes for every N, a killed slice redone alone
 (the real CLI, a real SIGKILL; a real Snakemake run)."""
 

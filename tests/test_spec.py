@@ -190,7 +190,7 @@ def test_seed_and_counts_are_checked_by_the_spec_parsers() -> None:
 
 
 def test_the_planner_plans_a_compiled_rung_as_its_eager_rung() -> None:
-    """A -compile rung's memory is its eager rung's, an upper bound (issue 32: inductor's
+    """A -compile rung's memory is its eager rung's, an upper bound (inductor's
     partitioner saves no more than eager; `plan --json` says so in `memory_model`)."""
     from scaleladder.site.plan import predict, static_bytes_per_rank
 
@@ -202,7 +202,7 @@ def test_the_planner_plans_a_compiled_rung_as_its_eager_rung() -> None:
 
 def test_bf16_is_read_as_bf16_mixed_said_once_and_never_written(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 29: `--precision bf16` and run-spec paths with bf16 are accepted as bf16-mixed; the
+    """`--precision bf16` and run-spec paths with bf16 are accepted as bf16-mixed; the
     paths, file names and records (as_attrs) keep the canonical name; the console says it once."""
     import argparse
 

@@ -1,4 +1,4 @@
-"""Fast start (issue 25): start-up measured per phase and recorded; no torch where a process
+"""Fast start: start-up measured per phase and recorded; no torch where a process
 only spawns; `scaleladder spawn` starts the ranks of one machine as torchrun would, stops the
 rest when one fails and passes a signal on."""
 

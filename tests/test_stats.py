@@ -147,7 +147,7 @@ def test_scattered_repeats_bound_the_throughput_from_above_only() -> None:
 
 
 def test_t_quantiles_are_exact_not_the_normal_above_30() -> None:
-    # issue 22: 1.96 above 30 degrees of freedom made intervals ~4% too narrow at t(31)
+    # 1.96 above 30 degrees of freedom made intervals ~4% too narrow at t(31)
     from scaleladder.results.stats import t_quantile
 
     published = {1: 12.7062, 2: 4.3027, 3: 3.1824, 9: 2.2622, 30: 2.0423, 31: 2.0395, 40: 2.0211, 60: 2.0003, 120: 1.9799}

@@ -1,4 +1,4 @@
-"""The step-time model's arithmetic on hand-computed cases (issue 32): one collective, one FSDP
+"""The step-time model's arithmetic on hand-computed cases: one collective, one FSDP
 unit, one DDP bucket; which link a group crosses; the bad inputs (a profile without link
 figures, a calibration for another device or torch); and `plan --json` with the figures for
 every rung of every profile. Torch-free and cheap: no rung runs."""

@@ -115,7 +115,7 @@ def test_select_narrows_the_rungs_and_ends_with_their_ladder_and_report(wf: Path
 
 def test_a_failed_job_says_its_cause_on_the_console(wf: Path, tmp_path: Path) -> None:
     """An empty image folder passes the dry run and fails in the shard job: the console names
-    the cause under the rule (issue 29), and in a container the last log path lies in results/."""
+    the cause under the rule, and in a container the last log path lies in results/."""
     (tmp_path / "empty").mkdir()
     (wf / "one.yaml").write_text("steps: 4\nwarmup: 1\nladders:\n  - {models: [vit-debug], strategies: [ddp], batches: [4]}\n")
     out = snakemake(wf, *PROFILE, "--configfile", "profiles/local/site.yaml", "one.yaml",
@@ -174,7 +174,7 @@ def test_rerun_one_model_by_config_selection(done: Path) -> None:
     after = mtimes(done)
     assert after[RUNGS[2]] > before[RUNGS[2]]
     assert after[RUNGS[0]] == before[RUNGS[0]] and after[RUNGS[1]] == before[RUNGS[1]]
-    # issue 29: the select run ends with the ladder, figures and report of what it selected, and says so
+    # the select run ends with the ladder, figures and report of what it selected, and says so
     rungs, _ = read_ladder(str(done / "results/ladder.h5"))
     assert [r["spec"] for r in rungs] == ["flava-debug/ddp/fp32/pre-lag/n1/b4"]
     assert "flava-debug" in (done / "results/report.md").read_text() and (done / "results/plots/pareto.png").exists()
@@ -192,7 +192,7 @@ def test_forcerun_names_each_rule_a_rung_can_be(wf: Path) -> None:
     the outputs exist, so only the forced rules are planned."""
     conf = ("--config", "data={source: synthetic}", "select={models: [flava-debug]}")
     listing = snakemake(wf, *PROFILE, "--summary", *conf).stdout
-    # One mtime for every output: a select run ends with its ladder and report (issue 29), so a
+    # One mtime for every output: a select run ends with its ladder and report, so a
     # rung touched after results/ladder.h5 (the listing's order) would plan the aggregate again.
     stamp = time.time()
     for line in listing.splitlines()[1:]:

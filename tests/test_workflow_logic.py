@@ -160,7 +160,7 @@ def test_select_keeps_some_rungs_and_the_targets_follow() -> None:
     block = {"models": ["vit-debug", "flava-debug"], "strategies": ["ddp", "fsdp-full"], "batches": [4, "max"]}
     ladder, _ = prepare(cfg(block, select={"models": ["flava-debug"], "batches": "max"}))
     assert [s.path for s in ladder.selected] == ["flava-debug/ddp/fp32/pre-lag/n1/bmax", "flava-debug/fsdp-full/fp32/pre-lag/n1/bmax"]
-    # issue 29: a select run ends with the ladder, figures and report of what it selected
+    # a select run ends with the ladder, figures and report of what it selected
     assert site_ladder.final_targets(ladder) == site_ladder.final_targets(prepare(cfg(block))[0])
     assert ladder.rung_files == ["results/rungs/flava-debug/ddp/fp32/pre-lag/n1/bmax.h5",
                                  "results/rungs/flava-debug/fsdp-full/fp32/pre-lag/n1/bmax.h5"]
@@ -220,7 +220,7 @@ def test_a_site_with_a_plan_device_records_rungs_that_cannot_fit() -> None:
 
 
 def test_repeats_run_each_measured_rung_again_and_keep_the_one_path_without() -> None:
-    """issue 14: `repeats: R` is R jobs per measured rung (<spec>.r<k>.h5 beside <spec>.h5);
+    """`repeats: R` is R jobs per measured rung (<spec>.r<k>.h5 beside <spec>.h5);
     a predicted-oom verdict is not a measurement and is recorded once."""
     one, _ = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, data={"source": "synthetic"}))
     three, _ = prepare(cfg(PLANNED, site={"plan_device": "a100-40gb"}, data={"source": "synthetic"}, repeats="3"))
@@ -376,7 +376,7 @@ def test_a_config_given_entirely_as_strings_validates() -> None:
     strings = cfg({"models": ["vit-debug"], "strategies": ["ddp"], "batches": ["4", "max"], "nodes": ["1"]},
                   steps="5", warmup="1", run_predicted_oom="false",
                   site={"ranks_per_node": "2", "supervisor_can_launch": "true"}, maxbatch={"probe_steps": "3"})
-    # every key the schema declares an integer is coerced, steps and warmup too (issue 33: the
+    # every key the schema declares an integer is coerced, steps and warmup too (the
     # coercion is read from the schema; before it, a hand-written list left these two out)
     ladder, _ = prepare(strings)
     assert ladder.config["steps"] == 5 and ladder.config["warmup"] == 1
@@ -509,7 +509,7 @@ def test_the_schema_defaults_are_the_run_spec_defaults() -> None:
 
 def test_every_ladder_rule_builds_its_command_in_one_place() -> None:
     """The rung's command line is written once (swf.rung_shell, its arguments swf.RUNG_ARGS), not
-    once per ladder rule; the dry runs of every profile print the same commands as before (issue 33)."""
+    once per ladder rule; the dry runs of every profile print the same commands as before."""
     text = (REPO / "workflow" / "rules" / "ladder.smk").read_text()
     assert len(re.findall(r"^ +shell:$", text, re.M)) == text.count("swf.rung_shell(") == 4
     assert "--spec" not in text and "--steps" not in text
@@ -547,8 +547,8 @@ PINNED: dict[str, dict[str, int]] = {
     "slurm-localhost": {"rung": 2, "rung_max": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 7},
     "frontier": {"rung": 238, "predicted_oom": 95, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1,
                  "total": 338},
-    # a100: + the 1/2/4-node ViT weak-scaling block of issue 20 (24 rungs); since the planner models
-    # the SDPA FLAVA the rungs run (issue 30), 3 FLAVA rungs fit 8 x A100-40GB that TorchMultimodal's
+    # a100: + the 1/2/4-node ViT weak-scaling block (24 rungs); since the planner models
+    # the SDPA FLAVA the rungs run, 3 FLAVA rungs fit 8 x A100-40GB that TorchMultimodal's
     # did not (14 -> 11 predicted OOM: one b8 rung, two max-batch searches)
     "a100": {"rung": 85, "rung_max": 52, "predicted_oom": 11, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1,
              "all": 1, "total": 153},
@@ -603,7 +603,7 @@ def test_each_profiles_dry_run_plans_the_pinned_jobs(wf_copy: Path, profile: str
 
 @pytest.mark.process
 def test_repeats_multiply_the_rung_jobs_of_a_dry_run(wf_copy: Path) -> None:
-    """issue 14: `--config repeats=3` plans every measured rung three times, one ladder file."""
+    """`--config repeats=3` plans every measured rung three times, one ladder file."""
     (wf_copy / "repeats.yaml").write_text("ladders: [{models: [vit-debug], strategies: [ddp], batches: [4, max]}]\n")
     out = snakemake(wf_copy, "--profile", "profiles/local", "-n", "--configfile", "profiles/local/site.yaml",
                     "repeats.yaml", "--config", "data={source: synthetic}", "repeats=3").stdout
@@ -646,7 +646,7 @@ def test_loader_workers_override_the_configs_workers() -> None:
 
 
 def test_shards_are_settled_only_when_written_with_todays_data_settings(tmp_path: Path) -> None:
-    """Issue 21 fault 1 without its cost: a rung takes its shards as ancient() input only when the
+    """A reshard costs no finished rung: a rung takes its shards as ancient() input only when the
     finished set was written with the config's data settings (a reshard then writes the same
     bytes); data changed on purpose makes it a plain input, so the rungs run again."""
     import json

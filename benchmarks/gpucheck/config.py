@@ -11,24 +11,24 @@ BENCH_RUNG = REPO / "benchmarks" / "bench_rung.py"
 
 ROLES = ("vit-base", "vit-huge", "flava-350m")  # the models the issue names; "role" = the GPU flavor a row stands for
 STRATEGIES = ("single", "single-ac", "ddp", "ddp-ac", "fsdp-full", "fsdp-full-ac",
-              # FSDP2 beside FSDP1, and one compiled rung (issue 12); the planner does not
+              # FSDP2 beside FSDP1, and one compiled rung; the planner does not
               # model compile, so its planner row says so
               "fsdp2-full", "fsdp2-full-ac", "single-compile")
 # TRAP (torch FSDP1, _init_utils._init_core_state): at world size 1 FSDP1 replaces FULL_SHARD
 # and SHARD_GRAD_OP by NO_SHARD with a warning only, so on one GPU fsdp-grad-op* and
-# fsdp-no-shard* would measure fsdp-full*'s strategy again under other names (issue 22).
+# fsdp-no-shard* would measure fsdp-full*'s strategy again under other names.
 # They are not run; fsdp-full* stands for all three, and every record says what ran
 # (`sharding_ran`, read from the wrapped model). Rows that still ran the same strategy are
 # marked (rows.same_as) and left out of the AC-cost and planner targets.
 ONE_RANK_SAME = {"fsdp-grad-op": "fsdp-full", "fsdp-grad-op-ac": "fsdp-full-ac",
                  "fsdp-no-shard": "fsdp-full", "fsdp-no-shard-ac": "fsdp-full-ac"}
-# The order the strategies section runs them (issues 22, 30): the rows the targets and the other
+# The order the strategies section runs them: the rows the targets and the other
 # sections lean on first, for every model: the AC pair, then the compiled rung (it removes most of
 # the host work; last in the order, it never ran on the first H100), then FSDP's pair. Its share
 # of an 18-minute check holds the three AC pairs and one compile at a GPU's start-up cost.
 RUN_ORDER = ("single", "single-ac", "single-compile", "fsdp-full", "fsdp-full-ac", "ddp", "ddp-ac", "fsdp2-full",
              "fsdp2-full-ac")
-# Each measuring section's share of the budget (issue 22). A section may use what the sections
+# Each measuring section's share of the budget. A section may use what the sections
 # before it left unused, never what the ones after it are owed: at a section's start it gets
 # (time left) x its share / (the shares of it and the sections after it). Without shares, the
 # strategies section's 27 fresh processes (3 inductor compiles) could fill an 18-minute budget
@@ -50,7 +50,7 @@ TARGET_HARNESS = 1.02
 TARGET_LOADER = 0.97
 TARGET_AC_COST = 0.25
 TARGET_PLANNER = 0.10
-TARGET_STEP = 0.20  # issue 32 (a): a rung's predicted step time against its measured median
+TARGET_STEP = 0.20  # a rung's predicted step time against its measured median
 
 # What "ran out of memory" looks like in the log of a process that died of it without
 # writing its record (the runner records the OOMs it catches itself, as status 'oom').
@@ -75,7 +75,7 @@ class DeviceSizes:
     shard_per_shard: int
     loader_steps: int
     loader_warmup: int
-    # issue 31: the loader-fed rungs' worker counts (each with CPU decode, and --decode gpu on a
+    # the loader-fed rungs' worker counts (each with CPU decode, and --decode gpu on a
     # GPU), and the sides of the shards' JPEGs: web-sized, not at the model's size
     loader_workers: tuple[int, ...] = (14, 6)
     loader_sides: tuple[int, int] = (300, 900)

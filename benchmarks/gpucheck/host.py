@@ -1,4 +1,4 @@
-"""The host section (issue 30): is a rung bound by the GPU or by the host that issues its work?
+"""The host section: is a rung bound by the GPU or by the host that issues its work?
 
 Its rows are the ladder a user would run on one GPU, the rows the targets read first, so that
 a 6-minute budget (`--sections host --budget-min 6`) leaves room for a rerun inside the 15

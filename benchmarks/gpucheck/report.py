@@ -72,7 +72,7 @@ def targets(c: Check) -> list[list[str]]:
 
 def _planner_target(c: Check, name: str, key: str, target: float, why_none: str) -> list[str]:
     """One target row over the planner rows' ``key`` (predicted / measured - 1); a row that ran
-    the same strategy as an earlier one is not counted (issue 22)."""
+    the same strategy as an earlier one is not counted."""
     errs = [(abs(p[key]), p[key], p["rung"]) for p in c.planner if math.isfinite(p.get(key, math.nan)) and not p.get("same_as")]
     if not errs:
         return [name, f"within {target:.0%}", "n/a", verdict(None, why_none)]
@@ -84,7 +84,7 @@ def _planner_target(c: Check, name: str, key: str, target: float, why_none: str)
 
 def ac_costs(c: Check) -> dict[str, float]:
     """1 - throughput(X-ac) / throughput(X), for every pair that both ran ok."""
-    # a row that ran the same strategy as an earlier one is not a pair of its own (issue 22)
+    # a row that ran the same strategy as an earlier one is not a pair of its own
     rows = {r.spec: r for r in c.rungs if r.section == "strategies" and r.status == "ok" and same_as(c.rungs, r) is None}
     costs: dict[str, float] = {}
     for spec, r in rows.items():
@@ -258,7 +258,7 @@ def _md_loader(c: Check) -> list[str]:
     lo_px, hi_px = lo.get("sides", (lo["image_size"], lo["image_size"]))
     L += [f"`{lo['spec']}`, {c.profile.loader_steps} steps ({c.profile.loader_warmup} warm-up), back to back: "
           f"shards of {lo['samples']} JPEGs of {lo_px}-{hi_px} px (`scaleladder shard --images`), cut to "
-          f"{lo['image_size']} px; uint8 across the workers' boundary, normalised on the device (issue 31); "
+          f"{lo['image_size']} px; uint8 across the workers' boundary, normalised on the device; "
           f"{lo.get('cores', '?')} cores on this machine.", ""]
     syn = lo.get("synthetic")
     body = []

@@ -85,7 +85,7 @@ def same_as(rungs: Sequence[RungResult], r: RungResult) -> RungResult | None:
     """The earlier strategies row of ``rungs`` that ran the SAME strategy as ``r`` (None when ``r``
     is the first of its kind): same model, precision, knobs and batch, same AC and compile, and
     the same ``sharding_ran`` read from the wrapped model. On one rank FSDP1's full, grad-op and
-    no-shard are all NO_SHARD (issue 22): such rows are marked, never shown as different
+    no-shard are all NO_SHARD: such rows are marked, never shown as different
     strategies, and left out of the AC-cost and planner targets."""
     ran = r.attrs.get("sharding_ran")
     if r.section != "strategies" or r.status != "ok" or not ran:

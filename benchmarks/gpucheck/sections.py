@@ -51,7 +51,7 @@ def harness(c: Check) -> None:
 def loader(c: Check, work: Path) -> None:
     """Shards of web-sized JPEGs (300-900 px on a GPU) written by `scaleladder shard --images`, then
     the same rung fed by synthetic batches and by the shards: CPU decode and, on a GPU,
-    ``--decode gpu``, each with every count of ``loader_workers`` (issue 31: 14 and 6)."""
+    ``--decode gpu``, each with every count of ``loader_workers`` (14 and 6)."""
     p, role = c.profile, "vit-base"
     flavor = p.flavors[role]
     from scaleladder.data.synthetic import write_image_folder
@@ -122,7 +122,7 @@ def maxbatch(c: Check) -> None:
         if c.plan_key:
             argv += ["--plan-device", c.plan_key, "--ranks-per-node", "1"]
         # A search is many processes: give each its share of what is left, shared within one
-        # round of the models at a time (issue 22): split over all nine searches, a GPU's
+        # round of the models at a time: split over all nine searches, a GPU's
         # start-up cost leaves each too little to finish, and none would; this way the key
         # round (ddp for every model) finishes first. A killed search still leaves its probes.
         round_left = min(len(todo) - i, len(ROLES) - i % len(ROLES))  # searches left in this round

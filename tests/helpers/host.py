@@ -1,4 +1,4 @@
-"""Host work of one training step, counted, not timed (issue 30): what bench_host measures,
+"""Host work of one training step, counted, not timed: what bench_host measures,
 in figures that do not move with a shared CPU's load.
 
 One vit-debug rung at b4, fp32, on the one-rank gloo group the caller holds

@@ -86,7 +86,7 @@ wildcard_constraints:
 # ancient() where the finished shards were written with today's data settings: a rung needs
 # them to exist, not to be older than itself. TRAP: a failed shard attempt with other settings
 # leaves its params in Snakemake's metadata, so the next run reshards (the same bytes), which
-# would otherwise make every finished rung run again (issue 21). Data changed on purpose: a
+# would otherwise make every finished rung run again. Data changed on purpose: a
 # plain input, so the rungs run again on the new shards (site_ladder.shards_settled).
 def rung_data(wildcards):
     return [ancient(f) if settled else f for f, settled in site_ladder.rung_shards(swf.spec_of(wildcards), SETTINGS)]

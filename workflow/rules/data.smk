@@ -14,7 +14,7 @@
 # update(): Snakemake keeps the manifest (and slice records) while a shard job runs and puts
 # them back when it fails, instead of deleting them first. With the rungs' ancient() input
 # (common.smk), a failed attempt with other data settings never makes the finished rungs run
-# again once the settings are back (issue 21; `shard` itself replaces the set atomically).
+# again once the settings are back (`shard` itself replaces the set atomically).
 
 SHARD_SLICES = swf.shard_slices(SETTINGS)
 
