@@ -443,6 +443,8 @@ def test_a_trace_of_steps_after_warmup_is_written_beside_the_record_and_named(tm
 
     assert "--memory-snapshot records the CUDA caching allocator's history; this rung runs on the CPU" in refused("--memory-snapshot")
     assert "--trace-steps 4: the run measures only 3 steps" in refused("--trace-steps", "4")
+    assert "--progress-s must be a number of seconds, got 'soon'" in refused("--progress-s", "soon")
+    assert "--progress-s must be >= 0, got '-1'" in refused("--progress-s", "-1")
     # a shorter run made from a rung (a max-batch probe) traces what it has, never refused
     a = parser.parse_args(["--spec", "vit-debug/single/fp32/pre-lag/n1/b4", "--steps", "8", "--warmup", "1",
                            "--device", "cpu", "--out", str(tmp_path / "e.h5"), "--trace-steps", "5"])

@@ -143,8 +143,9 @@ class _Gen:
             return "None", f"{annotation} | None", "None"
         value = node["default"]
         if node_r.get("type") == "object" and "properties" in node_r:
-            made = f"{self.done[id(node_r)]}.of({value!r}, {name!r})"
-            return f"field(default_factory=lambda: {made})", annotation, made.replace(f", {name!r})", f", read.key_of(key, {name!r}))")
+            cls = self.done[id(node_r)]
+            return (f"field(default_factory=lambda: {cls}.of({value!r}, {name!r}))", annotation,
+                    f"{cls}.of({value!r}, read.key_of(key, {name!r}))")
         if isinstance(value, dict):
             return "()", annotation, f"read.pairs({value!r})"  # a free-form mapping: its pairs
         if isinstance(value, list):
