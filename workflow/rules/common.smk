@@ -117,7 +117,8 @@ def plan_args(wildcards):
 
 
 # --device and every setting of every rung (the schema's run_arg rows), for the rules' `device` param.
-RUNG_OPTIONS = swf.rung_options(SETTINGS)
+# The schema the config was validated with: the workflow's own (an installed package has no workflow/ beside it).
+RUNG_OPTIONS = swf.rung_options(SETTINGS, site_config.load_schema(SCHEMA))
 
 
 # The params every ladder rule's command reads for the rung's own arguments (swf.RUNG_ARGS),
