@@ -24,21 +24,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
-
 from scaleladder.errors import SpecError
 
 
 @dataclass(frozen=True)
 class Flavor:
     name: str
-    family: Literal["flava", "vit"]
-    hidden: int
-    mlp: int
-    heads: int
-    layers: int  # unimodal layers (FLAVA: image AND text encoder each) / ViT depth
-    patch: int
-    image_size: int
+    family: str  # the Family that builds it (models/family.py): a built-in one, or a models-file source
+    hidden: int = 0  # the dimensions below are the analytic families' (a models-file model has none)
+    mlp: int = 0
+    heads: int = 0
+    layers: int = 0  # unimodal layers (FLAVA: image AND text encoder each) / ViT depth
+    patch: int = 0
+    image_size: int = 224  # the image side the data is resized to
     mm_layers: int = 0  # FLAVA multimodal fusion layers
     vocab_size: int = 30522  # FLAVA text vocabulary (BERT's by default)
     text_len: int = 77  # FLAVA padded text length (TorchMultimodal's default)
@@ -48,10 +46,13 @@ class Flavor:
     seed_params_m: float | None = None  # what the seed's table says (millions)
     seed_size_gib: float | None = None  # FLAVA seed "Model size (fp32)": printed "GB", but it is GiB (see docs/models.md)
     debug: bool = False
+    #: A models-file model's entry, as canonical JSON (models/models_file.py): its source, name and
+    #: keyword arguments. Empty for a built-in flavor. Records carry it, so readers need no file.
+    entry: str = ""
 
     @property
     def patches(self) -> int:
-        return (self.image_size // self.patch) ** 2
+        return (self.image_size // self.patch) ** 2 if self.patch else 0
 
     @property
     def codebook_image_size(self) -> int:

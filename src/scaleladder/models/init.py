@@ -56,7 +56,7 @@ def make_param_init_fn(
             if b is not None and b.is_meta:
                 module._buffers[name] = torch.zeros_like(b, device=device)
         if fresh:
-            _reset(module)
+            default_reset(module)
         if loaded:
             _load(module, prefixes.get(id(module)), loaded)
 
@@ -73,7 +73,8 @@ def _load(module: nn.Module, prefix: str | None, loaded: Mapping[str, Tensor]) -
 
 
 @torch.no_grad()
-def _reset(module: nn.Module) -> None:
+def default_reset(module: nn.Module) -> None:
+    """A module materialised from meta, initialised by the seeds' rules (the default Family.reset_parameters)."""
     reset = getattr(module, "reset_parameters", None)
     if callable(reset):
         reset()

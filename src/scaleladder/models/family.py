@@ -1,0 +1,137 @@
+"""A model family: everything scaleladder needs to know about one kind of model, behind one interface.
+
+A :class:`~scaleladder.flavors.Flavor` is a model *size* (data: its name and dimensions); its
+``family`` names the :class:`Family` that builds it. Every part of the house that differs by
+model asks the family, never the family's name: the runner builds and wraps through it, the
+synthetic and shard batches come from it, the FLOP count and the planner's facts too. The
+built-in families are ``models/families/vit.py`` and ``models/families/flava.py``; a user's
+model comes from a models file (``models/models_file.py``) through one of the sources in
+``models/sources/`` (timm, transformers, the user's own Python), each a :class:`Family`.
+
+A family object is made once per process and is stateless: every method takes the flavor
+(the size) it is asked about. Its module imports no torch at import time (the planner and
+the workflow's process read families torch-free); torch is imported inside the methods.
+
+What a family says, and who reads it:
+
+* ``build(flavor, device, options)``: a :class:`~scaleladder.models.build.TrainModule`, whose
+  ``forward(batch)`` returns the training loss (so "its loss" is the module's forward).
+  ``device="meta"`` allocates nothing (counting, planning, a rung's per-unit init).
+* ``block_classes(model)``: the classes whose outermost instances are the blocks: what FSDP
+  wraps as units, AC checkpoints and ``-compile`` compiles. ``stacks(model)``: the blocks as
+  ordered stacks (FLAVA: image, text, multimodal), for unit grouping and the wrap checks.
+* ``extra_unit_classes(model)``: modules that are FSDP units of their own besides the blocks.
+* ``reset_parameters(module)``: how a module materialised from meta is initialised (the
+  library's own init for a library model; ``models/init.py``'s rules for the seeds' models).
+* ``synthetic_sample(flavor, g, global_index)``: one sample of ``--data synthetic``.
+* ``inputs``: what it trains on from shards: ``"image"``, ``"text"`` or ``"image-text"``.
+* ``flops(...)``: FLOPs per sample; ``None`` means "count them" (FlopCounterMode).
+* ``analytic``: whether the planner has an analytic memory model; else it traces.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from scaleladder.errors import SpecError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from scaleladder.flavors import Flavor
+    from scaleladder.models.build import TrainModule
+    from scaleladder.models.flops import FlopCount
+
+Inputs = Literal["image", "text", "image-text"]
+
+
+class Family:
+    """The interface. Subclass it and override what differs; the defaults serve a plain model.
+
+    A user's own family (``source: python`` in a models file) must override ``build``,
+    ``block_classes`` and ``synthetic_sample``; everything else has a working default.
+    """
+
+    #: The family's name: what records, labels and ``scaleladder models`` show.
+    name: ClassVar[str] = ""
+    #: What it trains on from shards (the loader's transform; synthetic data is the family's own).
+    inputs: ClassVar[Inputs] = "image"
+    #: Items per sample in items/s (FLAVA: an image and a text, 2).
+    items_per_sample: ClassVar[int] = 1
+    #: Whether the planner has an analytic memory model for it (else it traces: docs/planner.md).
+    analytic: ClassVar[bool] = False
+
+    def build(self, flavor: Flavor, device: str | torch.device, options: Mapping[str, Any]) -> TrainModule:
+        raise NotImplementedError(f"family {self.name or type(self).__name__}: build() is not defined")
+
+    def block_classes(self, model: nn.Module) -> set[type[nn.Module]]:
+        raise NotImplementedError(f"family {self.name or type(self).__name__}: block_classes() is not defined")
+
+    def extra_unit_classes(self, model: nn.Module) -> set[type[nn.Module]]:
+        return set()
+
+    def stacks(self, model: nn.Module) -> list[list[nn.Module]]:
+        """The blocks as ordered stacks: the outermost instances of ``block_classes``, a stack per
+        parent module (a ``ModuleList`` of layers), in registration order."""
+        classes = tuple(self.block_classes(model))
+        out: dict[int, list[nn.Module]] = {}
+
+        def walk(parent: nn.Module) -> None:
+            for child in parent.children():
+                if isinstance(child, classes):
+                    out.setdefault(id(parent), []).append(child)
+                else:
+                    walk(child)
+
+        walk(model)
+        return list(out.values())
+
+    def reset_parameters(self, module: nn.Module) -> None:
+        from scaleladder.models.init import default_reset
+
+        default_reset(module)
+
+    def synthetic_sample(self, flavor: Flavor, g: torch.Generator, global_index: int) -> dict[str, Tensor]:
+        raise NotImplementedError(f"family {self.name or type(self).__name__}: synthetic_sample() is not defined")
+
+    def flops(self, flavor: Flavor, recompute: bool, first: Mapping[str, Tensor], global_batch: int,
+              options: Mapping[str, Any]) -> FlopCount | None:
+        """FLOPs per sample of one training step; ``None``: count them with FlopCounterMode."""
+        return None
+
+
+#: The built-in families by name: "module:attribute" of the family object, imported when asked.
+BUILT_IN: Mapping[str, str] = {
+    "vit": "scaleladder.models.families.vit:FAMILY",
+    "flava": "scaleladder.models.families.flava:FAMILY",
+}
+
+_LOADED: dict[str, Family] = {}
+
+
+def family_of(flavor: Flavor) -> Family:
+    """The family that builds ``flavor``: a built-in one by name, or the one its models-file
+    entry makes (``flavor.entry``)."""
+    key = flavor.entry or flavor.family
+    found = _LOADED.get(key)
+    if found is None:
+        if flavor.entry:
+            from scaleladder.models.sources import family_for_entry
+
+            found = family_for_entry(flavor)
+        else:
+            found = _load(flavor.family)
+        _LOADED[key] = found
+    return found
+
+
+def _load(name: str) -> Family:
+    where = BUILT_IN.get(name)
+    if where is None:
+        raise SpecError(f"unknown model family {name!r}; built in: {', '.join(BUILT_IN)}")
+    module, attr = where.split(":")
+    family: Family = getattr(importlib.import_module(module), attr)
+    return family
