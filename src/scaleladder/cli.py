@@ -43,6 +43,13 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+#: Commands that take ``--models FILE`` here; the rung's own commands (run, launch, maxbatch,
+#: converge) take it as a RunConfig field, which passes it on to the ranks.
+MODELS_FLAG = ("models", "plan", "budget")
+MODELS_HELP = ("a models file: YAML, a model name -> a timm, transformers or python entry, whose names may be used "
+               "beside the built-in flavors (docs/your-model.md)")
+
+
 class _Parser(argparse.ArgumentParser):
     # argparse prints usage + error over several lines; we want one line naming the culprit.
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -65,6 +72,8 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | No
         p = sub.add_parser(name, help=help_, description=help_)
         if name == wanted:
             getattr(importlib.import_module(module), add_fn)(p)
+            if name in MODELS_FLAG:
+                p.add_argument("--models", metavar="FILE", help=MODELS_HELP)
     return parser, wanted
 
 
@@ -101,6 +110,10 @@ def _main(argv: list[str]) -> int:
     module, _add, main_fn, _help = COMMANDS[args.command]
     try:
         log.setup(args.log_level)
+        if getattr(args, "models", None):  # its names known before the command parses a spec
+            from scaleladder.models.models_file import register_models_file  # torch-free
+
+            register_models_file(args.models)
         return int(getattr(importlib.import_module(module), main_fn)(args) or 0)
     except SpecError as e:
         print(f"scaleladder {args.command}: error: {e}", file=sys.stderr)

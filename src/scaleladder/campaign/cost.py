@@ -239,6 +239,7 @@ def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Ma
 
 def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
     """Every finished rung record among ``paths`` (spec path -> what it measured)."""
+    from scaleladder.results.model_entries import register_recorded
     from scaleladder.results.record import MaxBatch, Record, Spec, Startup, Throughput
     from scaleladder.results.store import read_attrs
 
@@ -246,6 +247,7 @@ def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
     for p in paths:
         try:  # the file's path is its spec (a max rung's record names the batch it found in `batch`)
             a: dict[str, Any] = read_attrs(p)
+            register_recorded(a)  # a models-file model: known from its record
             spec = RunSpec.from_path(_spec_path(p))
         except (OSError, KeyError, ValueError, SpecError):  # not a rung record
             continue

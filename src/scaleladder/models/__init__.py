@@ -1,5 +1,6 @@
 """The models: every flavor (``flavors.py``) built as a module whose ``forward(batch)`` is the loss.
 
+- ``family``: the model family interface (``Family``): build, blocks, init, batches, FLOPs; ``family_of(flavor)``.
 - ``build``: a flavor built as a ``TrainModule`` (ViT or FLAVA), ``forward(batch) -> loss``.
 - ``init``: a model built on the meta device, materialised one module (FSDP unit) at a time.
 - ``flops``: analytic FLOPs per trained sample, from a flavor's dimensions alone.

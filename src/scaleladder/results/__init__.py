@@ -5,6 +5,7 @@
 - ``oom``: the OOM record's attributes (a rung that did not fit, or was predicted not to).
 - ``aggregate``: ``scaleladder aggregate``: the per-rung files merged into one ladder file.
 - ``stats``: how sure a throughput is: its interval within one run and between runs.
+- ``model_entries``: a models-file model known to its reader from the entry its record carries.
 - ``compare``: ``scaleladder compare BASE NEW``: what changed between two ladders, with noise.
 
 Imports from: spec and models only, so every stage above can write or read results.

@@ -28,8 +28,10 @@ import h5py
 import numpy as np
 
 from scaleladder.files import remove_dead_leftovers
+from scaleladder.flavors import FLAVORS
 from scaleladder.gitinfo import git_commit
 from scaleladder.log import get_logger
+from scaleladder.results.model_entries import register_recorded
 from scaleladder.results.record import Corrupt, Interval, LadderFile, Oom, Read, Record, Repeats, Settings, Source, Spec, Throughput
 from scaleladder.results.stats import between_runs, within_run
 from scaleladder.results.store import UnreadableFile, h5_cause, h5_in_memory, open_h5
@@ -80,11 +82,24 @@ def spec_of_file(path: str) -> str:
     try:
         return RunSpec.from_path(os.path.abspath(split_repeat(path)[0])).path
     except SpecError as by_path:
+        if _register_own_model(path):  # a models-file model, known from its record: read the path again
+            return spec_of_file(path)
         own = _own_spec(path)
         if own is None:
             raise SpecError(f"{path}: names no rung: neither its path ({by_path}) nor its record "
                             "(no readable 'spec' attribute)") from None
         return own
+
+
+def _register_own_model(path: str) -> bool:
+    """Register the models-file model a rung file's record names and was not known (results/model_entries.py)."""
+    try:
+        with open_h5(path) as f:
+            attrs = {k: f.attrs[k] for k in (Spec.model, Settings.model_entry) if k in f.attrs}
+    except (UnreadableFile, OSError, RuntimeError, KeyError):
+        return False
+    return Settings.model_entry in attrs and Spec.model in attrs and _str(attrs[Spec.model]) not in FLAVORS \
+        and register_recorded(attrs)
 
 
 def _own_spec(path: str) -> str | None:
@@ -314,6 +329,7 @@ def read_ladder(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if "rungs" in f:
             f["rungs"].visititems(visit)
     for r in rungs:  # fill the spec fields from the path when a record lacks them
+        register_recorded(r)  # a models-file model: known from the entry its record carries
         try:
             spec = RunSpec.from_path(r[Spec.spec])
         except SpecError:

@@ -118,6 +118,9 @@ class Settings(Section):
     compile_backend = attr("", "torch.compile backend of a -compile rung (\"\" otherwise)")
     flava_impl = attr("", "FLAVA's implementation: `sdpa` (fused attention, sync-free losses) | `torchmultimodal` "
                           "(the package's own); \"\" on ViT rungs (docs/models.md)")
+    model_entry = attr("", "a models-file model's entry as JSON: its source, name or config, task and keyword arguments "
+                           "(docs/your-model.md); readers register the model from it, so no models file is needed to "
+                           "read the record; absent for a built-in flavor")
 
 
 class Build(Section):

@@ -145,6 +145,9 @@ class RunConfig:
     progress_s: float = field(default=30.0, metadata=arg(
         "--progress-s", "seconds between rank 0's progress lines (0: none; a profile's profiling.progress_s)",
         default="30", parse=_seconds("progress-s")))
+    models: str | None = field(default=None, metadata=arg(
+        "--models", "a models file: YAML, a model name -> a timm, transformers or python entry, whose names --spec may "
+        "use (docs/your-model.md; a profile's models_file)"))
     # The spec's flavor, resolved once here (RunSpec has checked the name): not an argument,
     # so argv and the constructor are unchanged, and dataclasses.replace resolves it again.
     flavor: Flavor = field(init=False, repr=False, compare=False)
@@ -179,7 +182,8 @@ class RunConfig:
 
         return {**self.spec.as_attrs(), S.steps: self.steps, S.warmup: self.warmup, S.data: self.data, S.seed: self.seed,
                 S.lr: self.lr, S.compile_backend: self.compile_backend,
-                S.flava_impl: recorded(self.flavor.family, self.flava_impl)}
+                S.flava_impl: recorded(self.flavor.family, self.flava_impl),
+                **({S.model_entry: self.flavor.entry} if self.flavor.entry else {})}
 
 
 def _text(value: object) -> str:
@@ -241,6 +245,10 @@ def config_from_args(a: argparse.Namespace, config: type[RunConfig] = RunConfig)
             continue
         raw = getattr(a, f.name, a_.default)
         values[f.name] = a_.parse(raw) if (a_.parse and raw is not None) else raw
+    if values["models"]:  # before the spec: its model may be one of the file's names
+        from scaleladder.models.models_file import register_models_file  # torch-free
+
+        register_models_file(values["models"])
     spec = _spec(a)
     steps, warmup = parse_steps_warmup(a.steps, a.warmup)
     if spec.strategy.compile and warmup < 1:

@@ -249,6 +249,7 @@ def validate_config(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any])
     if trace > cfg["steps"] - cfg["warmup"]:  # every rung would refuse it (rung/profiling.check_profiling)
         raise ConfigError(f"{INVALID}  config key 'profiling.trace_steps': {trace}, but a rung measures only "
                           f"{cfg['steps'] - cfg['warmup']} steps after its {cfg['warmup']} warm-up step(s); trace at most that many")
+    register_models_file(cfg.get("models_file"))  # before the ladder's names: they may be its entries
     checks: list[tuple[str, Callable[[Any], object]]] = [
         ("models", get_flavor),
         ("strategies", parse_strategy),
@@ -273,6 +274,23 @@ def validate_config(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any])
                 f"{INVALID}  config key 'ladders[{i}].nodes': {max(block['nodes'])} nodes, but "
                 f"site '{site['name']}' launches on at most {site['max_nodes']} (site.max_nodes)"
             )
+
+
+def register_models_file(path: str | None) -> None:
+    """The config's ``models_file``, checked and its names registered, torch-free (models/models_file.py):
+    its syntax and every entry's keys here, when the DAG is made; what timm and transformers say
+    about an entry, in the first job that builds the model (importing them here would cost
+    Snakemake's process seconds, and torch)."""
+    if not path:
+        return
+    if _CONTROL.search(path):
+        raise ConfigError(f"{INVALID}  config key 'models_file': {path!r} holds a control character (a newline?); rename it")
+    from scaleladder.models.models_file import register_models_file as register
+
+    try:
+        register(path)
+    except SpecError as e:
+        raise ConfigError(f"{INVALID}  config key 'models_file': {e}") from None
 
 
 #: The config keys whose values are DATA (paths, URLs): they reach the jobs' shell lines

@@ -356,6 +356,7 @@ class SiteConfig:
     workers: int = 0  #: data-loader workers per rank
     loader: Loader = field(default_factory=lambda: Loader.of({}, 'loader'))  #: the site's input pipeline for --data rungs (set in profiles/<site>/site.yaml): workers per rank (overrides 'workers'), where JPEGs are decoded and how images cross from the workers to the rank; see docs/data.md
     profiling: Profiling = field(default_factory=lambda: Profiling.of({}, 'profiling'))  #: when a number surprises, one run explains it (rung/profiling.py): every rung of the ladder writes a torch.profiler trace of trace_steps steps after its warm-up and/or a CUDA allocator memory snapshot next to its record (off by default; both slow the rung); and how often rank 0 says it is alive
+    models_file: str | None = None  #: DATA (quoted; must exist): a models file (YAML: model name -> a timm, transformers or python entry; docs/your-model.md) whose names a ladder block's models may use; checked when the DAG is made (its syntax) and in the first job that builds a model (what the libraries say); every rung gets it as --models
     run_predicted_oom: bool = False  #: run rungs the planner predicts cannot fit
     repeats: int = 1  #: run every measured rung this many times, each in fresh processes (repeat k >= 1 writes results/rungs/<spec>.r<k>.h5); the ladder keeps every repeat and gives each rung the spread between its runs beside the spread within one (docs/metrics.md)
     timing: Timing = field(default_factory=lambda: Timing.of({}, 'timing'))  #: the step time's site figures (`scaleladder plan --profile`, `budget`; planner/steptime.py, docs/planner.md "Step time"): the links collectives cross (alpha-beta, per direction), the host's speed against the calibration host, the compile time of a -compile rung
@@ -368,7 +369,7 @@ class SiteConfig:
     @classmethod
     def of(cls, section: object, key: str) -> SiteConfig:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = read.section(section, key, ('site', 'ladders', 'steps', 'warmup', 'seed', 'workers', 'loader', 'profiling', 'run_predicted_oom', 'repeats', 'timing', 'budget', 'maxbatch', 'converge', 'data', 'select'))
+        m = read.section(section, key, ('site', 'ladders', 'steps', 'warmup', 'seed', 'workers', 'loader', 'profiling', 'models_file', 'run_predicted_oom', 'repeats', 'timing', 'budget', 'maxbatch', 'converge', 'data', 'select'))
         return cls(
             site=Site.of(read.required(m, 'site', key), read.key_of(key, 'site')),
             ladders=tuple(LadderBlock.of(x, f"{read.key_of(key, 'ladders')}[{i}]") for i, x in enumerate(read.required(m, 'ladders', key))),
@@ -378,6 +379,7 @@ class SiteConfig:
             workers=m['workers'] if 'workers' in m else 0,
             loader=Loader.of(m['loader'], read.key_of(key, 'loader')) if m.get('loader') is not None else Loader.of({}, read.key_of(key, 'loader')),
             profiling=Profiling.of(m['profiling'], read.key_of(key, 'profiling')) if m.get('profiling') is not None else Profiling.of({}, read.key_of(key, 'profiling')),
+            models_file=m['models_file'] if 'models_file' in m else None,
             run_predicted_oom=m['run_predicted_oom'] if 'run_predicted_oom' in m else False,
             repeats=m['repeats'] if 'repeats' in m else 1,
             timing=Timing.of(m['timing'], read.key_of(key, 'timing')) if m.get('timing') is not None else Timing.of({}, read.key_of(key, 'timing')),
