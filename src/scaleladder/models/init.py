@@ -18,6 +18,10 @@ Traps handled:
   the random init. They are passed as ``loaded`` (root-qualified names) and copied into
   each parameter right after it is allocated, inside the same per-unit call, so the
   codebook is real before FSDP flattens and shards its unit.
+* A library model (a models-file entry: models/sources/) is built with only its parameters on
+  meta: its buffers are what the library computed (RoPE frequencies, position ids), so they
+  are moved to the device, never zeroed, and each module is initialised by its family's
+  ``reset_parameters`` (``reset``: the library's own init), not by the rules below.
 """
 
 from __future__ import annotations
@@ -31,9 +35,13 @@ from torch import Tensor, nn
 
 
 def make_param_init_fn(
-    root: nn.Module, device: torch.device, loaded: Mapping[str, Tensor] | None = None
+    root: nn.Module, device: torch.device, loaded: Mapping[str, Tensor] | None = None,
+    reset: Callable[[nn.Module], None] | None = None,
 ) -> Callable[[nn.Module], None]:
-    """``loaded`` maps names in ``root.state_dict()`` to tensors that replace the random init."""
+    """``loaded`` maps names in ``root.state_dict()`` to tensors that replace the random init;
+    ``reset`` initialises a module whose parameters were just allocated (its family's
+    ``reset_parameters``; default: :func:`default_reset`)."""
+    reset_fn = reset or default_reset
     owners: dict[int, list[tuple[nn.Module, str]]] = defaultdict(list)
     for module in root.modules():
         for name, p in module._parameters.items():
@@ -55,8 +63,10 @@ def make_param_init_fn(
         for name, b in list(module._buffers.items()):
             if b is not None and b.is_meta:
                 module._buffers[name] = torch.zeros_like(b, device=device)
+            elif b is not None and b.device != device:  # a real buffer (a library model's): moved, kept
+                module._buffers[name] = b.to(device)
         if fresh:
-            default_reset(module)
+            reset_fn(module)
         if loaded:
             _load(module, prefixes.get(id(module)), loaded)
 
@@ -90,9 +100,10 @@ def default_reset(module: nn.Module) -> None:
             p.normal_(std=1 / math.sqrt(p[0].numel()))  # fan-in scaling (the DALL-E convolutions)
 
 
-def materialize(root: nn.Module, device: torch.device, loaded: Mapping[str, Tensor] | None = None) -> nn.Module:
+def materialize(root: nn.Module, device: torch.device, loaded: Mapping[str, Tensor] | None = None,
+                reset: Callable[[nn.Module], None] | None = None) -> nn.Module:
     """Materialise every meta parameter of ``root`` on ``device`` (non-FSDP path)."""
-    init = make_param_init_fn(root, device, loaded)
+    init = make_param_init_fn(root, device, loaded, reset)
     for module in list(root.modules()):
         init(module)
     return root
