@@ -301,3 +301,32 @@ def test_clip_gathered_loss_at_world_2_is_singles(tmp_path: Path) -> None:
     # what the per-rank loss would have been: each half on its own differs from the global loss
     half = {k: v[: size // 2] for k, v in global_batch(family, flavor, size).items()}
     assert not torch.allclose(single(half), loss)
+
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations made in a test leave the process's table as it was."""
+    from types import MappingProxyType
+
+    from scaleladder import flavors
+
+    monkeypatch.setattr(flavors, "_TABLE", dict(flavors._TABLE))
+    monkeypatch.setattr(flavors, "FLAVORS", MappingProxyType(flavors._TABLE))
+
+
+def test_models_lists_the_files_entries(table: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scaleladder.cli import main
+    from scaleladder.models.build import count_parameters
+
+    assert main(["models", "--models", str(REPO / "examples" / "models.yaml"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == list(MODELS)
+    for r in rows:
+        flavor = MODELS[r["name"]]
+        assert r["family"] == flavor.family
+        assert r["params"] == count_parameters(family_of(flavor).build(flavor, "cpu", {}))  # meta counts what a real build holds
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("m: {source: timm, name: convnext_atoo}\n")
+    assert main(["models", "--models", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scaleladder models: error: model 'm' (timm entry): timm has no model 'convnext_atoo'") and err.count("\n") == 1
