@@ -68,6 +68,10 @@ DEFAULT_NUM_CLASSES = 1000
 #: (data/tokenizer.DEFAULT_VOCAB_SIZE, a test holds the two equal; importing it would import
 #: the tokenizers library here).
 TEXT_VOCAB_SIZE = 1024
+#: A text model's special ids: the project tokenizer's (data/tokenizer.py trains [PAD] [UNK] [CLS]
+#: [SEP] [MASK] as ids 0..4; rung/batches.py's text is [CLS] ... [SEP] with them). Its config gets
+#: them (pad, bos = [CLS], eos = [SEP]); the shards' tokenizer must agree (data/pair_transforms.py).
+PAD_ID, BOS_ID, EOS_ID = 0, 2, 3
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 

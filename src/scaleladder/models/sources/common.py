@@ -13,17 +13,16 @@ from torch import Tensor, nn
 
 from scaleladder.errors import SpecError
 from scaleladder.flavors import Flavor
-from scaleladder.models.batch_layout import FIRST_WORD, PAD
+from scaleladder.models.batch_layout import FIRST_WORD
 from scaleladder.models.build import TrainModule
 from scaleladder.models.family import Family
+from scaleladder.models.models_file import BOS_ID, EOS_ID, PAD_ID
 from scaleladder.models.sources import meta_init
 
-# The project tokenizer's special ids (data/tokenizer.py trains [PAD] [UNK] [CLS] [SEP] [MASK] as 0..4;
-# rung/batches.py's FLAVA text is [CLS] ... [SEP] with the same ids). A text model's config gets
-# them: CLIP pools its text at the first eos_token_id, and mismatched ids pool position 0.
-BOS = 2  # [CLS]
-EOS = 3  # [SEP]
-TEXT_IDS: Mapping[str, int] = {"pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": EOS}
+# The project tokenizer's special ids (models_file.py says why these).
+BOS = BOS_ID  # [CLS]
+EOS = EOS_ID  # [SEP]
+TEXT_IDS: Mapping[str, int] = {"pad_token_id": PAD_ID, "bos_token_id": BOS, "eos_token_id": EOS}
 
 
 def entry_where(entry: Mapping[str, Any]) -> str:
@@ -184,7 +183,7 @@ def causal_lm_loss(logits: Tensor, input_ids: Tensor) -> Tensor:
     mean over the global batch whatever the padding."""
     targets = input_ids[:, 1:]
     per_token = nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets, reduction="none")
-    real = (targets != PAD).to(per_token.dtype)
+    real = (targets != PAD_ID).to(per_token.dtype)
     return ((per_token * real).sum(1) / real.sum(1).clamp(min=1)).mean()
 
 
