@@ -67,14 +67,18 @@ class LibraryFamily(Family):
 
     # -- the Family interface ---------------------------------------------------------------
     def build(self, flavor: Flavor, device: str | torch.device, options: Mapping[str, Any]) -> TrainModule:
-        if torch.device(device).type == "meta":
+        on_meta = torch.device(device).type == "meta"
+        # the caller's default device is not ours: on meta, only the parameters go there
+        where = torch.device("cpu") if on_meta else torch.device(device)
+        if on_meta:
             model = meta_init.build_on_meta(lambda: self.make(flavor))
         else:
-            with torch.device(device):
+            with where:
                 model = self.make(flavor)
         declared = self.entry.get("blocks")
         classes = declared_blocks(model, declared, self.where) if declared else self.find_blocks(model)
-        module = self.wrap(flavor, model)
+        with where:
+            module = self.wrap(flavor, model)
         module.flavor = flavor
         module.block_types = frozenset(classes)
         module.layer_cls = min(classes, key=lambda c: c.__name__)

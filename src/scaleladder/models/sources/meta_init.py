@@ -226,7 +226,9 @@ def build_on_meta(make: Callable[[], nn.Module]) -> nn.Module:
     recorder = _Recorder()
     _ACTIVE.append(recorder)
     try:
-        with _parameters_on_meta(recorder), _patched_silent_inits(), recorder:
+        # on the CPU whatever the caller's default device (a torch.device("meta") around the call
+        # would put the buffers on meta too, and the parameters there before they are seen)
+        with torch.device("cpu"), _parameters_on_meta(recorder), _patched_silent_inits(), recorder:
             model = make()
     finally:
         _ACTIVE.remove(recorder)

@@ -88,7 +88,7 @@ class Contrastive(LibraryModule):
         value = float(old.detach().reshape(-1)[0]) if old is not None and not old.is_meta else scale
         holder: nn.Module = model if old is not None else self
         holder.logit_scale = nn.Parameter(torch.full((1,), value, device=device))
-        meta_init.set_recipe(holder, "logit_scale", torch.full((1,), value))
+        meta_init.set_recipe(holder, "logit_scale", torch.full((1,), value, device="cpu"))
         self.scale_on_model = old is not None
 
     def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
