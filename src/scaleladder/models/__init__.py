@@ -6,6 +6,8 @@
 - ``flops``: analytic FLOPs per trained sample, from a flavor's dimensions alone.
 - ``batch_layout``: what a synthetic batch holds, as numbers (torch-free: the planner reads it).
 - ``table``: ``scaleladder models``: every flavor with its parameter count, built on the meta device.
+- ``models_file``: a models file (the user's models: timm, transformers, python entries) read torch-free, as flavors.
+- ``sources``: the family of a models-file entry, by its source (timm, transformers, the user's python).
 - ``flava_impl``: which FLAVA implementation a rung builds, by name (torch-free).
 - ``flava_attention``: FLAVA's transformer layers on fused attention, over the same parameters.
 - ``flava_losses``: FLAVA's pretraining losses without a host-device sync.

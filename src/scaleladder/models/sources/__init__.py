@@ -6,10 +6,15 @@
   (``sources/transformers.py``);
 * ``python``: the user's own ``factory`` returning a Family (``sources/python.py``).
 
+and what they share:
+
+* ``common``: the library families' build, synthetic samples by input kind, text ids, losses
+  (CLIP's gathered over the ranks);
+* ``meta_init``: a library model built with its parameters on meta, initialised later as its
+  library did (its buffers kept real).
+
 The libraries are imported here only when an entry of theirs is asked for: the models file
-itself is read torch-free (``models/models_file.py``). ``sources/common.py`` holds what the
-library sources share; ``sources/meta_init.py`` how a library model built on meta is
-initialised as the library does.
+itself is read torch-free (``models/models_file.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ if TYPE_CHECKING:
     from scaleladder.flavors import Flavor
     from scaleladder.models.family import Family
 
-#: source -> (the module that makes its family, the package it needs)
+#: source -> the package its entries need (None: the user's own code)
 _NEEDS = {"timm": "timm", "transformers": "transformers", "python": None}
 
 
