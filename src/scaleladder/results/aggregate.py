@@ -95,7 +95,7 @@ def _register_own_model(path: str) -> bool:
     """Register the models-file model a rung file's record names and was not known (results/model_entries.py)."""
     try:
         with open_h5(path) as f:
-            attrs = {k: f.attrs[k] for k in (Spec.model, Settings.model_entry) if k in f.attrs}
+            attrs: dict[str, Any] = {str(k): f.attrs[k] for k in (Spec.model, Settings.model_entry) if k in f.attrs}
     except (UnreadableFile, OSError, RuntimeError, KeyError):
         return False
     return Settings.model_entry in attrs and Spec.model in attrs and _str(attrs[Spec.model]) not in FLAVORS \
