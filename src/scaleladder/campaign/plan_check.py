@@ -15,10 +15,14 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaleladder.models.flava_impl import SDPA
 from scaleladder.spec import RunSpec, SpecError
+
+if TYPE_CHECKING:
+    from scaleladder.flavors import Flavor
+    from scaleladder.models.build import TrainModule
 
 #: MemTracker's categories that are static across a step, against the planner's breakdown keys.
 STATIC = {"params": ("Parameter", "Sharded Param"), "optimizer": ("Optstate", "OptState")}
@@ -137,82 +141,338 @@ def _group(world: int) -> Iterator[None]:
 def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
     """Two runner steps of ``spec`` under torch's memory tracker, and the planner's prediction.
     ``flava_impl``: the FLAVA a rung builds (models/flava_impl.py); only ``sdpa`` can be checked."""
+    from scaleladder.planner.memory import predict
+    from scaleladder.planner.step_setup import Variant
+
+    if spec.batch == "max":
+        raise SpecError(f"{spec.path}: the planner check covers single, FSDP1 on one rank and FSDP2 at a fixed batch")
+    t0 = time.perf_counter()
+    steps = run_steps(spec, world, int(spec.batch), flava_impl)
+    pred = predict(spec, world, world, "cpu", variant=Variant(flava_impl=flava_impl))
+    return Check(spec.path, world, steps.peak_total, int(pred.peak_bytes), steps.categories(),
+                 {k: int(v) for k, v in pred.breakdown.items() if k != "overhead"}, time.perf_counter() - t0)
+
+
+#: The two phases of a step whose peaks :func:`run_steps` keeps apart: forward and backward (up to
+#: the optimizer's ``step()`` call), then the optimizer step and ``zero_grad``.
+PHASES = ("forward-backward", "optimizer")
+
+
+@dataclass
+class Steps:
+    """What torch's tracker saw in the second runner step (the steady state) at one local batch.
+
+    ``phases``: per phase (:data:`PHASES`), the tracker's categories at that phase's peak, its
+    ``Total`` included. ``moments``: the same at every moment the tracker snapshots for each module
+    call (before and after its forward and its backward, and its peak within each; a recomputed
+    forward too), keyed ``fqn|state|call``. With ``count``, the counted third step: ``flops`` and ``forward_flops``
+    (FlopCounterMode, the whole local batch; recomputed forwards included), ``aten_ops`` (its
+    top-level aten ops, as benchmarks/bench_host.py counts them from a profiler trace) and
+    ``width`` (the FLOP-weighted median of the narrowest dimension of its matrix products)."""
+
+    batch: int
+    phases: dict[str, dict[str, int]]
+    moments: dict[str, dict[str, int]] = field(default_factory=dict)
+    trainable: int = 0  # trainable elements on the rank (its shard under FSDP)
+    flops: float = 0.0
+    forward_flops: float = 0.0
+    aten_ops: int = 0
+    width: float = 0.0
+
+    @property
+    def peak_phase(self) -> str:
+        return max(PHASES, key=lambda ph: self.phases[ph].get("Total", 0))
+
+    @property
+    def peak_total(self) -> int:
+        return self.phases[self.peak_phase].get("Total", 0)
+
+    def categories(self) -> dict[str, int]:
+        """The tracker's categories at the step's peak, without the total."""
+        return {k: v for k, v in self.phases[self.peak_phase].items() if k != "Total"}
+
+
+def run_steps(spec: RunSpec, world: int, batch: int, flava_impl: str = SDPA, count: bool = False,
+              fake: bool = True) -> Steps:
+    """Two steps of the runner's step for ``spec`` at local ``batch`` under torch's memory tracker,
+    as rank 0 of ``world`` (module docstring); with ``count``, a third one counted (:class:`Steps`).
+
+    ``fake``: on fake tensors, the full-size model built on meta (no storage); ``False`` builds it
+    for real on the CPU and trains it (for tests that hold the fake trace against real tensors).
+    Shared by :func:`measure` and ``campaign/plan_trace.py`` (the traced memory model)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from scaleladder.flavors import get_flavor
-    from scaleladder.models.build import build_model
-    from scaleladder.planner.memory import predict
-    from scaleladder.planner.step_setup import Variant
-    from scaleladder.rung.batches import SyntheticBatches
+    from scaleladder.models.family import family_of
     from scaleladder.rung.optim import backward_and_step, make_optimizer, make_scaler
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy
     from scaleladder.rung.unused_params import unused_parameter_names
 
     flavor = get_flavor(spec.model)
-    if flavor.family == "flava" and flava_impl != SDPA:
+    family = family_of(flavor)
+    if family.uses_flava_impl and flava_impl != SDPA:
         # TRAP: TorchMultimodal's FLAVA loss indexes by boolean masks (multimodal_masked_sequence[pos_mask]):
         # a nonzero, whose output size fake tensors cannot know. The sdpa FLAVA's losses select by labels.
         raise SpecError(f"{spec.model}: the planner check does not cover FLAVA --flava-impl {flava_impl} (its masked "
                         "indexing is a nonzero whose size fake tensors cannot know; docs/planner.md)")
-    if spec.strategy.compile or spec.strategy.is_fsdp1 and world > 1 or spec.batch == "max":
-        raise SpecError(f"{spec.path}: the planner check covers single, ddp, FSDP1 on one rank and FSDP2 at a fixed batch")
+    # TRAP: DDP cannot be built on fake tensors: its constructor verifies and broadcasts the parameters
+    # and its reducer makes its buckets, all reading tensor data ("data is not allocated yet").
+    if spec.strategy.compile or spec.strategy.wrapper == "ddp" or spec.strategy.is_fsdp1 and world > 1:
+        raise SpecError(f"{spec.path}: the planner check covers single, FSDP1 on one rank and FSDP2 at a fixed batch")
     spec.strategy.check_world(world)
-    t0 = time.perf_counter()
-    unused_parameter_names(flavor.family)  # the probe runs before any process group (rung.unused_params)
+    if family.freezes_unused:
+        unused_parameter_names(family.name)  # the probe runs before any process group (rung.unused_params)
     device = torch.device("cpu")
     prec = policy(spec.precision)
-    batch = int(spec.batch)
     with _group(world):
-        mesh_patch: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-        if spec.strategy.is_fsdp2:
-            # TRAP: init_device_mesh must run before fake mode; apply_strategy asks for it inside.
-            import torch.distributed.device_mesh as dm
-
-            real = dm.init_device_mesh
-            meshes: dict[Any, Any] = {}
-            for shape, names in (((world,), ("shard",)),):
-                meshes[(shape, names)] = real("cpu", shape, mesh_dim_names=names)
-
-            def premade(device_type: str, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None = None) -> Any:
-                key = (tuple(shape), tuple(mesh_dim_names or ()))
-                if key not in meshes:
-                    raise SpecError(f"{spec.path}: the planner check makes 1-D meshes only, not {shape}")
-                return meshes[key]
-
-            mesh_patch = _patched(dm, "init_device_mesh", premade)
-        model = build_model(flavor, "meta", flava_impl=flava_impl)
-        with FakeTensorMode(allow_non_fake_inputs=True), mesh_patch:
-            _fake_materialize(model, device)
-            model.to = lambda *a, **k: model  # type: ignore[method-assign]  # already on the device (see _fake_materialize)
+        mesh_patch = _premade_meshes(spec, world)
+        model = _build(flavor, "meta" if fake else "cpu", flava_impl)
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), mesh_patch:
+            if fake:
+                _fake_materialize(model, device)
+                model.to = lambda *a, **k: model  # type: ignore[method-assign]  # already on the device (see _fake_materialize)
             if prec.storage_dtype != torch.float32:
                 for p in model.parameters():
                     p.data = p.data.to(prec.storage_dtype)
             wrapped, _ = apply_strategy(model, spec.strategy, spec.knobs, prec, device)
             optimizer = make_optimizer(wrapped.parameters(), 1e-4, spec.precision)
             scaler = make_scaler(spec.precision, spec.strategy, device)
-            batches = SyntheticBatches(flavor, batch, 0, 2, 0, device, dtype=prec.storage_dtype)
+            pool = _pool(flavor, batch, device, prec.storage_dtype)
             tracker = _tracker(wrapped, optimizer, spec)
             if not spec.strategy.is_fsdp2:
-                tracker.track_external(wrapped, optimizer, batches.pool)
+                tracker.track_external(wrapped, optimizer, pool)
             else:
-                tracker.track_inputs(tuple(batches.pool))
+                tracker.track_inputs(tuple(pool))
             autocast = prec.autocast_dtype
-            for b in batches:
+
+            def step(b: dict[str, Any], after_forward: Any = None) -> None:
+                with cuda_like_autocast(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                    loss = wrapped(b)
+                if after_forward is not None:
+                    after_forward()
+                backward_and_step(loss, optimizer, scaler)
+
+            phases: dict[str, dict[str, int]] = {}
+            moments: dict[str, dict[str, int]] = {}
+            for b in pool:
                 _no_hooks_on_frozen(tracker, wrapped)
-                with tracker:  # entering again resets the peak: the second step's is the steady state
-                    with cuda_like_autocast(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                        loss = wrapped(b)
-                    backward_and_step(loss, optimizer, scaler)
-                    del loss
+                with tracker, _phase_split(tracker, optimizer, phases):  # entering again resets the peak: the second step's is the steady state
+                    step(b)
+                moments = _moments(tracker)
                 tracker.reset_mod_stats()
-            peak = tracker.get_tracker_snapshot("peak")
-    snap = next(iter(peak.values()))
-    tracked = {str(getattr(k, "value", k)): int(v) for k, v in snap.items() if str(k) != "Total"}
-    pred = predict(spec, world, world, "cpu", variant=Variant(flava_impl=flava_impl))
-    return Check(spec.path, world, int(snap["Total"]), int(pred.peak_bytes), tracked,
-                 {k: int(v) for k, v in pred.breakdown.items() if k != "overhead"}, time.perf_counter() - t0)
+            out = Steps(batch, phases, moments, sum(_local_numel(p) for p in wrapped.parameters() if p.requires_grad))
+            if count:
+                _count(step, pool[0], out)
+    return out
+
+
+def _build(flavor: Flavor, device: str, flava_impl: str) -> TrainModule:
+    """The rung's model, as the runner builds it. TRAP: on meta and OUTSIDE fake mode (timm's
+    ``create_model`` fails inside it: drop-path's data-dependent op)."""
+    from scaleladder.models.family import BUILT_IN
+
+    if flavor.entry or flavor.family not in BUILT_IN:
+        from scaleladder.models.family import family_of
+
+        return family_of(flavor).build(flavor, device, {})
+    from scaleladder.models.build import build_model  # the built-in families (until they build through models/family.py)
+
+    return build_model(flavor, device, flava_impl=flava_impl)
+
+
+def _pool(flavor: Flavor, batch: int, device: Any, dtype: Any) -> list[dict[str, Any]]:
+    """The runner's pool of synthetic batches (rung/batches.py): SYNTHETIC_POOL of them, resident."""
+    import torch
+
+    from scaleladder.models.batch_layout import SYNTHETIC_POOL
+    from scaleladder.models.family import BUILT_IN
+
+    if not flavor.entry and flavor.family in BUILT_IN:
+        from scaleladder.rung.batches import SyntheticBatches
+
+        return SyntheticBatches(flavor, batch, 0, SYNTHETIC_POOL, 0, device, dtype=dtype).pool
+    # Another family's samples (what rung/batches.py draws through the family): on fake tensors
+    # only their shapes and dtypes count, on real ones any values do.
+    from scaleladder.models.family import family_of
+
+    family = family_of(flavor)
+    out = []
+    for s in range(SYNTHETIC_POOL):
+        samples = [family.synthetic_sample(flavor, torch.Generator().manual_seed(s * batch + i), i) for i in range(batch)]
+        out.append({k: torch.stack([x[k] for x in samples]).to(device, dtype=dtype if samples[0][k].is_floating_point()
+                                                                  else samples[0][k].dtype) for k in samples[0]})
+    return out
+
+
+def _premade_meshes(spec: RunSpec, world: int) -> contextlib.AbstractContextManager[Any]:
+    """FSDP2's device meshes, made now. TRAP: init_device_mesh must run before fake mode;
+    apply_strategy asks for it inside."""
+    if not spec.strategy.is_fsdp2:
+        return contextlib.nullcontext()
+    import torch.distributed.device_mesh as dm
+
+    real = dm.init_device_mesh
+    meshes: dict[Any, Any] = {}
+    shapes: list[tuple[tuple[int, ...], tuple[str, ...]]] = [((world,), ("shard",))]
+    if spec.strategy.sharding == "hybrid":
+        group = spec.strategy.group or 1
+        shapes.append(((world // group, group), ("replicate", "shard")))
+    for shape, names in shapes:
+        meshes[(shape, names)] = real("cpu", shape, mesh_dim_names=names)
+
+    def premade(device_type: str, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None = None) -> Any:
+        key = (tuple(shape), tuple(mesh_dim_names or ()))
+        if key not in meshes:
+            raise SpecError(f"{spec.path}: the planner check makes the meshes {sorted(meshes)} only, not {shape}")
+        return meshes[key]
+
+    return _patched(dm, "init_device_mesh", premade)
+
+
+def _local_numel(p: Any) -> int:
+    """Elements of ``p`` on this rank (an FSDP2 DTensor's local shard)."""
+    local = getattr(p, "_local_tensor", None)
+    return int((p if local is None else local).numel())
+
+
+@contextlib.contextmanager
+def _phase_split(tracker: Any, optimizer: Any, phases: dict[str, dict[str, int]]) -> Iterator[None]:
+    """Keep the peak of forward + backward apart from the optimizer step's: when the runner calls
+    ``optimizer.step()`` the tracker's peak so far is the first phase's; it is then reset, so the
+    step's own peak (at least what is alive when it starts) is the second's. Fills ``phases``."""
+    real_step = optimizer.step
+    at_step: dict[str, int] = {}
+
+    def snapshot(kind: str) -> dict[str, int]:
+        snap = tracker.get_tracker_snapshot(kind)
+        return {str(getattr(k, "value", k)): int(v) for k, v in next(iter(snap.values()), {}).items()}
+
+    def step(*a: Any, **k: Any) -> Any:
+        phases[PHASES[0]] = snapshot("peak")
+        at_step.update(snapshot("current"))
+        tracker._peak_mem.clear()  # the tracker's peak restarts here (mem_tracker.MemTracker._update_peak_stats)
+        tracker._peak_mem_snap.clear()
+        return real_step(*a, **k)
+
+    optimizer.step = step
+    try:
+        yield
+    finally:
+        del optimizer.step  # the class's own again
+        after = snapshot("peak")
+        phases[PHASES[1]] = after if after.get("Total", 0) > at_step.get("Total", 0) else dict(at_step)
+        phases.setdefault(PHASES[0], snapshot("peak"))
+
+
+def _moments(tracker: Any) -> dict[str, dict[str, int]]:
+    """Every per-module snapshot the tracker took in the step (:class:`Steps`'s ``moments``)."""
+    out: dict[str, dict[str, int]] = {}
+    for stats in tracker.memory_tracking.values():
+        for state, snaps in stats.snapshots.items():
+            for i, snap in enumerate(snaps):
+                dev = next(iter(snap.values()), None)
+                if dev:
+                    out[f"{stats.mod_fqn}|{getattr(state, 'value', state)}|{i}"] = {
+                        str(getattr(k, "value", k)): int(v) for k, v in dev.items()}
+    return out
+
+
+def _count(step: Any, batch: dict[str, Any], out: Steps) -> None:
+    """One more step, counted: its FLOPs (forward, and forward + backward), its top-level aten ops
+    and the width its matrix products run at (see :class:`Steps`)."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    widths: list[tuple[float, float]] = []
+    counter = FlopCounterMode(display=False, custom_mapping=_flop_formulas(widths))
+    forward: list[float] = []
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof, counter:
+        step(batch, lambda: forward.append(float(counter.get_total_flops())))
+    out.flops = float(counter.get_total_flops())
+    out.forward_flops = forward[0] if forward else 0.0
+    out.aten_ops = _top_level_aten(prof.events())
+    out.width = _weighted_median(widths)
+
+
+def _flop_formulas(widths: list[tuple[float, float]]) -> dict[Any, Any]:
+    """FlopCounterMode's formulas, two ways extended: the matrix products and convolutions also note
+    (FLOPs, narrowest dimension) in ``widths``; the CPU's fused attention, which torch's table leaves
+    out (its flash kernel for the CPU), is counted as the GPU's SDPA kernels are."""
+    import torch
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+
+    def noting(formula: Any, dims: Any) -> Any:
+        def count(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            n = int(formula(*args, out_val=out_val, **kwargs))
+            if dims is not None:
+                widths.append((float(n), float(min(dims(*[fc.get_shape(a) for a in args[:3]])))))
+            return n
+
+        count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode passes the tensors as they are
+        return count
+
+    def conv_dims(x: Any, w: Any, *rest: Any) -> list[int]:
+        k = 1
+        for d in w[1:]:
+            k *= d
+        return [w[0], k]  # an implicit GEMM: C_out by C_in/groups x the kernel
+
+    return {aten.mm: noting(fc.mm_flop, lambda a, b: (a[0], a[1], b[1])),
+            aten.addmm: noting(fc.addmm_flop, lambda c, a, b: (a[0], a[1], b[1])),
+            aten.bmm: noting(fc.bmm_flop, lambda a, b: (a[1], a[2], b[2])),
+            aten.baddbmm: noting(fc.baddbmm_flop, lambda c, a, b: (a[1], a[2], b[2])),
+            aten.convolution: noting(fc.conv_flop, conv_dims),
+            aten._convolution: noting(fc.conv_flop, conv_dims),
+            aten._scaled_dot_product_flash_attention_for_cpu: noting(fc.sdpa_flop, None),
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: noting(fc.sdpa_backward_flop, None)}
+
+
+def _weighted_median(pairs: list[tuple[float, float]]) -> float:
+    """The median of the values weighted by their weights: (weight, value) pairs; 0 for none."""
+    total = sum(w for w, _ in pairs)
+    run = 0.0
+    for w, v in sorted(pairs, key=lambda p: p[1]):
+        run += w
+        if run >= total / 2:
+            return v
+    return 0.0
+
+
+def _top_level_aten(events: Any) -> int:
+    """The profiler's ``aten::`` events with no ``aten::`` event above them: what
+    benchmarks/bench_host.py counts as a step's aten ops (an op inside another op is not counted again)."""
+    def nested(e: Any) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if p.name.startswith("aten::"):
+                return True
+            p = p.cpu_parent
+        return False
+
+    return sum(1 for e in events if e.name.startswith("aten::") and not nested(e))
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The profiler's native lines (kineto's start and stop, a failed GPU count on a CPU machine) off
+    the console: file descriptor 2 goes to /dev/null for the counted step."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ FITS adds what the allocator does not count: :data:`CONTEXT_BYTES`, :data:`COMM_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,15 +127,24 @@ def _fits(setup: StepSetup, batch: int, capacity: int | None, overheads: Overhea
 
 def max_batch_for(setup: StepSetup, capacity: int | None, overheads: Overheads = CALIBRATED) -> int | None:
     """The largest local batch that fits (None: unlimited, or not even batch 1)."""
-    if capacity is None or not _fits(setup, 1, capacity, overheads):
+    if capacity is None:
+        return None
+    return largest_batch(lambda b: _fits(setup, b, capacity, overheads))
+
+
+def largest_batch(fits: Callable[[int], bool]) -> int | None:
+    """The largest local batch up to :data:`MAX_BATCH_LIMIT` for which ``fits`` holds (None: not even
+    batch 1). ``fits`` must turn false once and stay so (a peak non-decreasing in the batch): the
+    search doubles, then bisects. The traced memory model (campaign/plan_trace.py) searches with it too."""
+    if not fits(1):
         return None
     lo, hi = 1, 2
-    while hi <= MAX_BATCH_LIMIT and _fits(setup, hi, capacity, overheads):
+    while hi <= MAX_BATCH_LIMIT and fits(hi):
         lo, hi = hi, hi * 2
     hi = min(hi, MAX_BATCH_LIMIT + 1)
-    while hi - lo > 1:  # peak is non-decreasing in the batch: bisect
+    while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits(setup, mid, capacity, overheads):
+        if fits(mid):
             lo = mid
         else:
             hi = mid
