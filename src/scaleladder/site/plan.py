@@ -5,6 +5,9 @@ runner (forward, backward, its fused AdamW step) as a timeline of allocations on
 rank, for any model × strategy × precision × local batch × nodes × GPUs per node ×
 device, and reports the peak, a breakdown, whether it fits and the largest batch that
 does. The pieces live in ``scaleladder.planner`` (see its docstring and docs/planner.md).
+A model whose family has no analytic model (a models-file model), or any with ``--traced``,
+is TRACED instead: torch's memory tracker on fake tensors at two batches, extrapolated
+(``campaign/plan_trace.py``; that path imports torch).
 
 Uses: ``scaleladder launch --plan-device`` records rungs predicted not to fit as
 ``predicted-oom`` (campaign/supervise.py); the workflow does the same while it builds its DAG,
@@ -92,6 +95,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "fake CPU tensors (no GPU; FSDP2 on the fake process group at --check-world ranks); both figures "
                         "side by side (campaign/plan_check.py)")
     p.add_argument("--check-world", default="1", help="ranks --check plays (FSDP2: rank 0 of them; default 1)")
+    p.add_argument("--traced", action="store_true",
+                   help="with --spec: the traced memory model even where an analytic one exists (what a model without "
+                        "one always gets: torch's tracker on fake tensors at two batches, extrapolated; "
+                        "campaign/plan_trace.py), to compare the two")
+    p.add_argument("--trace-cache", default=None, metavar="DIR",
+                   help="where traces are kept (default: $SCALELADDER_CACHE/plan-traces, else "
+                        "$XDG_CACHE_HOME/scaleladder/plan-traces, else ~/.cache/scaleladder/plan-traces)")
 
 
 def device_from_args(name: str | None, gib: str | None) -> Device:
@@ -187,7 +197,11 @@ def _check(args: argparse.Namespace) -> int:
 
     if not args.spec:
         raise SpecError("--check needs --spec")
-    c = measure(RunSpec.from_path(args.spec), parse_positive("check-world", args.check_world))
+    spec = RunSpec.from_path(args.spec)
+    if not _analytic(spec):
+        raise SpecError(f"--check holds the analytic planner against torch's tracker, and {spec.model} has no analytic "
+                        "model: its plan (scaleladder plan --spec ...) is the tracker's own, traced")
+    c = measure(spec, parse_positive("check-world", args.check_world))
     if args.json:
         print(json.dumps({**c.__dict__, "error": c.error}, indent=1))
     else:
@@ -255,6 +269,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.spec:
         raise SpecError("give --spec (or --fits-table / --fits-chart / --vs-measured / --time-chart)")
     spec = RunSpec.from_path(args.spec)
+    if getattr(args, "traced", False) or not _analytic(spec):
+        return _traced(args, spec, device, gpus, timing)
     # the memory of the FLAVA the rung builds (--flava-impl, as `scaleladder run` takes it)
     p = predict(spec, spec.nodes * gpus, gpus, device, data=args.data, variant=Variant(flava_impl=timing.flava_impl))
     st = step_fields(spec, spec.nodes * gpus, gpus, p.batch if p.fits else None, device.name, timing)
@@ -265,6 +281,34 @@ def main(args: argparse.Namespace) -> int:
         _print_prediction(p)
         if spec.strategy.compile:
             print(f"  memory: {memory_model(spec)}; so the max batch is a lower bound")
+        print("\n".join(step_lines(st)))
+    return 0
+
+
+def _analytic(spec: RunSpec) -> bool:
+    from scaleladder.campaign.plan_trace import analytic
+    from scaleladder.flavors import get_flavor
+
+    return analytic(get_flavor(spec.model))
+
+
+def _traced(args: argparse.Namespace, spec: RunSpec, device: Device, gpus: int, timing: Any) -> int:
+    """A rung whose family has no analytic memory model (or ``--traced``): memory and FLOPs traced
+    on fake tensors (campaign/plan_trace.py; needs torch), the step time priced from them."""
+    from scaleladder.campaign.plan_trace import predict as predict_traced
+    from scaleladder.campaign.plan_trace import step_fields as traced_step_fields
+    from scaleladder.site.plan_time import step_lines
+
+    world = spec.nodes * gpus
+    tp = predict_traced(spec, world, gpus, device, data=args.data, flava_impl=timing.flava_impl,
+                        cache=getattr(args, "trace_cache", None))
+    p = tp.prediction
+    st = traced_step_fields(spec, world, p.batch if p.fits else None, device.name, timing, tp.trace)
+    if args.json:
+        print(json.dumps({**p.as_dict(), **tp.fields(), **st}, indent=1))
+    else:
+        _print_prediction(p)
+        print("\n".join(tp.lines()))
         print("\n".join(step_lines(st)))
     return 0
 
