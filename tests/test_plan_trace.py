@@ -30,7 +30,7 @@ from torch import nn
 
 from scaleladder import flavors
 from scaleladder.campaign.plan_check import run_steps
-from scaleladder.campaign.plan_trace import TRACE_BATCHES, analytic, cache_path, predict, trace, traced_rung
+from scaleladder.campaign.plan_trace import TRACE_BATCHES, analytic, cache_path, predict, torch_version, trace, traced_rung
 from scaleladder.flavors import Flavor
 from scaleladder.models import family as family_module
 from scaleladder.models.build import TrainModule
@@ -231,7 +231,7 @@ def test_a_trace_is_cached_and_a_stale_one_ignored(own_family: Flavor, tmp_path:
     data["torch"] = "0.0.0"
     path.write_text(json.dumps(data))
     _, _, hit = trace(spec, 1, cache=tmp_path)
-    assert not hit and json.loads(path.read_text())["torch"] == torch.__version__
+    assert not hit and json.loads(path.read_text())["torch"] == torch_version()
     # the key: another precision or world is another file; the batch is not part of it
     other = RunSpec.from_path(f"{own_family.name}/single/bf16-mixed/pre-lag/n1/b8")
     assert cache_path(traced_rung(other, 1), "sdpa", tmp_path) != path

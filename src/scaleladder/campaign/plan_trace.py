@@ -26,7 +26,8 @@ file, one per (model entry or flavor, traced strategy, precision, world, knobs, 
 implementation), under ``--trace-cache`` (default ``$SCALELADDER_CACHE/plan-traces``, else
 ``$XDG_CACHE_HOME/scaleladder/plan-traces``, else ``~/.cache/scaleladder/plan-traces``: the
 cache folder of ``rung/probe_cache.py``). A file records the torch version and a fingerprint of
-the code that ran the trace; a file whose either differs is ignored and traced again.
+the code that ran the trace; a file whose either differs is ignored and traced again. A plan read
+from the cache imports no torch and no model library.
 
 This module imports no torch at load (``scaleladder plan`` imports it to ask :func:`analytic`);
 a trace imports it.
@@ -68,6 +69,8 @@ CATEGORY = {
 CODE = ("campaign/plan_check.py", "campaign/plan_trace.py", "flavors.py", "models", "rung/parallelize.py",
         "rung/optim.py", "rung/precision.py", "rung/batches.py", "rung/unused_params.py", "rung/sac.py",
         "rung/what_ran.py")
+#: Models-file sources whose families are the libraries' (models/sources/common.LibraryFamily): none analytic.
+LIBRARY_SOURCES = ("timm", "transformers")
 #: Libraries whose version is part of the fingerprint (models built by them).
 LIBRARIES = ("timm", "transformers", "torchmultimodal", "torchmultimodal-nightly")
 
@@ -78,6 +81,8 @@ def analytic(flavor: Flavor) -> bool:
 
     if not flavor.entry and flavor.family in BUILT_IN:
         return True  # ViT and FLAVA: planner/ models them (read without loading the family)
+    if flavor.entry and json.loads(flavor.entry).get("source") in LIBRARY_SOURCES:
+        return False  # read without importing the library (a cached plan then needs no torch)
     return family_of(flavor).analytic
 
 
@@ -238,28 +243,34 @@ def cache_path(t: Traced, flava_impl: str, folder: Path) -> Path:
 
 
 def code_fingerprint(flavor: Flavor) -> str:
-    """A hash of the code that runs a trace (:data:`CODE`), the family's own source file where it
-    lies outside the package (a user's python family), and the model libraries' versions."""
-    import inspect
-
+    """A hash of the code that runs a trace (:data:`CODE`), a python entry's own code (every .py
+    under its ``path``), and the model libraries' versions. Read without importing any of them."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for rel in CODE:
         path = root / rel
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
-    if flavor.entry:
-        from scaleladder.models.family import family_of
-
-        source = inspect.getsourcefile(type(family_of(flavor)))
-        if source and root not in Path(source).resolve().parents:
-            h.update(Path(source).read_bytes())
+    entry = json.loads(flavor.entry) if flavor.entry else {}
+    own = Path(entry["path"]) if entry.get("source") == "python" and entry.get("path") else None
+    if own is not None:
+        for f in sorted(own.rglob("*.py")) if own.is_dir() else [own]:
+            if f.is_file():
+                h.update(f.read_bytes())
     for lib in LIBRARIES:
         try:
             h.update(f"{lib}={metadata.version(lib)}".encode())
         except metadata.PackageNotFoundError:
             pass
     return h.hexdigest()[:16]
+
+
+def torch_version() -> str:
+    """The installed torch's version, read from its metadata: a cached trace is read without torch."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
 
 
 def _load(path: Path, torch_version: str, code: str) -> Trace | None:
@@ -272,20 +283,19 @@ def _load(path: Path, torch_version: str, code: str) -> Trace | None:
 
 
 def trace(spec: RunSpec, world: int, flava_impl: str = SDPA, cache: str | Path | None = None) -> tuple[Trace, Path, bool]:
-    """``spec``'s trace at ``world`` ranks: (the trace, its cache file, whether it came from there)."""
-    import torch
-
-    from scaleladder.campaign.plan_check import PHASES, run_steps
-    from scaleladder.files import atomic_write_text
-    from scaleladder.planner.static import storage_bytes
-
+    """``spec``'s trace at ``world`` ranks: (the trace, its cache file, whether it came from there).
+    A trace read from the cache imports no torch."""
     t = traced_rung(spec, world)
     flavor = get_flavor(t.spec.model)
     path = cache_path(t, flava_impl, cache_dir(cache))
-    code = code_fingerprint(flavor)
-    found = _load(path, torch.__version__, code)
+    code, version = code_fingerprint(flavor), torch_version()
+    found = _load(path, version, code)
     hit = found is not None
     if found is None:
+        from scaleladder.campaign.plan_check import PHASES, run_steps
+        from scaleladder.files import atomic_write_text
+        from scaleladder.planner.static import storage_bytes
+
         t0 = time.perf_counter()
         b1, b2 = TRACE_BATCHES
         one = run_steps(t.spec, t.world, b1, flava_impl)
@@ -295,7 +305,7 @@ def trace(spec: RunSpec, world: int, flava_impl: str = SDPA, cache: str | Path |
                    for m in at[0] if m in at[1]}  # a moment of both traces (the same module call, the same state)
         found = Trace(f"{t.spec.model}/{t.spec.strategy}/{t.spec.precision}/{t.spec.knobs}", t.world, TRACE_BATCHES,
                       envelope(moments, TRACE_BATCHES), two.flops / b2, two.forward_flops / b2, round(two.width), two.aten_ops, two.trainable,
-                      storage_bytes(t.spec.precision), torch.__version__, code, round(time.perf_counter() - t0, 1))
+                      storage_bytes(t.spec.precision), version, code, round(time.perf_counter() - t0, 1))
         try:
             atomic_write_text(path, json.dumps(found.as_json(), indent=1) + "\n")
         except OSError:
