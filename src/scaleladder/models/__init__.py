@@ -1,7 +1,9 @@
 """The models: every flavor (``flavors.py``) built as a module whose ``forward(batch)`` is the loss.
 
 - ``family``: the model family interface (``Family``): build, blocks, init, batches, FLOPs; ``family_of(flavor)``.
-- ``build``: a flavor built as a ``TrainModule`` (ViT or FLAVA), ``forward(batch) -> loss``.
+- ``families``: the built-in families, a module each (ViT, FLAVA): everything that differs by model, torch-free at import.
+- ``train_module``: ``TrainModule``, what every family builds: ``forward(batch) -> loss``.
+- ``build``: a flavor built through its family (``build_model``); the built-in families' modules (ViT, FLAVA).
 - ``init``: a model built on the meta device, materialised one module (FSDP unit) at a time.
 - ``flops``: analytic FLOPs per trained sample, from a flavor's dimensions alone.
 - ``batch_layout``: what a synthetic batch holds, as numbers (torch-free: the planner reads it).

@@ -1,7 +1,10 @@
 """Build a flavor as a module whose ``forward(batch)`` returns the training loss.
 
 Every strategy in the ladder wraps the same :class:`TrainModule`, so DDP, FSDP and
-the single-process reference all see one call signature and one loss.
+the single-process reference all see one call signature and one loss. :func:`build_model`
+builds any flavor through its family (``models/family.py``); the two built-in families' modules,
+:class:`ViTClassifier` and :class:`FLAVAPretrainer`, are defined here (they need torch at import,
+their families in ``models/families/`` may not).
 
 Traps handled here (see ``shared/anchors.md``):
 
@@ -30,14 +33,8 @@ from torch import Tensor, nn
 
 from scaleladder.flavors import Flavor
 from scaleladder.models.flava_impl import SDPA, TORCHMULTIMODAL, parse_flava_impl
+from scaleladder.models.train_module import TrainModule as TrainModule  # where it was defined: still importable here
 from scaleladder.spec import SpecError
-
-
-class TrainModule(nn.Module):
-    """``forward(batch) -> scalar loss``; ``layer_cls`` names the transformer layer class."""
-
-    layer_cls: type[nn.Module]
-    flavor: Flavor
 
 
 class ViTClassifier(TrainModule):
@@ -133,9 +130,6 @@ def load_codebook(codebook: nn.Module, path: Path) -> None:
     codebook.get_submodule("encoder").load_state_dict(read_codebook_state(codebook, path))
 
 
-CODEBOOK_ENCODER = "flava.image_codebook.encoder."  # where the DALL-E encoder sits in a FLAVAPretrainer
-
-
 def read_codebook_state(codebook: nn.Module, path: Path) -> dict[str, Tensor]:
     """The encoder's state dict from a local file, checked against the encoder's names and
     shapes (works on a meta-device codebook too: shapes are all it needs)."""
@@ -159,17 +153,18 @@ def read_codebook_state(codebook: nn.Module, path: Path) -> dict[str, Tensor]:
 
 def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_weights: str | Path | None = None,
                 flava_impl: str = TORCHMULTIMODAL) -> TrainModule:
-    """Build ``flavor`` on ``device``. ``device="meta"`` allocates nothing (for counting).
+    """Build ``flavor`` on ``device`` through its family (models/family.py). ``device="meta"``
+    allocates nothing (for counting).
 
-    ``flava_impl`` (models/flava_impl.py) is ignored for ViT. Its default here is the package's
-    own FLAVA, which the planner models and the wrapper tests (tests/test_parallelize.py) count gathers of; a rung
-    builds what ``scaleladder run --flava-impl`` says (default ``sdpa``, flava_impl.DEFAULT)."""
-    with torch.device(device):
-        if flavor.family == "vit":
-            if codebook_weights is not None:
-                raise SpecError("--codebook-weights applies to FLAVA flavors only")
-            return ViTClassifier(flavor)
-        return FLAVAPretrainer(flavor, codebook_weights, flava_impl)
+    ``flava_impl`` (models/flava_impl.py) is ignored by a family it does not apply to. Its default here
+    is the package's own FLAVA, which the planner models and the wrapper tests (tests/test_parallelize.py)
+    count gathers of; a rung builds what ``scaleladder run --flava-impl`` says (default ``sdpa``, flava_impl.DEFAULT)."""
+    from scaleladder.models.family import family_of
+
+    family = family_of(flavor)
+    if codebook_weights is not None and not family.codebook_prefix:
+        raise SpecError("--codebook-weights applies to FLAVA flavors only")
+    return family.build(flavor, device, {"codebook_weights": codebook_weights, "flava_impl": flava_impl})
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -14,7 +14,7 @@ the workflow's process read families torch-free); torch is imported inside the m
 
 What a family says, and who reads it:
 
-* ``build(flavor, device, options)``: a :class:`~scaleladder.models.build.TrainModule`, whose
+* ``build(flavor, device, options)``: a :class:`~scaleladder.models.train_module.TrainModule`, whose
   ``forward(batch)`` returns the training loss (so "its loss" is the module's forward).
   ``device="meta"`` allocates nothing (counting, planning, a rung's per-unit init).
 * ``block_classes(model)``: the classes whose outermost instances are the blocks: what FSDP
@@ -24,16 +24,30 @@ What a family says, and who reads it:
 * ``reset_parameters(module)``: how a module materialised from meta is initialised (the
   library's own init for a library model; ``models/init.py``'s rules for the seeds' models).
 * ``synthetic_sample(flavor, g, global_index)``: one sample of ``--data synthetic``.
-* ``inputs``: what it trains on from shards: ``"image"``, ``"text"`` or ``"image-text"``.
+* ``inputs``: what it trains on from shards: ``"image"``, ``"text"``, ``"image-text"`` or
+  ``"masked-image-text"`` (FLAVA's: the image, its codebook image and patch mask, the text and its
+  masked copy, the ITM label); ``data/loader.py`` keys its transform by it.
 * ``flops(...)``: FLOPs per sample; ``None`` means "count them" (FlopCounterMode).
-* ``analytic``: whether the planner has an analytic memory model; else it traces.
+* ``analytic``: whether the planner has an analytic memory model; else it traces. An analytic
+  family also answers the planner's questions (torch-free): ``layer_counts``, ``reduced``,
+  ``layer_passes``, ``plan_flops``, ``input_bytes``, ``twin_passes``, and the ClassVars
+  ``activations`` (which of the planner's activation models: planner/activations.py's
+  ``MODELS``), ``unused_prefixes``, ``codebook_prefix``, ``ops_per_layer_pass``.
+* ClassVars the rest of the house reads instead of a family's name: ``throughput_unit`` (the
+  figures' axis), ``rank_modules`` (a rank's start-up imports), ``freezes_unused`` (the
+  unused-parameter probe and freeze), ``uses_flava_impl`` (``--flava-impl`` applies),
+  ``classifier`` (a convergence rung's held-out accuracy).
+
+``options`` (``build``, ``flops`` and the planner's methods) are the rung's build settings by
+name: ``codebook_weights`` (a local file for a family with a codebook) and ``flava_impl``
+(models/flava_impl.py); a family reads the ones it knows and ignores the rest.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 from scaleladder.errors import SpecError
 
@@ -42,10 +56,12 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from scaleladder.flavors import Flavor
-    from scaleladder.models.build import TrainModule
     from scaleladder.models.flops import FlopCount
+    from scaleladder.models.train_module import TrainModule
 
-Inputs = Literal["image", "text", "image-text"]
+Inputs = Literal["image", "text", "image-text", "masked-image-text"]
+#: A rung's build settings by name (``build``, ``flops`` and the planner's methods: see above).
+Options: TypeAlias = Mapping[str, Any]
 
 
 class Family:
@@ -63,6 +79,26 @@ class Family:
     items_per_sample: ClassVar[int] = 1
     #: Whether the planner has an analytic memory model for it (else it traces: docs/planner.md).
     analytic: ClassVar[bool] = False
+    #: What its throughput counts, as the figures' axis names it (figures/style.py).
+    throughput_unit: ClassVar[str] = "items/s"
+    #: Modules a rank imports in its timed ``imports`` phase, beside torch and the runner's own (rung/startup.py).
+    rank_modules: ClassVar[tuple[str, ...]] = ()
+    #: Whether the parameters no training step reaches are frozen before wrapping (rung/unused_params.py:
+    #: found once by a CPU step of the flavor ``<name>-debug``, so such a family has one).
+    freezes_unused: ClassVar[bool] = False
+    #: The planner's statement of that set: the unused parameters' name prefixes (planner/inventory.py).
+    unused_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: Where a frozen codebook sits in the model ("": none): an FSDP unit of its own in the planner's
+    #: inventory, and what ``--codebook-weights`` loads (its ``encoder.``).
+    codebook_prefix: ClassVar[str] = ""
+    #: Whether ``--flava-impl`` applies (models/flava_impl.py): recorded, planned and timed per implementation.
+    uses_flava_impl: ClassVar[bool] = False
+    #: A classifier whose logits a module named ``head`` gives: a convergence rung's held-out accuracy.
+    classifier: ClassVar[bool] = False
+    #: The planner's stated host work: top-level aten ops per layer pass (planner/steptime.py).
+    ops_per_layer_pass: ClassVar[int] = 0
+    #: The planner's activation model for it: a key of planner/activations.py's ``MODELS`` ("": none).
+    activations: ClassVar[str] = ""
 
     def build(self, flavor: Flavor, device: str | torch.device, options: Mapping[str, Any]) -> TrainModule:
         raise NotImplementedError(f"family {self.name or type(self).__name__}: build() is not defined")
@@ -102,6 +138,35 @@ class Family:
         """FLOPs per sample of one training step; ``None``: count them with FlopCounterMode."""
         return None
 
+    # -- the analytic planner's facts (torch-free; asked only of an ``analytic`` family) ----------
+
+    def _no_model(self, what: str) -> NotImplementedError:
+        return NotImplementedError(f"family {self.name or type(self).__name__}: no analytic planner model ({what})")
+
+    def layer_counts(self, flavor: Flavor) -> list[int]:
+        """The blocks of each stack (``stacks``' lengths), from the flavor's dimensions alone."""
+        raise self._no_model("layer_counts")
+
+    def reduced(self, flavor: Flavor) -> Flavor:
+        """``flavor`` with one block per stack: what the planner's inventory builds on meta."""
+        raise self._no_model("reduced")
+
+    def layer_passes(self, flavor: Flavor, options: Options) -> list[tuple[str, float]]:
+        """The forward's block passes in order: (block id, relative compute ~ tokens)."""
+        raise self._no_model("layer_passes")
+
+    def plan_flops(self, flavor: Flavor, ac: bool, global_batch: int, options: Options) -> FlopCount:
+        """FLOPs per sample before any run (no batch to count on): the planner's and the budget's."""
+        raise self._no_model("plan_flops")
+
+    def input_bytes(self, flavor: Flavor, store: int) -> float:
+        """Bytes of one sample of a synthetic batch on the device, its floats ``store`` bytes each."""
+        raise self._no_model("input_bytes")
+
+    def twin_passes(self, options: Options) -> bool:
+        """Whether encoders run twice a step, once per input (TorchMultimodal's FLAVA: plain, then masked)."""
+        return False
+
 
 #: The built-in families by name: "module:attribute" of the family object, imported when asked.
 BUILT_IN: Mapping[str, str] = {
@@ -126,6 +191,11 @@ def family_of(flavor: Flavor) -> Family:
             found = _load(flavor.family)
         _LOADED[key] = found
     return found
+
+
+def built_in(name: str) -> Family | None:
+    """The built-in family called ``name``; None for any other name (a models-file source's)."""
+    return _load(name) if name in BUILT_IN else None
 
 
 def _load(name: str) -> Family:

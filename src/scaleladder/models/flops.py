@@ -25,13 +25,22 @@ TorchMultimodal's selects the masked tokens of positive pairs (a device sync eac
 pair and ignore the rest in the cross entropy. MFU counts the useful work either way;
 HFU (``hardware``) counts what ran: with ``heads_on_all_tokens`` the heads' extra
 forward and backward over the other tokens (docs/metrics.md).
+
+A family with no analytic count (``Family.flops`` returns None: a models-file model) is counted
+by :func:`counted_flops`, with FlopCounterMode, on the meta device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from scaleladder.errors import SpecError
 from scaleladder.flavors import Flavor
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -119,3 +128,53 @@ def flava_flops(
     model = 3 * trained + 2 * patch + codebook
     hardware = model + (recompute if ac else 0) + 3 * idle_heads
     return FlopCount(model=model, hardware=hardware, forward=trained + patch + codebook + idle_heads)
+
+
+def counted_flops(model: nn.Module, blocks: Sequence[nn.Module], first: Mapping[str, Tensor], recompute: bool,
+                  name: str) -> FlopCount:
+    """FLOPs per sample of a family with no analytic count, counted by torch's FlopCounterMode.
+
+    How: ``model`` is the rung's model built again on the meta device (no memory; the caller,
+    rung/run.py, builds it with the RNG forked), every parameter and buffer moved there; it runs
+    one forward and one backward on the first batch moved there too (floats as fp32: a FLOP
+    count does not depend on the dtype), once, before the timed loop. Meta tensors carry shapes
+    only, so this costs the model's Python and nothing on the device, and it leaves the rung's
+    model, its gradients and its batches untouched. ``blocks``: the outermost blocks (the
+    family's ``stacks``), whose forward FLOPs a recompute repeats.
+
+    What is counted: FlopCounterMode's table (matrix products, convolutions, attention kernels;
+    nothing elementwise), forward and backward as they ran (a frozen module's forward, no
+    gradient for its weights): ``model`` is that total; ``hardware`` adds the blocks' forward once
+    more under recompute (``-ac``: each checkpointed block runs its forward again in backward);
+    ``forward`` is the forward alone; all divided by the first batch's samples. Collectives are no
+    FLOPs. A forward that reads tensor values (a data-dependent shape, a host sync) cannot run on
+    meta: a SpecError says so, and that family must define ``flops()``.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = {k: v.to("meta", torch.float32) if v.is_floating_point() else v.to("meta") for k, v in first.items()}
+    samples = len(next(iter(batch.values())))
+    counter = FlopCounterMode(display=False)
+    in_blocks: list[float] = []
+    hooks = []
+    for block in blocks:
+        start: list[float] = []
+        hooks.append(block.register_forward_pre_hook(lambda *_, s=start: s.append(counter.get_total_flops())))
+        hooks.append(block.register_forward_hook(lambda *_, s=start: in_blocks.append(counter.get_total_flops() - s.pop())))
+    try:
+        model.to("meta").train()
+        with counter:
+            loss = model(batch)
+            forward = float(counter.get_total_flops())
+            for h in hooks:
+                h.remove()
+            loss.backward()
+    except Exception as e:  # the model's own code on meta tensors: name the model and what failed, one line
+        first_line = (str(e).strip().splitlines() or [""])[0][:200]
+        raise SpecError(f"model {name}: its FLOPs could not be counted on the meta device ({type(e).__name__}: "
+                        f"{first_line}); its family must define flops() (models/family.py)") from None
+    total = float(counter.get_total_flops())
+    again = sum(in_blocks) if recompute else 0.0
+    return FlopCount(model=total / samples, hardware=(total + again) / samples,
+                     forward=forward / samples)
