@@ -8,11 +8,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from scaleladder.flavors import FLAVORS, get_flavor
+from scaleladder.models.batch_layout import masked_counts
 from scaleladder.models.build import build_model, count_parameters
 from scaleladder.models.flops import flava_flops, vit_flops
 from scaleladder.models.init import materialize
 from scaleladder.models.table import row
-from scaleladder.rung.batches import masked_counts, synthetic_batch
+from scaleladder.rung.batches import synthetic_batch
 from scaleladder.spec import SpecError
 
 SEEDED = [f for f in FLAVORS.values() if not f.debug]

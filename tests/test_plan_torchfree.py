@@ -99,10 +99,12 @@ def test_a_changed_flavor_is_not_served_a_stale_layout() -> None:
 
 def test_the_runner_and_the_planner_share_one_synthetic_layout() -> None:
     from scaleladder.models import batch_layout
+    from scaleladder.models.families import flava
     from scaleladder.planner import activations, step_setup
     from scaleladder.rung import batches
 
-    # one definition, imported by both (no restated copies to drift apart)
+    # one definition, imported by both (no restated copies to drift apart): the runner's samples
+    # are the family's (models/families/flava.py)
     assert step_setup.SYNTHETIC_POOL is batch_layout.SYNTHETIC_POOL
-    assert activations.masked_counts is batches.masked_counts is batch_layout.masked_counts
+    assert activations.masked_counts is flava.masked_counts is batch_layout.masked_counts
     assert inspect.signature(batches.SyntheticBatches).parameters["pool"].default == batch_layout.SYNTHETIC_POOL

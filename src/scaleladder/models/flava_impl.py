@@ -13,7 +13,12 @@ stored layouts do not depend on the choice (docs/models.md, "FLAVA implementatio
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from scaleladder.errors import SpecError
+
+if TYPE_CHECKING:
+    from scaleladder.models.family import Family
 
 SDPA = "sdpa"
 TORCHMULTIMODAL = "torchmultimodal"
@@ -28,7 +33,8 @@ def parse_flava_impl(value: str) -> str:
     return value
 
 
-def recorded(family: str, impl: str) -> str:
-    """What a rung's record says in ``flava_impl``: the implementation for FLAVA, "" for ViT
-    (one torchmultimodal ViT exists; a value there would invite a false condition in compare)."""
-    return impl if family == "flava" else ""
+def recorded(family: Family, impl: str) -> str:
+    """What a rung's record says in ``flava_impl``: the implementation for a family it applies to
+    (``Family.uses_flava_impl``: FLAVA), else "" (ViT: one torchmultimodal ViT exists; a value
+    there would invite a false condition in compare)."""
+    return impl if family.uses_flava_impl else ""

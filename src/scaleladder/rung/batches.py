@@ -9,8 +9,9 @@ Two properties matter and are tested:
   drawn from its own generator seeded by ``(seed, s, i)``. Rank ``r`` of ``w``
   takes samples ``r·b … r·b+b-1``, so the global batch is the same whatever the
   world size: the basis of the loss-parity test.
-* **Equal per-rank counts for FLAVA.** FLAVA's masked losses are means over the
-  masked tokens of positive pairs *on each rank*; DDP/FSDP then average ranks.
+* **Equal per-rank counts for FLAVA** (its family's sample: models/families/flava.py).
+  FLAVA's masked losses are means over the masked tokens of positive pairs *on each rank*;
+  DDP/FSDP then average ranks.
   That equals the single-process mean only if every rank holds the same number
   of masked tokens and positives, so every sample masks exactly the same number
   of text tokens and patches, and ITM negatives sit at every 10th global index.
@@ -27,40 +28,19 @@ import torch
 from torch import Tensor
 
 from scaleladder.flavors import Flavor
-from scaleladder.models.batch_layout import FIRST_WORD, ITM_NEGATIVE_EVERY, MASK, SYNTHETIC_POOL, masked_counts
-
-
-def _sample(flavor: Flavor, g: torch.Generator, global_index: int) -> dict[str, Tensor]:
-    s = flavor.image_size
-    out = {"image": torch.randn(3, s, s, generator=g)}
-    if flavor.family == "vit":
-        out["label"] = torch.randint(flavor.num_classes, (), generator=g)
-        return out
-    c = flavor.codebook_image_size
-    out["image_for_codebook"] = torch.rand(3, c, c, generator=g)
-    n_text, n_patch = masked_counts(flavor)
-    mask = torch.zeros(flavor.patches, dtype=torch.long)
-    mask[torch.randperm(flavor.patches, generator=g)[:n_patch]] = 1
-    out["image_patches_mask"] = mask
-    text = torch.randint(FIRST_WORD, flavor.vocab_size, (flavor.text_len,), generator=g)
-    text[0], text[-1] = 2, 3  # [CLS] ... [SEP]
-    pos = 1 + torch.randperm(flavor.text_len - 2, generator=g)[:n_text]
-    labels = torch.full_like(text, -1)
-    labels[pos] = text[pos]
-    masked = text.clone()
-    masked[pos] = MASK
-    out.update(text=text, text_masked=masked, mlm_labels=labels)
-    out["itm_labels"] = torch.tensor(0 if global_index % ITM_NEGATIVE_EVERY == ITM_NEGATIVE_EVERY - 1 else 1)
-    return out
+from scaleladder.models.batch_layout import SYNTHETIC_POOL
+from scaleladder.models.family import family_of
 
 
 def synthetic_batch(flavor: Flavor, local_batch: int, rank: int, step: int, seed: int) -> dict[str, Tensor]:
-    """Rank ``rank``'s slice of the global batch of ``step`` (on the CPU)."""
+    """Rank ``rank``'s slice of the global batch of ``step`` (on the CPU): each sample is the
+    family's (``Family.synthetic_sample``), from its own generator."""
+    family = family_of(flavor)
     samples = []
     for j in range(local_batch):
         i = rank * local_batch + j
         g = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1_000_033 + i) % 2**62)
-        samples.append(_sample(flavor, g, i))
+        samples.append(family.synthetic_sample(flavor, g, i))
     return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
 
 

@@ -6,7 +6,8 @@ wrapper (FSDP1 on each checkpointed layer, FSDP2's ``fully_shard`` per block, co
 root, bottom-up, with its explicit prefetch). Proof that wrapping happened is part of the
 result (:class:`WrapReport`): units, layer units, checkpointed and compiled layers are
 counted from the wrapped model (``rung/what_ran.py``), and a policy that misses any layer
-raises.
+raises. What a block is and which modules are units besides the blocks, the model's family says
+(``models/family.py``: ``block_classes``, ``extra_unit_classes``; asked once per wrap, never per step).
 Why: docs/strategies.md (the table, "FSDP2 against FSDP1", "Traps we hit").
 """
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaleladder.models.build import TrainModule
+from scaleladder.models.family import family_of
 from scaleladder.planner.static import fsdp1_use_orig_params
 from scaleladder.rung.precision import PrecisionPolicy
 from scaleladder.rung.unused_params import freeze_unused
@@ -51,7 +53,9 @@ class WrapReport:
     compile_backend: str = ""  # the torch.compile backend that compiled them ("" when not compiled)
 
 
-def _checkpoint(model: TrainModule, reentrant: bool = False, selective: bool = False) -> int:
+def _checkpoint(model: TrainModule, reentrant: bool = False, selective: bool = False,
+                blocks: tuple[type[nn.Module], ...] | None = None) -> int:
+    """Wrap each block (``blocks``; default: the family's) in a checkpoint wrapper; return how many."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
@@ -64,6 +68,7 @@ def _checkpoint(model: TrainModule, reentrant: bool = False, selective: bool = F
     # checkpoint whose inputs need no grad silently gives its parameters no gradient; every
     # checkpointed layer here takes hidden states computed from trainable embeddings, and the
     # parity test (tests/test_parity.py) would see a layer that stopped learning.
+    classes = blocks if blocks is not None else _blocks(model)
     impl = CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT
     # -sac: the same wrapper, non-reentrant, with an op-level policy (rung/sac.py); the
     # unit structure, FSDP's nesting and the proof below stay those of -ac.
@@ -75,7 +80,7 @@ def _checkpoint(model: TrainModule, reentrant: bool = False, selective: bool = F
     apply_activation_checkpointing(
         model,
         checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=impl, **extra),
-        check_fn=lambda m: isinstance(m, model.layer_cls),
+        check_fn=lambda m: isinstance(m, classes),
     )
     return count_checkpointed(model)
 
@@ -93,22 +98,14 @@ def _outermost(root: nn.Module, match: Callable[[nn.Module], bool]) -> Iterator[
 
 def _unit_classes(model: TrainModule, ac: bool) -> set[type[nn.Module]]:
     """Modules that become their own FSDP unit (FSDP1's wrap policy; FSDP2 shards the
-    outermost module of each of these classes, looking through compile's wrapper)."""
+    outermost module of each of these classes, looking through compile's wrapper): the
+    family's blocks (their checkpoint wrappers under AC) and its extra units (FLAVA's frozen
+    codebook: models/families/flava.py says why)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    classes: set[type[nn.Module]] = {CheckpointWrapper if ac else model.layer_cls}
-    if model.flavor.family == "flava":
-        from torchmultimodal.models.flava.model import DalleVAEEncoder
-
-        # The frozen codebook is a unit of its own. FSDP1 must: it flattens a unit's
-        # parameters into one tensor, which must not mix frozen and trained parameters.
-        # FSDP2 need not (it shards per parameter and reduce-scatters only parameters that
-        # got a gradient, so a unit may mix them) but we still do, for two reasons: in the
-        # root unit the 54M-parameter DALL-E encoder would stay gathered all step long
-        # (FSDP2 never reshards the root after forward), and the same unit structure keeps
-        # FSDP1 and FSDP2 rungs comparable, memory included.
-        classes.add(DalleVAEEncoder)
-    return classes
+    family = family_of(model.flavor)
+    classes: set[type[nn.Module]] = {CheckpointWrapper} if ac else set(family.block_classes(model))
+    return classes | family.extra_unit_classes(model)
 
 
 def _hybrid_mesh(world: int, group: int, device: torch.device) -> Any:
@@ -274,6 +271,7 @@ def wrap_fsdp2(
                 param_init_fn(m)
 
     classes = tuple(_unit_classes(model, strategy.ac))
+    blocks = _blocks(model)
     units = list(_outermost(model, lambda m: isinstance(uncompiled(m), classes)))
     for _, _, unit in units:
         materialize(unit)
@@ -286,7 +284,7 @@ def wrap_fsdp2(
     # gathered from forward into backward (it would be all-gathered again at once); an
     # explicit True, as for the blocks, reshards it after forward and gathers it twice.
     shard(model)
-    _set_prefetch([[u for p, _, u in units if p is parent and isinstance(block_layer(u), model.layer_cls)]
+    _set_prefetch([[u for p, _, u in units if p is parent and isinstance(block_layer(u), blocks)]
                    for parent in _unique(p for p, _, _ in units)], knobs.prefetch_layers)
     return model
 
@@ -330,7 +328,7 @@ def _set_prefetch(stacks: list[list[nn.Module]], depth: int) -> None:
                 layer.set_modules_to_backward_prefetch(behind)  # type: ignore[operator]
 
 
-def _compile_blocks(model: TrainModule, backend: str, device: torch.device) -> int:
+def _compile_blocks(model: TrainModule, blocks: tuple[type[nn.Module], ...], backend: str, device: torch.device) -> int:
     """Replace each transformer block (the layer, or its checkpoint wrapper) by
     ``torch.compile(block, backend=backend, fullgraph=True)``; return how many.
 
@@ -369,8 +367,7 @@ def _compile_blocks(model: TrainModule, backend: str, device: torch.device) -> i
     # DDP's graph splitting (DDPOptimizer) is for a model compiled whole under DDP; here
     # each block is its own graph and DDP's reducer hooks run between blocks, eagerly.
     torch._dynamo.config.optimize_ddp = False
-    blocks = list(_outermost(model, lambda m: isinstance(block_layer(m), model.layer_cls)))
-    for parent, name, block in blocks:
+    for parent, name, block in list(_outermost(model, lambda m: isinstance(block_layer(m), blocks))):
         setattr(parent, name, torch.compile(block, backend=backend, fullgraph=True))
     return count_compiled(model)
 
@@ -391,16 +388,18 @@ def apply_strategy(
     strategy.check_world(world)
     if strategy.is_fsdp2 and not isinstance(knobs, Fsdp2Knobs) or strategy.is_fsdp1 and not isinstance(knobs, Knobs):
         raise SpecError(f"knobs {str(knobs)!r} are not {str(strategy)!r}'s generation of FSDP (spec.default_knobs)")
-    layers = count_layers(model, model.layer_cls)
+    blocks = _blocks(model)
+    named = _qualname(*blocks)
+    layers = count_layers(model, blocks)
     if layers == 0 and (strategy.ac or strategy.is_fsdp or strategy.compile):
-        raise SpecError(f"{model.flavor.name} has no {_qualname(model.layer_cls)} to checkpoint, compile or wrap: wrong layer class")
+        raise SpecError(f"{model.flavor.name} has no {named} to checkpoint, compile or wrap: wrong layer class")
     frozen = freeze_unused(model)
-    ac_layers = _checkpoint(model, strategy.reentrant, strategy.selective) if strategy.ac else 0
+    ac_layers = _checkpoint(model, strategy.reentrant, strategy.selective, blocks) if strategy.ac else 0
     if ac_layers != (layers if strategy.ac else 0):
-        raise SpecError(f"activation checkpointing wrapped {ac_layers} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
-    compiled = _compile_blocks(model, compile_backend, device) if strategy.compile else 0
+        raise SpecError(f"activation checkpointing wrapped {ac_layers} of the {layers} {named} in {model.flavor.name}")
+    compiled = _compile_blocks(model, blocks, compile_backend, device) if strategy.compile else 0
     if compiled != (layers if strategy.compile else 0):
-        raise SpecError(f"torch.compile wrapped {compiled} of the {layers} {_qualname(model.layer_cls)} in {model.flavor.name}")
+        raise SpecError(f"torch.compile wrapped {compiled} of the {layers} {named} in {model.flavor.name}")
     backend = compile_backend if strategy.compile else ""
     if strategy.wrapper == "single":
         return model.to(device), WrapReport(0, 0, ac_layers, frozen, compiled, backend)
@@ -414,13 +413,19 @@ def apply_strategy(
         wrapped = wrap_fsdp2(model, strategy, knobs, prec, device, param_init_fn)  # type: ignore[arg-type]
     else:
         wrapped = wrap_fsdp(model, strategy, knobs, prec, device, param_init_fn)  # type: ignore[arg-type]
-    layer_units = count_fsdp_layer_units(wrapped, model.layer_cls)
+    layer_units = count_fsdp_layer_units(wrapped, blocks)
     if layer_units != layers:
-        raise SpecError(f"the FSDP wrap policy gave {layer_units} of the {layers} {_qualname(model.layer_cls)} "
+        raise SpecError(f"the FSDP wrap policy gave {layer_units} of the {layers} {named} "
                         f"in {model.flavor.name} a unit of their own")
     return wrapped, WrapReport(count_fsdp_units(wrapped), layer_units, ac_layers, frozen, compiled, backend)
 
 
-def _qualname(cls: type) -> str:
+def _blocks(model: TrainModule) -> tuple[type[nn.Module], ...]:
+    """The family's block classes (models/family.py), in a fixed order: what AC checkpoints,
+    ``-compile`` compiles and FSDP wraps, and what the proofs count."""
+    return tuple(sorted(family_of(model.flavor).block_classes(model), key=_qualname))
+
+
+def _qualname(*classes: type) -> str:
     # Two torchmultimodal classes are both called TransformerEncoderLayer: name the module.
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in classes)

@@ -23,7 +23,8 @@ from importlib import metadata
 from pathlib import Path
 
 # The modules whose code decides the probe's answer: the model, its init, the debug batch.
-SOURCES = ("models/build.py", "flavors.py", "models/init.py", "models/batch_layout.py", "rung/batches.py")
+SOURCES = ("models/build.py", "flavors.py", "models/init.py", "models/batch_layout.py", "rung/batches.py",
+           "models/family.py", "models/families/vit.py", "models/families/flava.py")
 
 
 def cache_dir() -> Path:

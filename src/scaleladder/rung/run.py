@@ -31,6 +31,7 @@ from scaleladder.flavors import Flavor
 # functions import torch themselves; tests/test_startup.py checks that importing this module
 # loads no torch.
 from scaleladder.log import get_logger
+from scaleladder.models.family import family_of  # torch-free: the family's methods import torch themselves
 from scaleladder.rung import startup
 from scaleladder.rung.oom_record import EXIT_OOM, oom_marker, write_oom_record
 from scaleladder.rung.run_config import RunConfig, config_from_args
@@ -102,7 +103,8 @@ def _main(args: argparse.Namespace, env: DistEnv) -> int:
     if cfg.spec.batch == "max":
         raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `run`")
     check_world(cfg, env.world, env.nodes)
-    startup.import_rank_modules(cfg.flavor.family)
+    family = family_of(cfg.flavor)
+    startup.import_rank_modules(family)
     CLOCK.mark("imports")
     if env.rank == 0:  # the writer: a read-only or full results/ fails now, not after training
         from scaleladder.results.store import check_writable, record_bytes
@@ -119,9 +121,11 @@ def _main(args: argparse.Namespace, env: DistEnv) -> int:
     # contrastive loss all-gathers whenever a group exists. An NCCL/RCCL group serves
     # only GPU tensors ("No backend type associated with device type cpu"); gloo serves
     # both, so only the order keeps this off the GPU path (rung.unused_params.unused_parameter_names).
+    # A family that freezes nothing (Family.freezes_unused) has nothing to probe.
     from scaleladder.rung.unused_params import unused_parameter_names
 
-    unused_parameter_names(cfg.flavor.family)
+    if family.freezes_unused:
+        unused_parameter_names(family.name)
     launch.init(env, device)
     CLOCK.mark("group")
     try:
@@ -194,15 +198,16 @@ def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Precisi
     from scaleladder.rung.parallelize import apply_strategy
 
     spec, flavor = cfg.spec, cfg.flavor
+    family = family_of(flavor)
     torch.manual_seed(cfg.seed)  # same weights on every rank, whatever the strategy
     param_init_fn = None
     if init == "meta":
         model = build_model(flavor, "meta", flava_impl=cfg.flava_impl)
-        loaded = _codebook_state(model, cfg.codebook_weights)  # copied in as each module is allocated
+        loaded = _codebook_state(model, family.codebook_prefix, cfg.codebook_weights)  # copied in as each module is allocated
         if spec.strategy.is_fsdp:  # both generations materialise per unit, just before sharding it
-            param_init_fn = make_param_init_fn(model, device, loaded)
+            param_init_fn = make_param_init_fn(model, device, loaded, family.reset_parameters)
         else:
-            materialize(model, device, loaded)
+            materialize(model, device, loaded, family.reset_parameters)
     else:
         model = build_model(flavor, device, cfg.codebook_weights, cfg.flava_impl)
     params = count_parameters(model)
@@ -213,14 +218,16 @@ def build_wrapped(cfg: RunConfig, init: str, device: torch.device, prec: Precisi
     return wrapped, report, params
 
 
-def _codebook_state(model: Any, weights: str | None) -> dict[str, torch.Tensor] | None:
-    """The local codebook weights under their names in ``model`` (None without a file)."""
+def _codebook_state(model: Any, prefix: str, weights: str | None) -> dict[str, torch.Tensor] | None:
+    """The local codebook weights under their names in ``model`` (None without a file): the
+    encoder of the codebook at ``prefix`` (the family's ``codebook_prefix``; run_config refuses
+    ``--codebook-weights`` for a family without one)."""
     if not weights:
         return None
-    from scaleladder.models.build import CODEBOOK_ENCODER, read_codebook_state
+    from scaleladder.models.build import read_codebook_state
 
-    state = read_codebook_state(model.flava.image_codebook, Path(weights))
-    return {CODEBOOK_ENCODER + k: v for k, v in state.items()}
+    state = read_codebook_state(model.get_submodule(prefix.rstrip(".")), Path(weights))
+    return {f"{prefix}encoder.{k}": v for k, v in state.items()}
 
 
 @dataclass
@@ -300,7 +307,7 @@ def ok_attrs(ctx: RankContext, built: Built, m: Measurement, where: dict[str, An
 
     cfg, spec, world, report = ctx.cfg, ctx.cfg.spec, ctx.env.world, built.report
     samples_per_s = int(spec.batch) * world * m.measured_steps / m.window_s
-    items_per_sample = 2 if built.flavor.family == "flava" else 1
+    items_per_sample = family_of(built.flavor).items_per_sample
     peak = rank_device_peak_flops(ctx.device, spec.precision, cfg.peak_tflops)
     per_device = built.flops.model * samples_per_s / world
     measured = m.step_time_s[cfg.warmup:]
@@ -436,18 +443,21 @@ def _peek(batches: Iterable[Batch]) -> tuple[Batch, Iterator[Batch]]:
 
 
 def _flops(flavor: Flavor, spec: RunSpec, global_batch: int, first: Batch, flava_impl: str) -> FlopCount:
-    from scaleladder.models.flops import flava_flops, vit_flops
+    """FLOPs per sample: the family's own count (an analytic one: models/flops.py), else counted by
+    FlopCounterMode on the first batch, on a copy of the model built on meta (models/flops.py's
+    ``counted_flops`` says what is counted)."""
+    import torch
+
+    from scaleladder.models.flops import counted_flops
 
     # HFU counts a recomputed forward under -ac/-ac-reentrant; -sac keeps every matmul's output
     # and recomputes only elementwise work, which no FLOP count here includes.
     recompute = spec.strategy.ac and not spec.strategy.selective
-    if flavor.family == "vit":
-        return vit_flops(flavor, recompute)
-    # FLAVA's heads' useful work is on the masked tokens of matched pairs: count them on the
-    # first batch (one host sync, before the timed loop).
-    pos = first["itm_labels"].ne(0)
-    n = max(1, int(pos.sum()))
-    text = float(first["mlm_labels"][pos].ne(-1).sum()) / n
-    patches = float(first["image_patches_mask"][pos].sum()) / n
-    # The sync-free (sdpa) heads run on every token: HFU counts that, MFU the useful work.
-    return flava_flops(flavor, global_batch, text, patches, n / len(pos), recompute, heads_on_all_tokens=flava_impl == "sdpa")
+    family = family_of(flavor)
+    options = {"flava_impl": flava_impl}
+    found = family.flops(flavor, recompute, first, global_batch, options)
+    if found is not None:
+        return found
+    with torch.random.fork_rng(devices=[]):  # a build may draw from the RNG: the rung's stays as it was
+        model = family.build(flavor, "meta", options)
+    return counted_flops(model, [b for stack in family.stacks(model) for b in stack], first, recompute, flavor.name)

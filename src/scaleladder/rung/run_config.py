@@ -177,12 +177,13 @@ class RunConfig:
 
     def attrs(self) -> dict[str, Any]:
         """The spec and these settings as record attributes (results/record.py: Spec, Settings)."""
+        from scaleladder.models.family import family_of
         from scaleladder.models.flava_impl import recorded
         from scaleladder.results.record import Settings as S
 
         return {**self.spec.as_attrs(), S.steps: self.steps, S.warmup: self.warmup, S.data: self.data, S.seed: self.seed,
                 S.lr: self.lr, S.compile_backend: self.compile_backend,
-                S.flava_impl: recorded(self.flavor.family, self.flava_impl),
+                S.flava_impl: recorded(family_of(self.flavor), self.flava_impl),
                 **({S.model_entry: self.flavor.entry} if self.flavor.entry else {})}
 
 
@@ -266,7 +267,9 @@ def config_from_args(a: argparse.Namespace, config: type[RunConfig] = RunConfig)
     weights = values["codebook_weights"]
     if weights and not Path(weights).is_file():
         raise SpecError(f"--codebook-weights {weights!r}: no such file")
-    if weights and get_flavor(spec.model).family != "flava":
+    from scaleladder.models.family import family_of  # torch-free
+
+    if weights and not family_of(get_flavor(spec.model)).codebook_prefix:  # a family with a codebook: FLAVA's
         raise SpecError(f"--codebook-weights applies to FLAVA flavors only, not {spec.model}")
     if values["peak_tflops"] is not None and not values["peak_tflops"] > 0:
         raise SpecError(f"--peak-tflops must be > 0, got {values['peak_tflops']}")

@@ -21,6 +21,10 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scaleladder.models.family import Family
 
 PHASES: tuple[str, ...] = ("imports", "group", "build", "first_batch")
 
@@ -76,12 +80,13 @@ class StartupClock:
         return out
 
 
-def import_rank_modules(family: str) -> None:
+def import_rank_modules(family: Family) -> None:
     """Import what a rank of ``family`` needs, and nothing else: the phase ``imports`` ends
-    here. FLAVA's TorchMultimodal modules only for FLAVA; never plotting or workflow modules."""
+    here. The family's own modules (``Family.rank_modules``: FLAVA's TorchMultimodal modules)
+    only for it; never plotting or workflow modules."""
     importlib.import_module("torch")
     importlib.import_module("torch.distributed")
     importlib.import_module("scaleladder.rung.parallelize")
     importlib.import_module("scaleladder.models.build")
-    if family == "flava":
-        importlib.import_module("torchmultimodal.models.flava.model")
+    for module in family.rank_modules:
+        importlib.import_module(module)

@@ -1,5 +1,6 @@
 """FLAVA's unused parameters: which parameters one training step never gives a gradient,
-found once per family by a probe, and frozen before wrapping.
+found once per family by a probe, and frozen before wrapping (in a family whose
+``freezes_unused`` says so: models/family.py).
 
 Frozen once, structurally, instead of DDP's ``find_unused_parameters`` (which searches the
 autograd graph every step). The probe trains the family's debug flavor one step on the CPU,
@@ -14,13 +15,16 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.models.build import TrainModule
+from scaleladder.models.family import family_of
 
 
 def freeze_unused(model: TrainModule) -> int:
-    """Freeze the parameters FLAVA pretraining never uses; return how many elements."""
-    if model.flavor.family != "flava":
+    """Freeze the parameters training never uses (FLAVA pretraining's heads and poolers), in a
+    family that freezes them; return how many elements."""
+    family = family_of(model.flavor)
+    if not family.freezes_unused:
         return 0
-    unused = unused_parameter_names(model.flavor.family)
+    unused = unused_parameter_names(family.name)
     n = 0
     for name, p in model.named_parameters():
         if name in unused and p.requires_grad:
@@ -34,7 +38,7 @@ _UNUSED_CACHE: dict[str, frozenset[str]] = {}
 
 def unused_parameter_names(family: str) -> frozenset[str]:
     """Parameter names that get no gradient in one training step, found once on the
-    family's debug flavor (names are structural: heads and poolers, not layers).
+    family's debug flavor ``<family>-debug`` (names are structural: heads and poolers, not layers).
 
     The probe is a forward and backward ON THE CPU, so it must run before the process
     group exists (rung.run._main calls this first). TRAP: FLAVA's contrastive loss

@@ -30,7 +30,11 @@ def count_fsdp_units(model: nn.Module) -> int:
     return sum(isinstance(m, (FSDP, FSDPModule)) for m in model.modules())
 
 
-def count_layers(model: nn.Module, layer_cls: type[nn.Module]) -> int:
+#: A block class, or several (a family's ``block_classes``, as a tuple for isinstance).
+Blocks = type[nn.Module] | tuple[type[nn.Module], ...]
+
+
+def count_layers(model: nn.Module, layer_cls: Blocks) -> int:
     return sum(isinstance(m, layer_cls) for m in model.modules())
 
 
@@ -57,7 +61,7 @@ def block_layer(m: nn.Module) -> nn.Module:
     return inner
 
 
-def count_fsdp_layer_units(model: nn.Module, layer_cls: type[nn.Module]) -> int:
+def count_fsdp_layer_units(model: nn.Module, layer_cls: Blocks) -> int:
     """FSDP units that wrap exactly one transformer layer, bare, checkpointed or compiled.
 
     FSDP1: ``FSDP(layer)`` / ``FSDP(CheckpointWrapper(layer))``, the layer is ``unit.module``.
