@@ -113,7 +113,7 @@ def test_a_batch_is_decoded_and_resampled_in_a_handful_of_ops() -> None:
     counts = {}
     for family in ("vit", "flava"):
         for n in (8, 32):
-            dec = DeviceDecoder(family, 24, 12, torch.device("cpu"))
+            dec = DeviceDecoder({"vit": "image", "flava": "masked-image-text"}[family], 24, 12, torch.device("cpu"))
             b, boxes = batch(n, flips=family == "vit")  # FLAVA's crops are never flipped (transforms.py)
             with Count() as c:
                 out = dec(b)
@@ -266,7 +266,7 @@ def test_the_device_decode_runs_on_its_own_stream_without_a_host_wait(monkeypatc
         log.append(f"decode on {device}")
         return [host_decode(d, mode=mode) for d in data]
 
-    dec = DeviceDecoder("vit", 16, 16, torch.device("cuda", 0))
+    dec = DeviceDecoder("image", 16, 16, torch.device("cuda", 0))
     images = dec._decode_images(_jpegs(3), fake_decode, ImageReadMode.RGB)
     assert log == ["on the decode stream", "decode on cuda:0", "handed over 3"] and len(images) == 3
     assert dec.record_attrs() == {"decode_images": 3, "decode_cpu_fallbacks": 0, "decode_cpu_fallback_fraction": 0.0}
@@ -292,7 +292,7 @@ def test_host_fallbacks_are_counted_and_recorded(monkeypatch: pytest.MonkeyPatch
             raise RuntimeError("torchvision.io.decode_jpeg: not compiled with nvJPEG")
         return host_decode(data, mode=mode)
 
-    dec = DeviceDecoder("vit", 16, 16, torch.device("cuda", 0))
+    dec = DeviceDecoder("image", 16, 16, torch.device("cuda", 0))
     assert len(dec._decode_images(_jpegs(4), refuses, ImageReadMode.RGB)) == 4
     feed = DeviceFeed([], torch.device("cpu"), torch.float32, 2, decoder=dec)  # the feed puts it in the record
     a = feed.record_attrs(np.full(1, 0.1), 1)
@@ -318,12 +318,12 @@ def test_a_corrupt_jpeg_in_a_batch_is_named_and_counted(monkeypatch: pytest.Monk
         return host_decode(batch, mode=mode) if device is None else host_decode(batch, mode=mode, device="cpu")
 
     where = [f"/d/shard-000003.tar: key {k:06d}" for k in range(3)]
-    dec = DeviceDecoder("vit", 16, 16, torch.device("cuda", 0))
+    dec = DeviceDecoder("image", 16, 16, torch.device("cuda", 0))
     with pytest.raises(DataError) as e:
         dec._decode_images(data, device_decode, ImageReadMode.RGB, where)
     assert str(e.value).startswith("/d/shard-000003.tar: key 000001: corrupt image (") and "\n" not in str(e.value)
     assert dec.cpu_fallbacks == 1 and dec.images == 3
-    cpu = DeviceDecoder("vit", 16, 16, torch.device("cpu"))  # the CPU-device decoder names it alike
+    cpu = DeviceDecoder("image", 16, 16, torch.device("cpu"))  # the CPU-device decoder names it alike
     with pytest.raises(DataError, match="key 000001: corrupt image"):
         cpu._decode_images(data, device_decode, ImageReadMode.RGB, where)
 

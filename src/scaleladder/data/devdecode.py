@@ -291,11 +291,14 @@ class DeviceDecoder:
     (:mod:`devnorm`). About 25 device ops for a batch of 32 where the loop per image took
     20 each (tests/test_data_devdecode.py counts them)."""
 
-    def __init__(self, family: str, size: int, codebook_size: int, device: torch.device) -> None:
+    def __init__(self, inputs: str, size: int, codebook_size: int, device: torch.device) -> None:
+        """``inputs``: the family's (models/family.py), which say the images to make: ``image``,
+        and ``image_for_codebook`` where the inputs hold one (FLAVA's ``masked-image-text``)."""
         from scaleladder.data.devnorm import Affines
 
-        self.family, self.size, self.codebook_size, self.device = family, size, codebook_size, device
-        self.affines = Affines(family)
+        self.inputs, self.size, self.codebook_size, self.device = inputs, size, codebook_size, device
+        self.affines = Affines(inputs)
+        self.codebook = "image_for_codebook" in self.affines.host
         self.images = 0  # images decoded, warm-up included
         self.cpu_fallbacks = 0  # of them, those the device decoder refused, decoded on the host instead
         self._stream: _DecodeStream | None = None  # made at the first batch, on the rank's device
@@ -371,10 +374,10 @@ class DeviceDecoder:
             sizes = [(int(img.shape[-2]), int(img.shape[-1])) for img in part]  # host metadata: no sync
             x = pad_batch(part)
             main.append(resample_padded(x, sizes, boxes[lo:lo + CHUNK], flips[lo:lo + CHUNK], self.size, "bicubic"))
-            if self.family == "flava":
+            if self.codebook:
                 codebook.append(resample_padded(x, sizes, boxes[lo:lo + CHUNK], [False] * len(part), self.codebook_size, "lanczos"))
         out["image"] = self.affines.apply("image", main[0] if len(main) == 1 else torch.cat(main))
-        if self.family == "flava":
+        if self.codebook:
             # DALL-E map_pixels, as the CPU path: x -> (1 - 2 eps) x / 255 + eps
             out["image_for_codebook"] = self.affines.apply("image_for_codebook", codebook[0] if len(codebook) == 1 else torch.cat(codebook))
         return out

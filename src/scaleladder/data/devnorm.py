@@ -46,10 +46,11 @@ def affine(mean: tuple[float, ...], std: tuple[float, ...], scale: float = 1.0,
     return ((scale / 255.0) / s).astype(np.float32), ((offset - m) / s).astype(np.float32)
 
 
-def image_affines(family: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{batch key: (mul, add)}`` of the family's images (FLAVA: CLIP's mean/std, and the
-    codebook image's DALL-E ``map_pixels``; ViT: ImageNet's)."""
-    if family == "flava":
+def image_affines(inputs: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{batch key: (mul, add)}`` of the images a family's ``inputs`` hold (models/family.py):
+    ``image`` (ViT's): ImageNet's mean/std; ``masked-image-text`` (FLAVA's): CLIP's mean/std, and
+    the codebook image's DALL-E ``map_pixels``."""
+    if inputs == "masked-image-text":
         eps = LOGIT_LAPLACE_EPS
         return {"image": affine(CLIP_MEAN, CLIP_STD),
                 "image_for_codebook": affine((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), scale=1 - 2 * eps, offset=eps)}
@@ -59,8 +60,8 @@ def image_affines(family: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 class Affines:
     """The per-channel ``(mul, add)`` of each image key, uploaded once per device and kept."""
 
-    def __init__(self, family: str) -> None:
-        self.host = image_affines(family)
+    def __init__(self, inputs: str) -> None:
+        self.host = image_affines(inputs)
         self._on: dict[tuple[str, torch.device], tuple[Tensor, Tensor]] = {}
 
     def on(self, key: str, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -83,9 +84,9 @@ class DeviceNormaliser:
 
     Called by the rung's feed where the copy would be (on its side stream on a GPU)."""
 
-    def __init__(self, family: str, device: torch.device) -> None:
+    def __init__(self, inputs: str, device: torch.device) -> None:
         self.device = device
-        self.affines = Affines(family)
+        self.affines = Affines(inputs)
 
     def __call__(self, batch: Batch) -> Batch:
         out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}

@@ -14,9 +14,10 @@ import functools
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import webdataset as wds
@@ -31,6 +32,7 @@ from scaleladder.data.tokenizer import check_vocab
 from scaleladder.data.transforms import TRANSPORTS, FlavaTransform, VitTransform, collate
 from scaleladder.flavors import Flavor
 from scaleladder.log import get_logger
+from scaleladder.models.family import family_of
 from scaleladder.spec import SpecError
 
 _log = get_logger(__name__)
@@ -114,6 +116,7 @@ class ShardLoader:
     def __init__(self, loader: wds.WebLoader, steps: int, manifest: Manifest, flavor: Flavor,
                  decoder: DeviceDecoder | None = None, transport: str = "float32") -> None:
         self.loader, self.steps, self.manifest, self.flavor = loader, steps, manifest, flavor
+        self.inputs = family_of(flavor).inputs  # what the batches hold (models/family.py's Inputs)
         # decode="gpu": the batches hold encoded JPEGs; the rung's feed calls this on the
         # device to make the images (devdecode.py). None: the workers made them.
         self.decoder = decoder
@@ -130,7 +133,7 @@ class ShardLoader:
         (``float32``: the workers normalised)."""
         if self.decoder is not None:
             return self.decoder
-        return DeviceNormaliser(self.flavor.family, device) if self.transport == "uint8" else None
+        return DeviceNormaliser(self.inputs, device) if self.transport == "uint8" else None
 
     @property
     def decode_path(self) -> str:
@@ -142,14 +145,14 @@ class ShardLoader:
     def record_attrs(self) -> dict[str, Any]:
         """What a rung record should keep about its data beyond the manifest path.
 
-        ``tokenizer_vocab_size`` (FLAVA only): the model keeps its published vocabulary
+        ``tokenizer_vocab_size`` (inputs that read text: FLAVA's): the model keeps its published vocabulary
         (so FLOPs and memory match the seeds), and a smaller tokenizer leaves rows of
         the embedding unused; recording it shows that a run trained on fewer ids.
         """
         size = self.manifest.tokenizer_vocab_size
         attrs: dict[str, Any] = {"decode_path": self.decode_path, "loader_workers": self.workers,
                                  "loader_transport": self.transport, **self.extra_attrs}
-        if self.flavor.family == "flava" and size is not None:
+        if INPUT_KINDS[self.inputs].reads_text and size is not None:
             attrs["tokenizer_vocab_size"] = size
         return attrs
 
@@ -183,23 +186,75 @@ class ShardLoader:
             raise DataError(f"{self.manifest.path}: loader gave {n} batches instead of {self.steps}")
 
 
+def _check_tokenizer(manifest: Manifest, flavor: Flavor) -> str | None:
+    """The shards' tokenizer is there, is the one they were made with, and fits the model's vocabulary."""
+    tok = manifest.info.get("tokenizer", {})
+    path = manifest.tokenizer_path
+    if not path.is_file():
+        raise DataError(f"{path}: tokenizer named by {manifest.path} does not exist")
+    if tok.get("sha256") and sha256_file(path) != tok["sha256"]:
+        raise DataError(f"{path}: sha256 does not match {manifest.path.name}; re-run `scaleladder shard`")
+    return check_vocab(int(tok["vocab_size"]), flavor, where=f"tokenizer {path}")
+
+
+def _check_labels(manifest: Manifest, flavor: Flavor) -> str | None:
+    """Every sample has a label, and the model has a class for each."""
+    if not manifest.labelled:
+        raise DataError(f"{manifest.path}: not every sample has a label, and {flavor.name} is a classifier")
+    classes = manifest.num_classes or 0
+    if classes > flavor.num_classes:
+        raise SpecError(f"{manifest.path} has labels up to {classes - 1} but {flavor.name} has {flavor.num_classes} classes")
+    return None
+
+
+#: A per-sample transform: a raw WebDataset sample -> the sample's tensors (data/transforms.py).
+Transform: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _image_transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str,
+                     transport: str) -> Transform:
+    return VitTransform(flavor, seed, rank, world, augment=augment, decode=decode, transport=transport)
+
+
+def _masked_image_text_transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str,
+                                 transport: str) -> Transform:
+    return FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode, transport=transport)
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """How shards feed one kind of inputs (a family's ``inputs``: models/family.py)."""
+
+    #: the per-sample transform, made per loader: (flavor, manifest, seed, rank, world, augment, decode, transport)
+    transform: Callable[[Flavor, Manifest, int, int, int, bool, str, str], Transform]
+    #: what must hold before the first batch (raises; returns a notice worth printing, if any)
+    check: Callable[[Manifest, Flavor], str | None]
+    #: the samples hold text: the shards' tokenizer is checked and its size recorded
+    reads_text: bool
+
+
+#: The loader's transform and checks by a family's ``inputs``: ``image`` (image and class label:
+#: ViT's), ``masked-image-text`` (FLAVA's pretraining inputs). ``text`` and ``image-text`` (the
+#: models-file families') get their rows with their transforms.
+INPUT_KINDS: dict[str, InputKind] = {
+    "image": InputKind(_image_transform, _check_labels, reads_text=False),
+    "masked-image-text": InputKind(_masked_image_text_transform, _check_tokenizer, reads_text=True),
+}
+
+
+def input_kind(flavor: Flavor) -> InputKind:
+    """How shards feed ``flavor`` (its family's ``inputs``); a SpecError where they cannot yet."""
+    inputs = family_of(flavor).inputs
+    kind = INPUT_KINDS.get(inputs)
+    if kind is None:
+        raise SpecError(f"{flavor.name} trains on {inputs!r} inputs, which shards cannot feed yet "
+                        f"(they feed {', '.join(INPUT_KINDS)}); use --data synthetic")
+    return kind
+
+
 def _check_model_fit(manifest: Manifest, flavor: Flavor) -> str | None:
     """Raise unless the data can feed ``flavor``; return a notice worth printing, if any."""
-    if flavor.family == "flava":
-        tok = manifest.info.get("tokenizer", {})
-        path = manifest.tokenizer_path
-        if not path.is_file():
-            raise DataError(f"{path}: tokenizer named by {manifest.path} does not exist")
-        if tok.get("sha256") and sha256_file(path) != tok["sha256"]:
-            raise DataError(f"{path}: sha256 does not match {manifest.path.name}; re-run `scaleladder shard`")
-        return check_vocab(int(tok["vocab_size"]), flavor, where=f"tokenizer {path}")
-    else:
-        if not manifest.labelled:
-            raise DataError(f"{manifest.path}: not every sample has a label, and {flavor.name} is a classifier")
-        classes = manifest.num_classes or 0
-        if classes > flavor.num_classes:
-            raise SpecError(f"{manifest.path} has labels up to {classes - 1} but {flavor.name} has {flavor.num_classes} classes")
-    return None
+    return input_kind(flavor).check(manifest, flavor)
 
 
 def _prepare(manifest: str | Path, flavor: Flavor, rank: int, world: int, workers: int, resample: bool,
@@ -269,7 +324,7 @@ def make_loader(
         _log.info(f"scaleladder: note: {notice}")
 
     transform = _transform(flavor, m, seed, rank, world, augment, decode, transport)
-    decoder = DeviceDecoder(flavor.family, flavor.image_size, flavor.codebook_image_size, decode_on) if decode == "gpu" else None
+    decoder = DeviceDecoder(family_of(flavor).inputs, flavor.image_size, flavor.codebook_image_size, decode_on) if decode == "gpu" else None
     dataset = wds.DataPipeline(
         ShardStream(m, rank, world, seed, resample),
         wds.tarfile_to_samples(handler=_shard_read_error),
@@ -294,10 +349,8 @@ def make_loader(
     return shard_loader
 
 
-def _transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str, transport: str) -> Any:
-    if flavor.family == "flava":
-        return FlavaTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode, transport=transport)
-    return VitTransform(flavor, seed, rank, world, augment=augment, decode=decode, transport=transport)
+def _transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str, transport: str) -> Transform:
+    return input_kind(flavor).transform(flavor, m, seed, rank, world, augment, decode, transport)
 
 
 class _Timed:

@@ -142,9 +142,9 @@ def check_vocab(tokenizer_vocab_size: int, flavor: Flavor, where: str = "the tok
       the seeds; the rows past the tokenizer's ids are simply never used. A run
       records the tokenizer's size (``ShardLoader.record_attrs``) to make it visible.
     * equal: silent.
+
+    Asked for the inputs that read text (data/loader.py's ``INPUT_KINDS``: FLAVA's); ViT reads none.
     """
-    if flavor.family != "flava":
-        return None  # ViT reads no text
     if tokenizer_vocab_size > flavor.vocab_size:
         raise SpecError(
             f"{where} has {tokenizer_vocab_size} tokens but model {flavor.name} has a vocabulary of "
