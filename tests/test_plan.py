@@ -54,7 +54,7 @@ def test_debug_inventories_match_a_full_build_and_the_ladders_frozen_set() -> No
         m = build_model(get_flavor(name), "meta")
         assert inv.numel == count_parameters(m)
         frozen = unused_parameter_names(inv.flavor.family)  # found by a real CPU step in rung/unused_params.py
-        assert {n for n, _ in m.named_parameters() if is_unused(inv.flavor.family, n)} == frozen
+        assert {n for n, _ in m.named_parameters() if is_unused(inv.flavor, n)} == frozen
         codebook = inv.codebook.numel if inv.codebook else 0
         assert inv.trainable_numel == inv.numel - codebook - sum(p.numel() for n, p in m.named_parameters() if n in frozen)
 

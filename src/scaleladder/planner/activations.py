@@ -13,10 +13,13 @@ Why and the dtype traps behind the numbers: docs/planner-internals.md, "2. Activ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from scaleladder.errors import SpecError
 from scaleladder.flavors import Flavor
 from scaleladder.models.batch_layout import masked_counts
+from scaleladder.models.family import family_of
 from scaleladder.models.flava_impl import SDPA
 
 STATS = 8  # LayerNorm saves mean and rstd, fp32, per token
@@ -195,16 +198,24 @@ def sac_kept(T: int, f: Flavor, d: Dtypes, sdpa: bool) -> float:
     return 3 * d.c * Th + attn + d.c * Th + d.c * T * m + d.c * Th
 
 
+#: The layer formulas by kind: TorchMultimodal's SDPA layer (ViT's), FLAVA's own (unfused
+#: attention) and FLAVA's on SDPA (models/flava_attention.py).
+LAYERS = ("sdpa", "flava-own", "flava-sdpa")
+
+
 def layer_call(name: str, unit: int, T: int, f: Flavor, d: Dtypes, ac: bool, sac: bool = False,
-               sdpa_flava: bool = False, masked: bool = False, samples: int = 1) -> Call:
-    """One layer call. ``sdpa_flava``: FLAVA's layer on SDPA (``masked``: with a padding mask,
-    the text encoder's); ``samples``: samples per sample of the batch (2: FLAVA's batched twin
-    passes run the layer on the plain and the masked input at once)."""
-    if f.family == "flava":
-        saved, held, fwd, bwd = flava_sdpa_layer(T, f, d, masked) if sdpa_flava else flava_layer(T, f, d)
+               layer: str = "sdpa", masked: bool = False, samples: int = 1) -> Call:
+    """One layer call. ``layer``: which formulas (:data:`LAYERS`: ``sdpa`` :func:`vit_layer`,
+    ``flava-own`` :func:`flava_layer`, ``flava-sdpa`` :func:`flava_sdpa_layer`; ``masked``: with a
+    padding mask, the text encoder's); ``samples``: samples per sample of the batch (2: FLAVA's
+    batched twin passes run the layer on the plain and the masked input at once)."""
+    if layer == "flava-own":
+        saved, held, fwd, bwd = flava_layer(T, f, d)
+    elif layer == "flava-sdpa":
+        saved, held, fwd, bwd = flava_sdpa_layer(T, f, d, masked)
     else:
         saved, held, fwd, bwd = vit_layer(T, f, d)
-    sdpa = sdpa_flava or f.family != "flava"
+    sdpa = layer != "flava-own"
     if not ac:
         return _times(Call(name, unit, saved, held, fwd, bwd, is_layer=True), samples)
     # Non-reentrant checkpoint: only the layer's input survives; the backward recomputes
@@ -242,13 +253,8 @@ def _times(call: Call, k: float) -> Call:
 
 
 def input_bytes(f: Flavor, d: Dtypes) -> float:
-    """Bytes of one sample of a synthetic batch on the device (floats in the storage dtype)."""
-    s = f.image_size
-    img = 3 * s * s * d.store
-    if f.family == "vit":
-        return img + 8
-    cb = 3 * f.codebook_image_size**2 * d.store
-    return img + cb + 8 * (f.patches + 3 * f.text_len + 1)
+    """Bytes of one sample of a synthetic batch on the device (floats in the storage dtype): the family's."""
+    return family_of(f).input_bytes(f, d.store)
 
 
 def codebook_transient(f: Flavor, d: Dtypes) -> float:
@@ -312,19 +318,19 @@ def flava_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[list[
     def image_pass(tag: str) -> list[Call]:
         embed = Call(f"image{tag}.embed", None, saved=(2 * 3 * s * s if d.autocast else 0),
                      fwd_transient=(d.c + 2 * 4) * f.patches * h)
-        layers = [layer_call(f"image{tag}.layer", i, Ti, f, d, ac, sac) for i in range(L)]
+        layers = [layer_call(f"image{tag}.layer", i, Ti, f, d, ac, sac, layer="flava-own") for i in range(L)]
         final = _final_norm(f"image{tag}.final_norm", Ti, h, d, read_by_head=tag == "")
         return [embed, *layers, final]
 
     def text_pass(tag: str) -> list[Call]:
         embed = Call(f"text{tag}.embed", None, saved=4 * Tt * h + STATS * Tt, fwd_transient=3 * d.r * Tt * h)
-        layers = [layer_call(f"text{tag}.layer", L + i, Tt, f, d, ac, sac) for i in range(L)]
+        layers = [layer_call(f"text{tag}.layer", L + i, Tt, f, d, ac, sac, layer="flava-own") for i in range(L)]
         final = _final_norm(f"text{tag}.final_norm", Tt, h, d, read_by_head=tag == "")
         return [embed, *layers, final]
 
     proj_saved = 2 * (Ti + Tt) * h if d.casts else 0
     mm = [Call("mm.projections", None, saved=proj_saved, fwd_transient=2 * d.c * (Ti + Tt) * h)]
-    mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac, sac) for i in range(f.mm_layers)]
+    mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac, sac, layer="flava-own") for i in range(f.mm_layers)]
     mm.append(_final_norm("mm.final_norm", Tm, h, d, read_by_head=True))
 
     # Loss: only the multimodal heads run (the unimodal MLM/MIM ones are skipped when a
@@ -353,7 +359,7 @@ def flava_sdpa_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[
     img = 3 * s * s
 
     def encoder(tag: str, T: int, first_unit: int, embed: Call, masked: bool) -> list[Call]:
-        layers = [layer_call(f"{tag}.layer", first_unit + i, T, f, d, ac, sac, sdpa_flava=True, masked=masked, samples=2)
+        layers = [layer_call(f"{tag}.layer", first_unit + i, T, f, d, ac, sac, layer="flava-sdpa", masked=masked, samples=2)
                   for i in range(L)]
         final = _times(_final_norm(f"{tag}.final_norm", T, h, d, read_by_head=True), 2)
         # the split keeps the last hidden state (the fusion encoder reads its masked half); the
@@ -378,7 +384,7 @@ def flava_sdpa_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[
     kept = 0.0 if d.r == 4 else 2 * d.r * (Ti + Tt) * h
     proj_saved = 2 * (Ti + Tt) * h if d.casts else kept
     mm = [Call("mm.projections", None, saved=proj_saved, fwd_transient=2 * d.c * (Ti + Tt) * h, releases=kept)]
-    mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac, sac, sdpa_flava=True) for i in range(f.mm_layers)]
+    mm += [layer_call("mm.layer", 2 * L + i, Tm, f, d, ac, sac, layer="flava-sdpa") for i in range(f.mm_layers)]
     mm.append(_final_norm("mm.final_norm", Tm, h, d, read_by_head=True))
 
     # Loss: the multimodal heads on every text token and patch of every pair; the labels
@@ -389,36 +395,48 @@ def flava_sdpa_calls(f: Flavor, d: Dtypes, ac: bool, sac: bool = False) -> list[
     return [image, text, mm, [loss]]
 
 
-def forward_passes(f: Flavor, precision: str, ac: bool, fsdp: bool = False, sac: bool = False,
-                   flava_impl: str = SDPA) -> list[list[Call]]:
-    """``sac``: the checkpointing is selective (-sac, with ``ac``). ``flava_impl``: which FLAVA
-    the rung builds (models/flava_impl.py; ignored for ViT)."""
-    d = dtypes(precision, fsdp)
-    if f.family != "flava":
-        return vit_calls(f, d, ac, sac)
+def _flava_passes(f: Flavor, d: Dtypes, ac: bool, sac: bool, flava_impl: str) -> list[list[Call]]:
     return flava_sdpa_calls(f, d, ac, sac) if flava_impl == SDPA else flava_calls(f, d, ac, sac)
 
 
-def backward_order(f: Flavor, passes: list[list[Call]]) -> list[Call]:
-    """The order autograd runs the calls' backward.
+#: An analytic family's forward, call by call: (flavor, dtypes, ac, sac, flava_impl) -> its passes,
+#: each a list of calls in forward order.
+Passes = Callable[[Flavor, Dtypes, bool, bool, str], list[list[Call]]]
 
-    The engine runs the ready node with the highest sequence number (the most
-    recently created), so FLAVA's masked chain — loss heads, fusion, masked text,
-    masked image — runs first, and the unmasked passes (reached only through the
-    contrastive projections) run last: text, then image. Verified on CPU in
-    tests/test_plan_exact.py, where it matters most: FSDP cannot reshard an encoder
-    layer until BOTH its passes have been through backward.
+#: The activation models by the name a family's ``activations`` gives (models/family.py).
+MODELS: dict[str, Passes] = {
+    "vision-transformer": lambda f, d, ac, sac, _impl: vit_calls(f, d, ac, sac),
+    "flava-pretraining": _flava_passes,
+}
+
+
+def activation_model(f: Flavor) -> Passes:
+    """``f``'s family's activation model; a SpecError for a family with none (the planner traces it)."""
+    family = family_of(f)
+    model = MODELS.get(family.activations)
+    if model is None:
+        raise SpecError(f"model {f.name}: family {family.name or type(family).__name__} has no analytic activation "
+                        "model (the planner traces it: docs/planner.md)")
+    return model
+
+
+def forward_passes(f: Flavor, precision: str, ac: bool, fsdp: bool = False, sac: bool = False,
+                   flava_impl: str = SDPA) -> list[list[Call]]:
+    """The family's passes (:data:`MODELS`: ViT's :func:`vit_calls`, FLAVA's :func:`flava_sdpa_calls`
+    or :func:`flava_calls`). ``sac``: the checkpointing is selective (-sac, with ``ac``).
+    ``flava_impl``: which FLAVA the rung builds (models/flava_impl.py; ignored for ViT)."""
+    return activation_model(f)(f, dtypes(precision, fsdp), ac, sac, flava_impl)
+
+
+def backward_order(f: Flavor, passes: list[list[Call]]) -> list[Call]:
+    """The order autograd runs the calls' backward: the forward's, reversed.
+
+    The engine runs the ready node with the highest sequence number (the most recently
+    created), so FLAVA's masked chain — loss heads, fusion, masked text, masked image — runs
+    first, and the unmasked passes (reached only through the contrastive projections) run
+    last: text, then image; the sdpa FLAVA (one batched pass per unimodal encoder) runs each
+    encoder's backward once, after the fusion encoder's, when both halves' gradients are in.
+    Verified on CPU in tests/test_plan_exact.py, where it matters most: FSDP cannot reshard an
+    encoder layer until BOTH its passes have been through backward.
     """
-    if f.family == "vit":
-        return list(reversed(passes[0]))
-    if len(passes) == 4:
-        # sdpa: one batched pass per unimodal encoder; each runs its backward once, after the
-        # fusion encoder's, when both halves' gradients are in (the text encoder ran later).
-        order = list(reversed(passes))
-    else:
-        img_u, txt_u, img_m, txt_m, mm, loss = passes
-        order = [loss, mm, txt_m, img_m, txt_u, img_u]
-    out: list[Call] = []
-    for p in order:
-        out += list(reversed(p))
-    return out
+    return [c for p in reversed(passes) for c in reversed(p)]

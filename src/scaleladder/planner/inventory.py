@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.flavors import Flavor, get_flavor
+from scaleladder.models.family import family_of
 
 
 @dataclass(frozen=True)
@@ -87,23 +88,16 @@ class Inventory:
 
 
 def n_layers(flavor: Flavor) -> int:
-    """Transformer layers: ViT depth; FLAVA image + text encoders + multimodal fusion."""
-    return flavor.layers if flavor.family == "vit" else 2 * flavor.layers + flavor.mm_layers
+    """Transformer layers: every stack's (``Family.layer_counts``: ViT depth; FLAVA image + text
+    encoders + multimodal fusion)."""
+    return sum(family_of(flavor).layer_counts(flavor))
 
 
-# Parameters FLAVA pretraining never uses when the fusion path runs (FLAVAPretrainingLoss skips
-# the unimodal MLM/MIM heads; nothing reads the encoders' pooler outputs). rung.unused_params.freeze_unused
-# finds the same set empirically with a CPU step on flava-debug — too slow to pay for every
-# plan; tests/test_plan.py checks that the two agree.
-_UNUSED_PREFIXES = {
-    "flava": ("flava.loss.mlm_loss.", "flava.loss.mim_loss.", "flava.model.image_encoder.pooler.",
-              "flava.model.text_encoder.pooler.", "flava.model.mm_encoder.pooler."),
-    "vit": (),
-}
-
-
-def is_unused(family: str, name: str) -> bool:
-    return name.startswith(_UNUSED_PREFIXES[family])
+def is_unused(flavor: Flavor, name: str) -> bool:
+    """Whether ``name`` is a parameter training never uses: the family's ``unused_prefixes``
+    (FLAVA's heads and poolers; rung.unused_params finds the same set empirically with a CPU step
+    on flava-debug, too slow to pay for every plan; tests/test_plan.py checks that the two agree)."""
+    return name.startswith(family_of(flavor).unused_prefixes)
 
 
 def fsdp1_units(inv: Inventory) -> Inventory:
@@ -111,10 +105,10 @@ def fsdp1_units(inv: Inventory) -> Inventory:
 
     rung.parallelize.wrap_fsdp gives every outermost all-frozen module a unit, because a
     FlatParameter without use_orig_params must be all trainable or all frozen; FLAVA's
-    are exactly the modules named by _UNUSED_PREFIXES (tests/test_plan_exact.py holds the
+    are exactly the modules named by its family's unused_prefixes (tests/test_plan_exact.py holds the
     bytes to the real flat parameters). The root keeps its order minus those parameters.
     """
-    prefixes = _UNUSED_PREFIXES[inv.flavor.family]
+    prefixes = family_of(inv.flavor).unused_prefixes
     if not prefixes or inv.frozen:
         return inv
     groups: dict[str, list[ParamInfo]] = {}
@@ -122,7 +116,7 @@ def fsdp1_units(inv: Inventory) -> Inventory:
         pre = next((x for x in prefixes if p.name.startswith(x)), None)
         if pre is not None:
             groups.setdefault(pre, []).append(p)
-    root = UnitLayout("root", tuple(p for p in inv.root.params if not is_unused(inv.flavor.family, p.name)))
+    root = UnitLayout("root", tuple(p for p in inv.root.params if not is_unused(inv.flavor, p.name)))
     frozen = tuple(UnitLayout("frozen", tuple(g)) for g in groups.values())
     return dataclasses.replace(inv, root=root, frozen=frozen)
 
@@ -158,12 +152,14 @@ def build_inventory(flavor: Flavor) -> Inventory:
 
     from scaleladder.models.build import build_model
 
-    reduced = dataclasses.replace(flavor, layers=1, mm_layers=1 if flavor.family == "flava" else 0)
+    family = family_of(flavor)
+    reduced = family.reduced(flavor)  # one layer per stack
     m = build_model(reduced, "meta")
-    unused = {n for n, _ in m.named_parameters() if is_unused(flavor.family, n)}
+    unused = {n for n, _ in m.named_parameters() if is_unused(flavor, n)}
 
-    layer_prefixes = [f"{n}." for n, mod in m.named_modules() if isinstance(mod, m.layer_cls)]
-    codebook_prefix = "flava.image_codebook." if flavor.family == "flava" else None
+    blocks = tuple(family.block_classes(m))
+    layer_prefixes = [f"{n}." for n, mod in m.named_modules() if isinstance(mod, blocks)]
+    codebook_prefix = family.codebook_prefix or None
     # A parameter is cast by autocast when a Linear/Conv uses it — checked on every module,
     # since the shared MLM decoder bias is first reached through the head that owns it.
     cast_ids = {id(p) for mod in m.modules() if isinstance(mod, (nn.Linear, nn.Conv2d)) for p in mod.parameters(recurse=False)}

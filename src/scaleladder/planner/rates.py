@@ -166,9 +166,8 @@ class HostTable:
         """``name``'s host ms over ``single``'s, the median over the family's measured models; a
         name no model measured is composed from its parts (wrapper x AC x compile), each measured;
         None where a part is not."""
-        from scaleladder.flavors import FLAVORS
-
-        models = sorted({m for (m, _, i) in self.rows if i == impl and m in FLAVORS and FLAVORS[m].family == family})
+        members = family_members(family)
+        models = sorted({m for (m, _, i) in self.rows if i == impl and m in members})
         got = [(m, a / b) for m in models if (a := self._ms(m, name, impl)) and (b := self._ms(m, "single", impl))]
         if got:
             r = statistics.median(x for _, x in got)
@@ -212,13 +211,23 @@ class HostTable:
         def depth(m: str) -> int:
             return FLAVORS[m].layers + FLAVORS[m].mm_layers
 
-        refs = [m for (m, n, i) in self.rows if n == "single" and i == impl and m in FLAVORS
-                and FLAVORS[m].family == family and not FLAVORS[m].debug]
+        members = family_members(family)
+        refs = [m for (m, n, i) in self.rows if n == "single" and i == impl and m in members and not FLAVORS[m].debug]
         if not refs or FLAVORS[model].debug:
             return None
         ref = min(refs, key=lambda m: (abs(depth(m) - depth(model)), m))
         ms = float(self.rows[(ref, "single", impl)]["host_ms"]) * depth(model) / depth(ref)
         return ms, f"{ref}/single measured x depth {depth(model)}/{depth(ref)} (no row for {model})"
+
+
+def family_members(family: str) -> set[str]:
+    """The registry's models of the family called ``family``, by name."""
+    from scaleladder.flavors import FLAVORS
+
+    members: dict[str, set[str]] = {}
+    for name, flavor in FLAVORS.items():
+        members.setdefault(flavor.family, set()).add(name)
+    return members.get(family, set())
 
 
 @cache

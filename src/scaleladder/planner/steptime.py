@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaleladder.flavors import Flavor, get_flavor
+from scaleladder.models.family import family_of
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
-from scaleladder.models.flava_impl import SDPA
-from scaleladder.models.flops import FlopCount, flava_flops, vit_flops
+from scaleladder.models.flava_impl import recorded
+from scaleladder.models.flops import FlopCount
 from scaleladder.planner.comm import Links, all_gather_s, all_reduce_s, links_from_profile, reduce_scatter_s
 from scaleladder.planner.overlap import Schedule, Stage, schedule
 from scaleladder.planner.rates import OPT_BYTES_PER_PARAM, HostTable, Rates, host_table
@@ -42,12 +43,8 @@ from scaleladder.planner.static import fsdp_param_bytes, storage_bytes
 from scaleladder.planner.step_setup import StepSetup, step_setup
 from scaleladder.spec import Knobs, RunSpec, Strategy
 
-#: FLAVA's heads run on masked tokens of matched pairs only (models/flops.py); before any run we
-#: take the pretraining recipe's rates: MLM masks 15% of text tokens, MIM 40% of patches, ITM swaps
-#: in a negative caption for half the pairs. (campaign/cost.py prices with the same.)
-MLM_RATE, MIM_RATE, POSITIVE_FRACTION = 0.15, 0.40, 0.5
-
-OPS_PER_LAYER_PASS = {"vit": 126, "flava": 212}  # stated: see the module docstring
+# The stated aten ops per layer pass are the family's (Family.ops_per_layer_pass: see the module
+# docstring); so are FLAVA's masking rates before any run (models/families/flava.py: MLM_RATE ...).
 AC_FORWARD_SHARE = 0.5  # non-reentrant AC re-runs the forward: +this share of a step's host work
 WRAPPER_HOST = {"single": 1.0, "ddp": 1.0, "fsdp": 2.1, "fsdp2": 1.9}  # host work relative to single
 MIB = 1 << 20
@@ -100,24 +97,16 @@ class StepTime:
 
 
 def flops_per_sample(flavor: Flavor, ac: bool, global_batch: int, flava_impl: str = FLAVA_DEFAULT) -> FlopCount:
-    if flavor.family == "vit":
-        return vit_flops(flavor, ac)
-    return flava_flops(flavor, global_batch, MLM_RATE * flavor.text_len, MIM_RATE * flavor.patches,
-                       POSITIVE_FRACTION, ac, heads_on_all_tokens=flava_impl == SDPA)
+    """FLOPs per sample before any run: the family's (``Family.plan_flops``)."""
+    return family_of(flavor).plan_flops(flavor, ac, global_batch, {"flava_impl": flava_impl})
 
 
 def layer_passes(flavor: Flavor, flava_impl: str = FLAVA_DEFAULT) -> list[tuple[str, float]]:
-    """The forward's layer passes in order: (unit id, relative compute ~ tokens). TorchMultimodal's
-    FLAVA runs its image and text encoders twice (plain, masked), the sdpa FLAVA once over both
-    inputs (models/flava_passes.py); the fusion encoder runs once."""
-    if flavor.family == "vit":
-        return [(f"layer{i}", 1.0) for i in range(flavor.layers)]
-    ti, tt = flavor.patches + 1, flavor.text_len
-    twice = flava_impl == SDPA  # one pass over twice the samples
-    image = [(f"img{i}", float(ti) * (2 if twice else 1)) for i in range(flavor.layers)]
-    text = [(f"txt{i}", float(tt) * (2 if twice else 1)) for i in range(flavor.layers)]
-    mm = [(f"mm{i}", float(1 + ti + tt)) for i in range(flavor.mm_layers)]
-    return image + text + mm if twice else image + text + image + text + mm
+    """The forward's layer passes in order: (unit id, relative compute ~ tokens), the family's
+    (``Family.layer_passes``). TorchMultimodal's FLAVA runs its image and text encoders twice
+    (plain, masked), the sdpa FLAVA once over both inputs (models/flava_passes.py); the fusion
+    encoder runs once."""
+    return family_of(flavor).layer_passes(flavor, {"flava_impl": flava_impl})
 
 
 def table_name(strategy: Strategy) -> tuple[str, str]:
@@ -139,7 +128,8 @@ def host_seconds(spec: RunSpec, rates: Rates, site: Site, flava_impl: str = FLAV
     calibration has no table factor (the CPU calibrations: cpu.json, cpu_wide.json) or the table nothing for the
     rung, the STATED per-op figures of the module docstring, labelled so."""
     flavor = get_flavor(spec.model)
-    impl = flava_impl if flavor.family == "flava" else ""
+    family = family_of(flavor)
+    impl = recorded(family, flava_impl)
     name, note = table_name(spec.strategy)
     why = "the calibration prices host work per aten op"
     if rates.table_factor is not None:
@@ -152,7 +142,7 @@ def host_seconds(spec: RunSpec, rates: Rates, site: Site, flava_impl: str = FLAV
                        + (f", FLAVA {impl}" if impl else "") + f") x table_factor {rates.table_factor} "
                        f"({rates.host_source}) x cpu_factor {site.cpu_factor} ({site.cpu_source})")
         why = f"{t.where} has no {spec.model}/{name}" + (f" ({impl})" if impl else "") + " nor its parts"
-    ops = float(len(layer_passes(flavor, flava_impl)) * OPS_PER_LAYER_PASS[flavor.family])
+    ops = float(len(layer_passes(flavor, flava_impl)) * family.ops_per_layer_pass)
     ops *= (1 + AC_FORWARD_SHARE if spec.strategy.ac else 1.0) * WRAPPER_HOST[spec.strategy.wrapper]
     s = ops * rates.us_per_op * 1e-6 * site.cpu_factor
     return s, (f"host: STATED {ops:,.0f} aten ops x {rates.us_per_op} us x {site.cpu_factor} ({site.cpu_source}; "

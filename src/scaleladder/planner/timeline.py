@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from scaleladder.models.flava_impl import SDPA
+from scaleladder.models.family import family_of
 from scaleladder.planner.activations import Call, Dtypes, codebook_transient, dtypes, input_bytes
 from scaleladder.planner.static import Sharding, fsdp_param_bytes, sharding, step_transient_bytes, storage_bytes
 from scaleladder.planner.step_setup import StepSetup, lowp_params
@@ -209,9 +209,10 @@ def _forward(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> None:
 
 
 def _codebook_forward(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> None:
-    """FLAVA's frozen codebook (dVAE) encodes the images: gathered for its forward."""
+    """A frozen codebook (FLAVA's dVAE) encodes the images: gathered for its forward. Only a family
+    with one has a codebook unit in its inventory (``Family.codebook_prefix``)."""
     flavor = setup.inv.flavor
-    if flavor.family != "flava" or setup.inv.codebook is None:
+    if setup.inv.codebook is None:
         return
     codebook_copy = setup.unit_full["codebook"] * sizes.gathered_param if sizes.gathered else 0.0
     if sizes.shard.fsdp2:
@@ -307,7 +308,7 @@ class _PoolerPileUp:
     """
 
     def __init__(self, setup: StepSetup, sizes: StepSizes) -> None:
-        tm = setup.inv.flavor.family == "flava" and setup.variant.flava_impl != SDPA
+        tm = family_of(setup.inv.flavor).twin_passes({"flava_impl": setup.variant.flava_impl})
         self.on = tm and sizes.gathered and not sizes.keep_after_forward
         self.size = {enc: sum(u.numel for u in setup.inv.frozen if u.params[0].name.startswith(f"flava.model.{enc}_encoder.pooler."))
                      * sizes.gathered_param for enc in ("image", "text")}
