@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.log import get_logger
+from scaleladder.models.family import family_of
 from scaleladder.rung.run_config import RunConfig, config_from_args
 from scaleladder.rung.run_config import add_arguments as add_run_arguments
 from scaleladder.spec import SpecError, parse_positive
@@ -84,7 +85,7 @@ def config_from(a: argparse.Namespace) -> ConvergeConfig:
         raise SpecError("a convergence rung needs a fixed batch, not 'max'")
     if run.spec.strategy.compile:
         raise SpecError(f"{run.spec.strategy}: -compile rungs are not convergence rungs yet (each chunk would recompile)")
-    if run.flavor.family != "vit":
+    if not family_of(run.flavor).classifier:
         raise SpecError(f"{run.spec.model}: convergence needs a classifier (a ViT flavor); FLAVA has no held-out accuracy")
     if not isinstance(run.workers, int):
         raise SpecError(f"--workers {run.workers}: a convergence rung takes a count of loader workers (the workflow gives 0)")

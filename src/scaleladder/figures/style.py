@@ -25,6 +25,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from scaleladder.figures.rungs import RungAttrs, num
+from scaleladder.models.family import Family, built_in
 from scaleladder.results.record import Build, MaxBatch, Record, Spec
 from scaleladder.spec import SpecError, parse_strategy
 
@@ -35,9 +36,11 @@ OOM_COLOR = "#c0392b"
 
 
 def throughput_label(fam: str) -> str:
-    # The FLAVA seed counts items (an image and a text are two); the ViT seed, images.
+    # What an item is, the family says (Family.throughput_unit): the FLAVA seed counts items (an
+    # image and a text are two), the ViT seed images; any other family, items.
     # Always the GLOBAL rate, summed over every GPU of the run (docs/metrics.md).
-    what = {"flava": "items/s: images + texts", "vit": "images/s"}.get(fam, "items/s")
+    family = built_in(fam)
+    what = family.throughput_unit if family is not None else Family.throughput_unit
     return f"global throughput ({what}, all GPUs)"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from scaleladder.errors import SpecError
 from scaleladder.flavors import get_flavor
+from scaleladder.models.family import family_of
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import parse_flava_impl
 from scaleladder.planner.memory import Device, predict
@@ -61,7 +62,7 @@ def step_fields(spec: RunSpec, world: int, rpn: int, batch: int | None, device: 
         out = predict_step(spec, world, rpn, batch, r, timing.site, flava_impl=timing.flava_impl).as_dict()
     except SpecError as e:
         return {"step_time_s": None, "step_time_parts": None, "step_time_sources": [str(e)]}
-    return {**out, **({"flava_impl": timing.flava_impl} if get_flavor(spec.model).family == "flava" else {})}
+    return {**out, **({"flava_impl": timing.flava_impl} if family_of(get_flavor(spec.model)).uses_flava_impl else {})}
 
 
 def memory_model(spec: RunSpec) -> str:
