@@ -5,6 +5,7 @@
 - ``converge``: ``scaleladder converge``: a rung trained to a held-out accuracy (time-to-train).
 - ``cost``: what a ladder costs before submission: a time model per rung, and node-hours.
 - ``plan_check``: the planner held against torch's memory trackers on fake CPU tensors (``plan --check``).
+- ``plan_trace``: the traced memory model: what ``plan`` predicts for a model without an analytic one (``plan --traced``).
 - ``probe``: ``scaleladder doctor --probe``: what one tiny job sees on a compute node, per rank.
 - ``toolchain``: what a ``-compile`` rung builds with, proved by building a C and a C++ extension.
 
