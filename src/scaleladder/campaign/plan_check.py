@@ -270,41 +270,19 @@ def run_steps(spec: RunSpec, world: int, batch: int, flava_impl: str = SDPA, cou
 
 
 def _build(flavor: Flavor, device: str, flava_impl: str) -> TrainModule:
-    """The rung's model, as the runner builds it. TRAP: on meta and OUTSIDE fake mode (timm's
-    ``create_model`` fails inside it: drop-path's data-dependent op)."""
-    from scaleladder.models.family import BUILT_IN
-
-    if flavor.entry or flavor.family not in BUILT_IN:
-        from scaleladder.models.family import family_of
-
-        return family_of(flavor).build(flavor, device, {})
-    from scaleladder.models.build import build_model  # the built-in families (until they build through models/family.py)
+    """The rung's model, as the runner builds it (through its family). TRAP: on meta and OUTSIDE
+    fake mode (timm's ``create_model`` fails inside it: drop-path's data-dependent op)."""
+    from scaleladder.models.build import build_model
 
     return build_model(flavor, device, flava_impl=flava_impl)
 
 
 def _pool(flavor: Flavor, batch: int, device: Any, dtype: Any) -> list[dict[str, Any]]:
-    """The runner's pool of synthetic batches (rung/batches.py): SYNTHETIC_POOL of them, resident."""
-    import torch
-
+    """The runner's pool of synthetic batches (rung/batches.py: the family's samples), resident."""
     from scaleladder.models.batch_layout import SYNTHETIC_POOL
-    from scaleladder.models.family import BUILT_IN
+    from scaleladder.rung.batches import SyntheticBatches
 
-    if not flavor.entry and flavor.family in BUILT_IN:
-        from scaleladder.rung.batches import SyntheticBatches
-
-        return SyntheticBatches(flavor, batch, 0, SYNTHETIC_POOL, 0, device, dtype=dtype).pool
-    # Another family's samples (what rung/batches.py draws through the family): on fake tensors
-    # only their shapes and dtypes count, on real ones any values do.
-    from scaleladder.models.family import family_of
-
-    family = family_of(flavor)
-    out = []
-    for s in range(SYNTHETIC_POOL):
-        samples = [family.synthetic_sample(flavor, torch.Generator().manual_seed(s * batch + i), i) for i in range(batch)]
-        out.append({k: torch.stack([x[k] for x in samples]).to(device, dtype=dtype if samples[0][k].is_floating_point()
-                                                                  else samples[0][k].dtype) for k in samples[0]})
-    return out
+    return SyntheticBatches(flavor, batch, 0, SYNTHETIC_POOL, 0, device, dtype=dtype).pool
 
 
 def _premade_meshes(spec: RunSpec, world: int) -> contextlib.AbstractContextManager[Any]:

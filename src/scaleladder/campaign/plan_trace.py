@@ -77,10 +77,8 @@ LIBRARIES = ("timm", "transformers", "torchmultimodal", "torchmultimodal-nightly
 
 def analytic(flavor: Flavor) -> bool:
     """Whether the planner has an analytic memory model for ``flavor`` (its family's ``analytic``)."""
-    from scaleladder.models.family import BUILT_IN, family_of
+    from scaleladder.models.family import family_of
 
-    if not flavor.entry and flavor.family in BUILT_IN:
-        return True  # ViT and FLAVA: planner/ models them (read without loading the family)
     if flavor.entry and json.loads(flavor.entry).get("source") in LIBRARY_SOURCES:
         return False  # read without importing the library (a cached plan then needs no torch)
     return family_of(flavor).analytic
@@ -237,9 +235,17 @@ def cache_path(t: Traced, flava_impl: str, folder: Path) -> Path:
     """The trace's file: the model, traced strategy, precision and world readable; a hash of the whole key."""
     flavor = get_flavor(t.spec.model)
     key = {"model": _model_key(flavor), "strategy": str(t.spec.strategy), "precision": t.spec.precision,
-           "world": t.world, "knobs": str(t.spec.knobs), "flava_impl": flava_impl if flavor.family == "flava" else ""}
+           "world": t.world, "knobs": str(t.spec.knobs), "flava_impl": flava_impl if _uses_flava_impl(flavor) else ""}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return folder / f"{t.spec.model}-{t.spec.strategy}-{t.spec.precision}-w{t.world}-{digest}.json"
+
+
+def _uses_flava_impl(flavor: Flavor) -> bool:
+    """Whether ``--flava-impl`` builds another model (a models-file entry's family never: asked without
+    importing its library)."""
+    from scaleladder.models.family import family_of
+
+    return not flavor.entry and family_of(flavor).uses_flava_impl
 
 
 def code_fingerprint(flavor: Flavor) -> str:
