@@ -222,3 +222,56 @@ def test_bf16_is_read_as_bf16_mixed_said_once_and_never_written(monkeypatch: pyt
     assert err.count("precision 'bf16' is read as 'bf16-mixed'") == 1, err
     with pytest.raises(SpecError, match=r"unknown precision 'bf15'; expected one of .*, or bf16 \(= bf16-mixed\)"):
         parse_precision("bf15")
+
+
+# -- the unit size: k blocks per FSDP unit (-u<k>) ---------------------------------------
+
+
+@pytest.mark.parametrize("knobs", ["pf0-u2", "pf1-u3", "pf2-u12", "pre-lag-u2", "post-nolag-fwd-u4"])
+def test_unit_size_knobs_round_trip(knobs: str) -> None:
+    assert str(parse_knobs(knobs)) == knobs
+
+
+def test_a_unit_of_one_block_is_left_out_of_the_path() -> None:
+    # k = 1 is the seeds' unit per block: every finished rung's path and record stay as they were
+    assert parse_knobs("pf1") == Fsdp2Knobs(1, 1) and str(Fsdp2Knobs(1, 1)) == "pf1"
+    assert parse_knobs("pf1-u2") == Fsdp2Knobs(1, 2) and parse_knobs("pf1-u2") != parse_knobs("pf1")
+    assert str(Knobs(unit_layers=1)) == "pre-lag"
+    one = RunSpec.from_path("vit-base/fsdp2-full/fp32/pf1/n1/b8").as_attrs()
+    assert "knob_unit_layers" not in one and "knob_unit_layers" not in RunSpec.from_path(
+        "vit-base/fsdp-full/fp32/pre-lag/n1/b8").as_attrs()
+    two = RunSpec.from_path("vit-base/fsdp2-full/fp32/pf1-u2/n1/b8")
+    assert two.path == "vit-base/fsdp2-full/fp32/pf1-u2/n1/b8" and two.as_attrs()["knob_unit_layers"] == 2
+    assert two.as_attrs()["knob_prefetch_layers"] == 1
+
+
+@pytest.mark.parametrize(
+    "path,culprit",
+    [
+        ("vit-base/ddp/fp32/pre-lag-u2/n1/b8", "knobs 'pre-lag-u2': -u2 puts blocks in FSDP units, and 'ddp' is not FSDP"),
+        ("vit-base/single-compile/fp32/pf0-u4/n1/b8", "'single-compile' is not FSDP"),
+        ("vit-base/fsdp-full/fp32/pre-lag-u2/n1/b8", "FSDP1 \\('fsdp-full'\\) cannot put 2 blocks in one unit: it has no list API"),
+        ("vit-base/fsdp-hybrid2-ac/fp32/post-nolag-u4/n1/b8", "use 'fsdp2-hybrid2-ac' with 'pf0-u4'"),
+        ("vit-base/fsdp-no-shard/fp32/pre-lag-u3/n1/b8", "use 'fsdp2-full' with 'pf0-u3'"),
+        ("vit-base/fsdp2-full/fp32/pf0-u0/n1/b8", "a unit holds at least 1 block"),
+        ("vit-base/fsdp2-full/fp32/pf0-u/n1/b8", "unknown FSDP knobs 'pf0-u'"),
+        ("vit-base/fsdp2-full/fp32/pf0-u1/n1/b8", "'pf0-u1' is not canonical; write 'pf0'"),
+        ("vit-base/fsdp2-full/fp32/pf0-u02/n1/b8", "'pf0-u02' is not canonical; write 'pf0-u2'"),
+        ("vit-base/fsdp2-full/fp32/pre-lag-u2/n1/b8", "FSDP1 knobs 'pre-lag-u2' given for FSDP2 strategy"),
+    ],
+)
+def test_bad_unit_sizes_are_one_line_naming_them(path: str, culprit: str) -> None:
+    with pytest.raises(SpecError, match=culprit) as e:
+        RunSpec.from_path(path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_unit_larger_than_a_stack_is_refused_where_the_stacks_are_known() -> None:
+    from scaleladder.spec import check_unit_layers
+
+    check_unit_layers("vit-base", parse_knobs("pf0-u12"), [12])
+    check_unit_layers("flava-350m", parse_knobs("pf0-u6"), [12, 12, 6])
+    with pytest.raises(SpecError, match=r"'pf0-u3': a unit of 3 blocks is larger than a stack of flava-debug "
+                                        r"\(stacks of 2, 2, 1 blocks\); -u1 at most") as e:
+        check_unit_layers("flava-debug", parse_knobs("pf0-u3"), [2, 2, 1])
+    assert "\n" not in str(e.value)

@@ -11,8 +11,12 @@ an error naming the canonical form. Grammar::
               base: single | ddp | fsdp-full | fsdp-grad-op | fsdp-no-shard | fsdp-hybrid<g>
                     | fsdp2-full | fsdp2-grad-op | fsdp2-hybrid<g>
     precision fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true   (bf16: read as bf16-mixed, said once)
-    knobs     FSDP1: <pre|post|none>-<lag|nolag>[-fwd]   FSDP2: pf0 | pf1 | pf2
+    knobs     FSDP1: <pre|post|none>-<lag|nolag>[-fwd]   FSDP2: pf<n>[-u<k>], n = 0 | 1 | 2
               others: pre-lag only (:func:`default_knobs`)
+              -u<k>: k consecutive blocks of a stack per FSDP unit (:class:`Fsdp2Knobs`), k >= 2
+              written, k = 1 (a unit per block, the seeds') never: no finished rung's path changes.
+              FSDP1's grammar takes it too (``pre-lag-u2``) only to refuse it in one line
+              (:data:`FSDP1_UNIT_REFUSAL`); a non-FSDP rung refuses it as any other knob.
     batch     a positive local (per-rank) batch, or max
 
 What each name runs, and what is refused: docs/strategies.md.
@@ -41,15 +45,15 @@ SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard", "hybrid")  # FSDP1'
 # replicating over the world with shard groups of one is fsdp2-hybrid1.
 FSDP2_SHARDINGS: tuple[str, ...] = ("full", "grad-op", "hybrid")
 PREFETCHES: tuple[str, ...] = ("pre", "post", "none")
-MAX_FSDP2_PREFETCH = 2  # pf0..pf2: layers FSDP2 all-gathers ahead, explicitly
+MAX_FSDP2_PREFETCH = 2  # pf0..pf2: units FSDP2 all-gathers ahead, explicitly (a unit: -u<k> blocks, 1 by default)
 DEFAULT_KNOBS = "pre-lag"  # FSDP1's default, and the only knobs a non-FSDP rung accepts
 DEFAULT_FSDP2_KNOBS = "pf0"
 
 _STRATEGY_RE = re.compile(
     r"^(single|ddp|fsdp-(full|grad-op|no-shard|hybrid(\d+))|fsdp2-(full|grad-op|hybrid(\d+)))((?:-ac-reentrant|-ac|-sac|-compile)*)$"
 )
-_KNOBS_RE = re.compile(r"^(pre|post|none)-(lag|nolag)(-fwd)?$")
-_FSDP2_KNOBS_RE = re.compile(r"^pf(\d+)$")
+_KNOBS_RE = re.compile(r"^(pre|post|none)-(lag|nolag)(-fwd)?(?:-u(\d+))?$")
+_FSDP2_KNOBS_RE = re.compile(r"^pf(\d+)(?:-u(\d+))?$")
 _STRATEGY_NAMES = ("single|ddp|fsdp-{full,grad-op,no-shard,hybrid<g>}|fsdp2-{full,grad-op,hybrid<g>}, "
                    "then optionally -ac (or -ac-reentrant, FSDP1 and single only, or -sac: selective), then optionally -compile (not with fsdp-*)")
 
@@ -73,6 +77,15 @@ REENTRANT_REFUSALS: dict[str, str] = {
              "non-reentrant AC and reshards between FLAVA's passes without it; use {plain!r}",
     "compile": "torch.compile does not trace reentrant checkpointing's nested backward; use {plain!r}",
 }
+# Why FSDP1 cannot group: it has no list API. An FSDP1 unit is one module and everything under it
+# that no nested unit claims, so k blocks in one unit need a module holding exactly those k; the
+# families' stacks are ModuleLists of single blocks, and inserting a container renames every
+# parameter below it (blocks.5.attn... -> blocks.2.1.attn...), the names freeze_unused, the codebook
+# loading and the probe cache read. The one grouping with no new module, a whole stack
+# (FSDP(ModuleList)), is not this axis. docs/strategies.md, "Units of k blocks".
+FSDP1_UNIT_REFUSAL = ("knobs {knobs!r}: FSDP1 ({strategy!r}) cannot put {k} blocks in one unit: it has no list API, "
+                      "and a container around them would rename their parameters (docs/strategies.md); "
+                      "use {fsdp2!r} with 'pf0-u{k}'")
 FSDP1_COMPILE_REFUSAL = ("strategy {name!r}: torch.compile is not offered with FSDP1 (fsdp-*), which is deprecated "
                          "upstream and which torchtitan never composes with per-block compile; use {fsdp2!r}")
 
@@ -203,56 +216,112 @@ def _require_canonical(what: str, given: str, canonical: str) -> None:
         raise SpecError(f"{what} {given!r} is not canonical; write {canonical!r}")
 
 
+def _unit_suffix(unit_layers: int) -> str:
+    """``-u<k>`` for a unit of k >= 2 blocks; nothing for 1, so that the seeds' paths stay as they were."""
+    return f"-u{unit_layers}" if unit_layers != 1 else ""
+
+
+def _check_unit_layers(knobs: str, unit_layers: int) -> None:
+    if unit_layers < 1:
+        raise SpecError(f"knobs {knobs!r}: a unit holds at least 1 block, got -u{unit_layers}")
+
+
 @dataclass(frozen=True)
 class Knobs:
-    """FSDP1 communication knobs (ViT seed, Figure 1)."""
+    """FSDP1 communication knobs (ViT seed, Figure 1).
+
+    ``unit_layers`` is parsed (``pre-lag-u2``) only so that an FSDP1 rung that asks for units of
+    several blocks is refused by name (:data:`FSDP1_UNIT_REFUSAL`); every rung that runs has 1.
+    """
 
     backward_prefetch: str = "pre"
     limit_all_gathers: bool = True
     forward_prefetch: bool = False
+    unit_layers: int = 1
+
+    def __post_init__(self) -> None:
+        _check_unit_layers(str(self), self.unit_layers)
 
     def __str__(self) -> str:
         s = f"{self.backward_prefetch}-{'lag' if self.limit_all_gathers else 'nolag'}"
-        return s + ("-fwd" if self.forward_prefetch else "")
+        return s + ("-fwd" if self.forward_prefetch else "") + _unit_suffix(self.unit_layers)
 
 
 @dataclass(frozen=True)
 class Fsdp2Knobs:
-    """FSDP2's one communication knob: explicit prefetching, ``pf<n>``.
+    """FSDP2's knobs: explicit prefetching, ``pf<n>``, and the unit size, ``-u<k>``.
 
-    ``prefetch_layers`` = n: each transformer layer's unit all-gathers the next n layers of
-    its stack in forward (``set_modules_to_forward_prefetch``) and the previous n in
-    backward (``set_modules_to_backward_prefetch``). ``pf0`` sets neither: FSDP2's implicit
-    behaviour (forward: each unit gathers when it is called; backward: the unit before it
-    in the recorded forward order is prefetched). FSDP1's backward_prefetch,
+    ``unit_layers`` = k: each FSDP unit holds k consecutive blocks of one stack,
+    ``fully_shard([block_i, ..., block_{i+k-1}])`` (one set of hooks, one all-gather and one
+    reduce-scatter for the k); the last unit of a stack holds the remainder when k does not
+    divide it. k = 1, the seeds' unit per block, is the default and is not written in the path.
+    ``prefetch_layers`` = n counts UNITS, not layers (the name is the record's, from when a unit
+    was a layer): each unit all-gathers the next n units of its stack in forward
+    (``set_modules_to_forward_prefetch``) and the previous n in backward
+    (``set_modules_to_backward_prefetch``); at k = 1 a unit is a layer. ``pf0`` sets neither:
+    FSDP2's implicit behaviour (forward: each unit gathers when it is called; backward: the unit
+    before it in the recorded forward order is prefetched). FSDP1's backward_prefetch,
     limit_all_gathers and forward_prefetch do not exist in FSDP2.
     """
 
     prefetch_layers: int = 0
+    unit_layers: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.prefetch_layers <= MAX_FSDP2_PREFETCH:
             raise SpecError(f"FSDP2 knobs 'pf{self.prefetch_layers}': explicit prefetch of 0 to "
-                            f"{MAX_FSDP2_PREFETCH} layers, pf0..pf{MAX_FSDP2_PREFETCH}")
+                            f"{MAX_FSDP2_PREFETCH} units, pf0..pf{MAX_FSDP2_PREFETCH}")
+        _check_unit_layers(str(self), self.unit_layers)
 
     def __str__(self) -> str:
-        return f"pf{self.prefetch_layers}"
+        return f"pf{self.prefetch_layers}" + _unit_suffix(self.unit_layers)
 
 
 AnyKnobs = Knobs | Fsdp2Knobs
 
 
 def parse_knobs(name: str) -> AnyKnobs:
+    knobs: AnyKnobs
     m = _KNOBS_RE.match(name)
     if m:
-        return Knobs(m.group(1), m.group(2) == "lag", m.group(3) is not None)
-    m = _FSDP2_KNOBS_RE.match(name)
-    if m:
-        knobs = Fsdp2Knobs(int(m.group(1)))
-        _require_canonical("knobs", name, str(knobs))  # pf01, pf٢: int() reads both
-        return knobs
-    raise SpecError(f"unknown FSDP knobs {name!r}; expected FSDP1's <pre|post|none>-<lag|nolag>[-fwd] "
-                    f"(e.g. pre-lag) or FSDP2's pf0|pf1|pf2")
+        knobs = Knobs(m.group(1), m.group(2) == "lag", m.group(3) is not None, _unit_layers(name, m.group(4)))
+    else:
+        m = _FSDP2_KNOBS_RE.match(name)
+        if not m:
+            raise SpecError(f"unknown FSDP knobs {name!r}; expected FSDP1's <pre|post|none>-<lag|nolag>[-fwd] "
+                            f"(e.g. pre-lag) or FSDP2's pf0|pf1|pf2, then optionally -u<k> (k blocks per unit, FSDP2)")
+        knobs = Fsdp2Knobs(int(m.group(1)), _unit_layers(name, m.group(2)))
+    _require_canonical("knobs", name, str(knobs))  # pf01, pf٢, pf0-u1, pf0-u02: int() reads them all
+    return knobs
+
+
+def _unit_layers(name: str, k: str | None) -> int:
+    if k is None:
+        return 1
+    if int(k) < 1:
+        raise SpecError(f"knobs {name!r}: a unit holds at least 1 block, got -u{k}")
+    return int(k)
+
+
+def check_unit_knobs(strategy: Strategy, knobs: AnyKnobs) -> None:
+    """Refuse units of several blocks where they cannot be built: FSDP1 (:data:`FSDP1_UNIT_REFUSAL`).
+    Whether k fits the model's stacks needs the model (:func:`check_unit_layers`)."""
+    if strategy.is_fsdp1 and knobs.unit_layers != 1:
+        near = Strategy("fsdp2", "hybrid" if strategy.sharding == "hybrid" else
+                        "full" if strategy.sharding == "no-shard" else strategy.sharding, strategy.group,
+                        strategy.ac, False, False, strategy.selective)
+        raise SpecError(FSDP1_UNIT_REFUSAL.format(knobs=str(knobs), strategy=str(strategy), k=knobs.unit_layers,
+                                                  fsdp2=str(near)))
+
+
+def check_unit_layers(model: str, knobs: AnyKnobs, stacks: list[int]) -> None:
+    """Raise SpecError when a unit of ``knobs.unit_layers`` blocks is larger than one of the model's
+    stacks (``stacks``: the blocks of each, ``Family.stacks``/``layer_counts``): the runner and the
+    planner call it, the spec alone does not know the stacks."""
+    k = knobs.unit_layers
+    if k > 1 and stacks and k > min(stacks):
+        raise SpecError(f"knobs {str(knobs)!r}: a unit of {k} blocks is larger than a stack of {model} "
+                        f"(stacks of {', '.join(map(str, stacks))} blocks); -u{min(stacks)} at most")
 
 
 def default_knobs(strategy: Strategy) -> AnyKnobs:
@@ -345,12 +414,16 @@ class RunSpec:
         strategy, knobs = str(self.strategy), str(self.knobs)
         if self.strategy.is_fsdp2 and not isinstance(self.knobs, Fsdp2Knobs):
             raise SpecError(f"FSDP1 knobs {knobs!r} given for FSDP2 strategy {strategy!r}: fully_shard has no backward "
-                            f"prefetch or limit_all_gathers; its knob is explicit prefetch, pf0|pf1|pf2")
+                            f"prefetch or limit_all_gathers; its knobs are explicit prefetch, pf0|pf1|pf2, and -u<k> blocks per unit")
         if self.strategy.is_fsdp1 and not isinstance(self.knobs, Knobs):
             raise SpecError(f"FSDP2 knobs {knobs!r} given for FSDP1 strategy {strategy!r}: FSDP1's knobs are "
                             f"<pre|post|none>-<lag|nolag>[-fwd], e.g. {DEFAULT_KNOBS}")
+        if not self.strategy.is_fsdp and self.knobs.unit_layers != 1:
+            raise SpecError(f"knobs {knobs!r}: -u{self.knobs.unit_layers} puts blocks in FSDP units, and {strategy!r} "
+                            f"is not FSDP (it has no units); write {DEFAULT_KNOBS!r}")
         if not self.strategy.is_fsdp and knobs != DEFAULT_KNOBS:
             raise SpecError(f"FSDP knobs {knobs!r} given for non-FSDP strategy {strategy!r}")
+        check_unit_knobs(self.strategy, self.knobs)
 
     # -- the one canonical string form -------------------------------------------------
     @property
@@ -395,5 +468,6 @@ class RunSpec:
             "ac_reentrant": self.strategy.reentrant,
             "ac_selective": self.strategy.selective,
             "compile": self.strategy.compile,
-            **{f"knob_{k}": v for k, v in asdict(self.knobs).items()},
+            # knob_unit_layers only where k > 1: a unit per block (absent) keeps every earlier rung's record as it was
+            **{f"knob_{k}": v for k, v in asdict(self.knobs).items() if k != "unit_layers" or v != 1},
         }
