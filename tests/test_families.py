@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from scaleladder.flavors import get_flavor
-from scaleladder.models.family import BUILT_IN, Family, family_of
+from scaleladder.models.families import BUILT_IN, family_of
+from scaleladder.models.family import Family
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "scaleladder"
 #: Where a family may be named: the families themselves, the interface, and the size table.

@@ -23,7 +23,7 @@ from scaleladder.data.pair_transforms import (
 )
 from scaleladder.data.transforms import collate
 from scaleladder.models.batch_layout import PAD
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.models.models_file import BOS_ID, EOS_ID, PAD_ID, load_models_file
 from scaleladder.spec import SpecError
 

@@ -35,7 +35,7 @@ from scaleladder import flavors
 from scaleladder.campaign.plan_check import run_steps
 from scaleladder.campaign.plan_trace import TRACE_BATCHES, analytic, cache_path, predict, torch_version, trace, traced_rung
 from scaleladder.flavors import Flavor
-from scaleladder.models import family as family_module
+from scaleladder.models import families as family_module
 from scaleladder.models.build import TrainModule
 from scaleladder.models.family import Family
 from scaleladder.planner.memory import custom_device

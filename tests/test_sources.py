@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from scaleladder.flavors import Flavor
-from scaleladder.models.family import Family, family_of
+from scaleladder.models.families import family_of
+from scaleladder.models.family import Family
 from scaleladder.models.init import materialize
 from scaleladder.models.models_file import flavor_from_entry, load_models_file
 from scaleladder.models.sources import family_for_entry, meta_init

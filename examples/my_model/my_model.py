@@ -2,8 +2,8 @@
 import torch
 from torch import nn
 
-from scaleladder.models.build import TrainModule
 from scaleladder.models.family import Family
+from scaleladder.models.train_module import TrainModule
 
 
 def mlp(n: int) -> nn.Sequential:

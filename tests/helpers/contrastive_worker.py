@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.models.models_file import register_entry
 
 

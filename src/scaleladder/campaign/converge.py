@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.log import get_logger
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.rung.run_config import RunConfig, config_from_args
 from scaleladder.rung.run_config import add_arguments as add_run_arguments
 from scaleladder.spec import SpecError, parse_positive

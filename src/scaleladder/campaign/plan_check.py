@@ -204,7 +204,7 @@ def run_steps(spec: RunSpec, world: int, batch: int, flava_impl: str = SDPA, cou
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from scaleladder.flavors import get_flavor
-    from scaleladder.models.family import family_of
+    from scaleladder.models.families import family_of
     from scaleladder.rung.optim import backward_and_step, make_optimizer, make_scaler
     from scaleladder.rung.parallelize import apply_strategy
     from scaleladder.rung.precision import policy

@@ -77,7 +77,7 @@ LIBRARIES = ("timm", "transformers", "torchmultimodal", "torchmultimodal-nightly
 
 def analytic(flavor: Flavor) -> bool:
     """Whether the planner has an analytic memory model for ``flavor`` (its family's ``analytic``)."""
-    from scaleladder.models.family import family_of
+    from scaleladder.models.families import family_of
 
     if flavor.entry and json.loads(flavor.entry).get("source") in LIBRARY_SOURCES:
         return False  # read without importing the library (a cached plan then needs no torch)
@@ -243,7 +243,7 @@ def cache_path(t: Traced, flava_impl: str, folder: Path) -> Path:
 def _uses_flava_impl(flavor: Flavor) -> bool:
     """Whether ``--flava-impl`` builds another model (a models-file entry's family never: asked without
     importing its library)."""
-    from scaleladder.models.family import family_of
+    from scaleladder.models.families import family_of
 
     return not flavor.entry and family_of(flavor).uses_flava_impl
 

@@ -15,6 +15,7 @@ Modules, one idea each:
 * ``manifest``   the wids-style shard list with checksums and statistics
 * ``tokenizer``  WordPiece tokenizer (trained or from a BERT vocab.txt), ``check_vocab``
 * ``transforms`` FLAVA pretraining and ViT sample transforms (masks, MLM, ITM negatives)
+* ``pair_transforms`` a models-file model's sample transforms by its inputs: image (labels from the shards, else synthetic), text, image-text
 * ``readers``    a reader = (rank, DataLoader worker): shard assignment and seeds
 * ``preflight``  every shard checked before the first batch, the verdict shared by all ranks
 * ``loader``     the WebDataset loader: exactly ``steps`` batches on every rank

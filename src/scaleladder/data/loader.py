@@ -28,11 +28,12 @@ from scaleladder.data.data_errors import DataError, one_line
 from scaleladder.data.devdecode import DeviceDecoder, check_decode
 from scaleladder.data.devnorm import DeviceNormaliser
 from scaleladder.data.manifest import Manifest, ShardEntry, read_manifest, sha256_file
-from scaleladder.data.tokenizer import check_vocab
+from scaleladder.data.pair_transforms import ImageTextTransform, ImageTransform, TextTransform, check_tokenizer
+from scaleladder.data.tokenizer import check_vocab, load_tokenizer
 from scaleladder.data.transforms import TRANSPORTS, FlavaTransform, VitTransform, collate
 from scaleladder.flavors import Flavor
 from scaleladder.log import get_logger
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.spec import SpecError
 
 _log = get_logger(__name__)
@@ -133,6 +134,8 @@ class ShardLoader:
         (``float32``: the workers normalised)."""
         if self.decoder is not None:
             return self.decoder
+        if not INPUT_KINDS[self.inputs].reads_images:
+            return None
         return DeviceNormaliser(self.inputs, device) if self.transport == "uint8" else None
 
     @property
@@ -188,19 +191,35 @@ class ShardLoader:
 
 def _check_tokenizer(manifest: Manifest, flavor: Flavor) -> str | None:
     """The shards' tokenizer is there, is the one they were made with, and fits the model's vocabulary."""
-    tok = manifest.info.get("tokenizer", {})
+    tok = _check_tokenizer_file(manifest)
+    return check_vocab(int(tok["vocab_size"]), flavor, where=f"tokenizer {manifest.tokenizer_path}")
+
+
+def _check_tokenizer_file(manifest: Manifest) -> dict[str, Any]:
+    """The manifest's tokenizer entry, its file there and the one the shards were made with."""
+    tok: dict[str, Any] = manifest.info.get("tokenizer", {})
     path = manifest.tokenizer_path
     if not path.is_file():
         raise DataError(f"{path}: tokenizer named by {manifest.path} does not exist")
     if tok.get("sha256") and sha256_file(path) != tok["sha256"]:
         raise DataError(f"{path}: sha256 does not match {manifest.path.name}; re-run `scaleladder shard`")
-    return check_vocab(int(tok["vocab_size"]), flavor, where=f"tokenizer {path}")
+    return tok
+
+
+def _check_text_tokenizer(manifest: Manifest, flavor: Flavor) -> str | None:
+    """As :func:`_check_tokenizer`, and the tokenizer's special ids are the model's (a models-file
+    text model's config takes the project tokenizer's: data/pair_transforms.check_tokenizer)."""
+    _check_tokenizer_file(manifest)
+    return check_tokenizer(load_tokenizer(manifest.tokenizer_path).get_vocab(), flavor, f"tokenizer {manifest.tokenizer_path}")
 
 
 def _check_labels(manifest: Manifest, flavor: Flavor) -> str | None:
-    """Every sample has a label, and the model has a class for each."""
+    """Every sample has a label (or the family takes synthetic ones), and the model has a class for each."""
     if not manifest.labelled:
-        raise DataError(f"{manifest.path}: not every sample has a label, and {flavor.name} is a classifier")
+        if not family_of(flavor).synthetic_labels:
+            raise DataError(f"{manifest.path}: not every sample has a label, and {flavor.name} is a classifier")
+        return (f"{manifest.path}: not every sample has a label; {flavor.name} trains on synthetic ones "
+                "(label_source 'synthetic' in the record): its throughput holds, its accuracy means nothing")
     classes = manifest.num_classes or 0
     if classes > flavor.num_classes:
         raise SpecError(f"{manifest.path} has labels up to {classes - 1} but {flavor.name} has {flavor.num_classes} classes")
@@ -213,7 +232,20 @@ Transform: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
 
 def _image_transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str,
                      transport: str) -> Transform:
-    return VitTransform(flavor, seed, rank, world, augment=augment, decode=decode, transport=transport)
+    if m.labelled:  # the reference transform; ImageTransform below is it with synthetic labels
+        return VitTransform(flavor, seed, rank, world, augment=augment, decode=decode, transport=transport)
+    return ImageTransform(flavor, seed, rank, world, labelled=False, augment=augment, decode=decode, transport=transport)
+
+
+def _text_transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str,
+                    transport: str) -> Transform:
+    return TextTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode, transport=transport)
+
+
+def _image_text_transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str,
+                          transport: str) -> Transform:
+    return ImageTextTransform(flavor, m.tokenizer_path, seed, rank, world, augment=augment, decode=decode,
+                              transport=transport)
 
 
 def _masked_image_text_transform(flavor: Flavor, m: Manifest, seed: int, rank: int, world: int, augment: bool, decode: str,
@@ -231,14 +263,19 @@ class InputKind:
     check: Callable[[Manifest, Flavor], str | None]
     #: the samples hold text: the shards' tokenizer is checked and its size recorded
     reads_text: bool
+    #: the samples hold images (the device normalises or decodes them)
+    reads_images: bool = True
 
 
-#: The loader's transform and checks by a family's ``inputs``: ``image`` (image and class label:
-#: ViT's), ``masked-image-text`` (FLAVA's pretraining inputs). ``text`` and ``image-text`` (the
-#: models-file families') get their rows with their transforms.
+#: The loader's transform and checks by a family's ``inputs``: ``image`` (an image and its class
+#: label: ViT's and a models-file image model's), ``masked-image-text`` (FLAVA's pretraining
+#: inputs), ``text`` (a caption's token ids: a causal LM) and ``image-text`` (an image and its
+#: caption's ids: a contrastive model), the last two from data/pair_transforms.py.
 INPUT_KINDS: dict[str, InputKind] = {
     "image": InputKind(_image_transform, _check_labels, reads_text=False),
     "masked-image-text": InputKind(_masked_image_text_transform, _check_tokenizer, reads_text=True),
+    "text": InputKind(_text_transform, _check_text_tokenizer, reads_text=True, reads_images=False),
+    "image-text": InputKind(_image_text_transform, _check_text_tokenizer, reads_text=True),
 }
 
 
@@ -345,6 +382,7 @@ def make_loader(
     # with_epoch on the LOADER (not the dataset): with several workers a per-dataset
     # epoch is per worker, and the total would be steps x workers.
     shard_loader = ShardLoader(loader.with_epoch(steps), steps, m, flavor, decoder, transport)
+    shard_loader.extra_attrs.update(getattr(transform, "record_attrs", dict)())  # label_source, where synthetic
     shard_loader.workers = workers
     return shard_loader
 

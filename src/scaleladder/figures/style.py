@@ -25,7 +25,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from scaleladder.figures.rungs import RungAttrs, num
-from scaleladder.models.family import Family, built_in
+from scaleladder.models.families import built_in
+from scaleladder.models.family import Family
 from scaleladder.results.record import Build, MaxBatch, Record, Spec
 from scaleladder.spec import SpecError, parse_strategy
 

@@ -1,7 +1,7 @@
 """The models: every flavor (``flavors.py``) built as a module whose ``forward(batch)`` is the loss.
 
-- ``family``: the model family interface (``Family``): build, blocks, init, batches, FLOPs; ``family_of(flavor)``.
-- ``families``: the built-in families, a module each (ViT, FLAVA): everything that differs by model, torch-free at import.
+- ``family``: the model family interface (``Family``): build, blocks, init, batches, FLOPs.
+- ``families``: the families by name (``family_of(flavor)``) and the built-in ones, a module each.
 - ``train_module``: ``TrainModule``, what every family builds: ``forward(batch) -> loss``.
 - ``build``: a flavor built through its family (``build_model``); the built-in families' modules (ViT, FLAVA).
 - ``init``: a model built on the meta device, materialised one module (FSDP unit) at a time.

@@ -159,7 +159,7 @@ def build_model(flavor: Flavor, device: str | torch.device = "cpu", codebook_wei
     ``flava_impl`` (models/flava_impl.py) is ignored by a family it does not apply to. Its default here
     is the package's own FLAVA, which the planner models and the wrapper tests (tests/test_parallelize.py)
     count gathers of; a rung builds what ``scaleladder run --flava-impl`` says (default ``sdpa``, flava_impl.DEFAULT)."""
-    from scaleladder.models.family import family_of
+    from scaleladder.models.families import family_of
 
     family = family_of(flavor)
     if codebook_weights is not None and not family.codebook_prefix:

@@ -45,11 +45,8 @@ name: ``codebook_weights`` (a local file for a family with a codebook) and ``fla
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
-
-from scaleladder.errors import SpecError
 
 if TYPE_CHECKING:
     import torch
@@ -95,6 +92,9 @@ class Family:
     uses_flava_impl: ClassVar[bool] = False
     #: A classifier whose logits a module named ``head`` gives: a convergence rung's held-out accuracy.
     classifier: ClassVar[bool] = False
+    #: Image inputs from shards without labels get synthetic ones (recorded: ``label_source``), so a
+    #: throughput can be measured on any images; False refuses such shards (ViT: the seed's classifier).
+    synthetic_labels: ClassVar[bool] = True
     #: The planner's stated host work: top-level aten ops per layer pass (planner/steptime.py).
     ops_per_layer_pass: ClassVar[int] = 0
     #: The planner's activation model for it: a key of planner/activations.py's ``MODELS`` ("": none).
@@ -166,42 +166,3 @@ class Family:
     def twin_passes(self, options: Options) -> bool:
         """Whether encoders run twice a step, once per input (TorchMultimodal's FLAVA: plain, then masked)."""
         return False
-
-
-#: The built-in families by name: "module:attribute" of the family object, imported when asked.
-BUILT_IN: Mapping[str, str] = {
-    "vit": "scaleladder.models.families.vit:FAMILY",
-    "flava": "scaleladder.models.families.flava:FAMILY",
-}
-
-_LOADED: dict[str, Family] = {}
-
-
-def family_of(flavor: Flavor) -> Family:
-    """The family that builds ``flavor``: a built-in one by name, or the one its models-file
-    entry makes (``flavor.entry``)."""
-    key = flavor.entry or flavor.family
-    found = _LOADED.get(key)
-    if found is None:
-        if flavor.entry:
-            from scaleladder.models.sources import family_for_entry
-
-            found = family_for_entry(flavor)
-        else:
-            found = _load(flavor.family)
-        _LOADED[key] = found
-    return found
-
-
-def built_in(name: str) -> Family | None:
-    """The built-in family called ``name``; None for any other name (a models-file source's)."""
-    return _load(name) if name in BUILT_IN else None
-
-
-def _load(name: str) -> Family:
-    where = BUILT_IN.get(name)
-    if where is None:
-        raise SpecError(f"unknown model family {name!r}; built in: {', '.join(BUILT_IN)}")
-    module, attr = where.split(":")
-    family: Family = getattr(importlib.import_module(module), attr)
-    return family

@@ -32,7 +32,7 @@ class Row:
 def entry_parameter_count(flavor: Flavor) -> int:
     """Parameters of a models-file entry, built on meta by its family (tied ones counted once)."""
     from scaleladder.models.build import count_parameters
-    from scaleladder.models.family import family_of
+    from scaleladder.models.families import family_of
 
     return count_parameters(family_of(flavor).build(flavor, "meta", {}))
 

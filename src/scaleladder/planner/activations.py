@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from scaleladder.errors import SpecError
 from scaleladder.flavors import Flavor
 from scaleladder.models.batch_layout import masked_counts
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.models.flava_impl import SDPA
 
 STATS = 8  # LayerNorm saves mean and rstd, fp32, per token

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from scaleladder.flavors import Flavor, get_flavor
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
+from scaleladder.spec import AnyKnobs, check_unit_layers
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaleladder.flavors import Flavor, get_flavor
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import recorded
 from scaleladder.models.flops import FlopCount

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.planner.activations import Call, Dtypes, codebook_transient, dtypes, input_bytes
 from scaleladder.planner.static import Sharding, fsdp_param_bytes, sharding, step_transient_bytes, storage_bytes
 from scaleladder.planner.step_setup import StepSetup, lowp_params

@@ -253,6 +253,8 @@ class Loader(Section):
     loader_cpu_s_per_batch = attr("s", "the loader's host cost: the workers' CPU seconds per batch, timed steps' mean")
     loader_workers_auto = attr("", "--workers auto: what the count was chosen from (cores per rank, per-worker rate)")
     loader_worker_cores = attr("count", "cores the workers were bound to, the rank's own kept free (0: unbound)")
+    label_source = attr("", "`synthetic`: the shards had no labels and the image model trained on labels drawn from each "
+                            "sample's key (its throughput holds, its accuracy means nothing); absent: the shards' own labels")
 
 
 class Profiling(Section):

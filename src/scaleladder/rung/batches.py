@@ -29,7 +29,7 @@ from torch import Tensor
 
 from scaleladder.flavors import Flavor
 from scaleladder.models.batch_layout import SYNTHETIC_POOL
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 
 
 def synthetic_batch(flavor: Flavor, local_batch: int, rank: int, step: int, seed: int) -> dict[str, Tensor]:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaleladder.models.build import TrainModule
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.planner.static import fsdp1_use_orig_params
 from scaleladder.rung.precision import PrecisionPolicy
 from scaleladder.rung.unused_params import freeze_unused

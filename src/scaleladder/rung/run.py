@@ -31,7 +31,7 @@ from scaleladder.flavors import Flavor
 # functions import torch themselves; tests/test_startup.py checks that importing this module
 # loads no torch.
 from scaleladder.log import get_logger
-from scaleladder.models.family import family_of  # torch-free: the family's methods import torch themselves
+from scaleladder.models.families import family_of  # torch-free: the family's methods import torch themselves
 from scaleladder.rung import startup
 from scaleladder.rung.oom_record import EXIT_OOM, oom_marker, write_oom_record
 from scaleladder.rung.run_config import RunConfig, config_from_args

@@ -177,7 +177,7 @@ class RunConfig:
 
     def attrs(self) -> dict[str, Any]:
         """The spec and these settings as record attributes (results/record.py: Spec, Settings)."""
-        from scaleladder.models.family import family_of
+        from scaleladder.models.families import family_of
         from scaleladder.models.flava_impl import recorded
         from scaleladder.results.record import Settings as S
 
@@ -267,7 +267,7 @@ def config_from_args(a: argparse.Namespace, config: type[RunConfig] = RunConfig)
     weights = values["codebook_weights"]
     if weights and not Path(weights).is_file():
         raise SpecError(f"--codebook-weights {weights!r}: no such file")
-    from scaleladder.models.family import family_of  # torch-free
+    from scaleladder.models.families import family_of  # torch-free
 
     if weights and not family_of(get_flavor(spec.model)).codebook_prefix:  # a family with a codebook: FLAVA's
         raise SpecError(f"--codebook-weights applies to FLAVA flavors only, not {spec.model}")

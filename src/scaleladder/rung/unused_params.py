@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from scaleladder.models.build import TrainModule
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 
 
 def freeze_unused(model: TrainModule) -> int:

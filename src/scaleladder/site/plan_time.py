@@ -17,7 +17,7 @@ from typing import Any
 
 from scaleladder.errors import SpecError
 from scaleladder.flavors import get_flavor
-from scaleladder.models.family import family_of
+from scaleladder.models.families import family_of
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import parse_flava_impl
 from scaleladder.planner.memory import Device, predict

@@ -31,6 +31,7 @@ class VitFamily(Family):
     analytic: ClassVar[bool] = True
     throughput_unit: ClassVar[str] = "images/s"  # the ViT seed counts images
     classifier: ClassVar[bool] = True
+    synthetic_labels: ClassVar[bool] = False  # unlabelled shards are refused, as they always were
     ops_per_layer_pass: ClassVar[int] = 126  # stated: planner/steptime.py's docstring
     activations: ClassVar[str] = "vision-transformer"  # planner/activations.py: vit_calls
 

@@ -20,7 +20,6 @@ itself is read torch-free (``models/models_file.py``).
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING
 
 from scaleladder.errors import SpecError
@@ -31,12 +30,6 @@ if TYPE_CHECKING:
 
 #: source -> the package its entries need (None: the user's own code)
 _NEEDS = {"timm": "timm", "transformers": "transformers", "python": None}
-
-
-def offline() -> None:
-    """No hub access for transformers: models are built from their configs, never downloaded."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
 def family_for_entry(flavor: Flavor) -> Family:
@@ -53,6 +46,8 @@ def family_for_entry(flavor: Flavor) -> Family:
         raise SpecError(f"model {flavor.name!r}: unknown source {source!r} (one of {', '.join(_NEEDS)})")
     package = _NEEDS[source]
     if source == "transformers":
+        from scaleladder.models.sources.transformers import offline
+
         offline()  # before transformers is imported: it reads them then
     if package is not None:
         try:

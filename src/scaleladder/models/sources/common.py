@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import scaleladder.models.sources.meta_init as meta_init
 from scaleladder.errors import SpecError
 from scaleladder.flavors import Flavor
 from scaleladder.models.batch_layout import FIRST_WORD
-from scaleladder.models.build import TrainModule
 from scaleladder.models.family import Family
 from scaleladder.models.models_file import BOS_ID, EOS_ID, PAD_ID
-from scaleladder.models.sources import meta_init
+from scaleladder.models.train_module import TrainModule
 
 # The project tokenizer's special ids (models_file.py says why these).
 BOS = BOS_ID  # [CLS]

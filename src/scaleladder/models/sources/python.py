@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from scaleladder.flavors import Flavor
-    from scaleladder.models.build import TrainModule
     from scaleladder.models.flops import FlopCount
+    from scaleladder.models.train_module import TrainModule
 
 #: What a user's family must define itself (models/family.py's docstring)
 REQUIRED = ("build", "block_classes", "synthetic_sample")

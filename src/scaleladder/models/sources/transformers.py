@@ -24,6 +24,7 @@ instances sit in an ``nn.ModuleList`` (``_no_split_modules`` alone also names em
 from __future__ import annotations
 
 import difflib
+import os
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -31,11 +32,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+import scaleladder.models.sources.meta_init as meta_init
 from scaleladder.errors import SpecError
 from scaleladder.flavors import Flavor
 from scaleladder.models.family import Inputs
 from scaleladder.models.models_file import TASKS
-from scaleladder.models.sources import meta_init
 from scaleladder.models.sources.common import (
     DEFAULT_LOGIT_SCALE,
     TEXT_IDS,
@@ -56,9 +57,13 @@ AUTO_CLASS: Mapping[str, str] = {
 }
 
 
-def _transformers() -> Any:
-    from scaleladder.models.sources import offline
+def offline() -> None:
+    """No hub access for transformers: models are built from their configs, never downloaded."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+
+def _transformers() -> Any:
     offline()
     import transformers
 
