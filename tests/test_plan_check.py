@@ -2,7 +2,7 @@
 
 Each case builds the model on FAKE CPU tensors, wraps it with the runner's ladder, and runs two
 training steps of the runner's own step under torch's ``MemTracker`` (``FSDPMemTracker`` for FSDP2,
-on the fake process group as rank 0 of 8), then compares the second step's peak and the static
+on the fake process group as rank 0 of 8 or 16; FSDP1, HYBRID and DDP too), then compares the second step's peak and the static
 categories with ``scaleladder plan`` (scaleladder.campaign.plan_check). One case per mechanism: plain
 single-rank training, activation checkpointing under autocast (a term since fixed: 5.4% over
 the tracker before the fix at this batch), FSDP2 sharding with AC. The full matrix (vit-base and
@@ -32,6 +32,12 @@ CASES = [
     ("vit-base/single/bf16-mixed/pre-lag/n1/b8", 1),
     ("vit-base/single-ac/bf16-mixed/pre-lag/n1/b32", 1),  # autocast copies under non-reentrant AC
     ("vit-base/fsdp2-full-ac/bf16-mixed/pf0/n1/b32", 8),  # FSDP2 on the fake process group
+    # Every wrapper at a CI-sized world (the campaign's are 8-64; the same code at world 64: docs/planner.md).
+    # dev-cpu, vit-base b8: fsdp-full +0.6%, fsdp-hybrid8 +0.6%, ddp +1.2%, fsdp2-hybrid8 -1.0%, 3-13 s each.
+    ("vit-base/fsdp-full/bf16-mixed/pre-lag/n1/b8", 8),  # FSDP1 sharded: its gathered flat params mapped
+    ("vit-base/fsdp-hybrid8/bf16-mixed/pre-lag/n2/b8", 16),  # FSDP1 HYBRID on a 2-D mesh made before fake mode
+    ("vit-base/ddp/bf16-mixed/pre-lag/n1/b8", 8),  # DDP: init_sync=False, a comm hook, no bucket rebuild
+    ("vit-base/fsdp2-hybrid8/bf16-mixed/pf0/n2/b8", 16),  # FSDP2 HSDP
     # The sdpa FLAVA (what a rung builds): fused attention, batched twin passes, sync-free heads
     # over every token. TorchMultimodal's own FLAVA cannot run on fake tensors (its boolean-mask
     # indexing). Measured +0.5% on dev-cpu (its FSDP1 rungs: docs/planner.md, "Validation").

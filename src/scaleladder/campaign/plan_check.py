@@ -2,9 +2,11 @@
 
 :func:`measure` builds a rung's full-size model on FAKE tensors (no storage), wraps it with
 the runner's own apply_strategy, optimizer and scaler, and runs two real training steps of the
-runner's step under ``MemTracker`` (``FSDPMemTracker`` for FSDP2, on the fake process group as
-rank 0 of ``world``); the second step's peak and static categories are compared with
-:func:`scaleladder.planner.memory.predict`. The traps met are ``TRAP:`` comments where each is
+runner's step under ``MemTracker`` (``FSDPMemTracker`` for FSDP2), on the fake process group as
+rank 0 of ``world``, for every wrapper: FSDP1 at any sharding (HYBRID on its 2-D mesh), FSDP2, DDP
+(:func:`_wrapping`); the second step's peak and static categories are compared with
+:func:`scaleladder.planner.memory.predict`, and its collectives' bytes counted (:class:`Collectives`).
+:func:`build_and_wrap` builds and wraps only (``scaleladder rehearse``: campaign/rehearse.py). The traps met are ``TRAP:`` comments where each is
 handled. Why, results and limits: docs/planner.md, "Validation" ("Held against PyTorch's
 MemTracker").
 """
@@ -15,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scaleladder.models.flava_impl import SDPA
 from scaleladder.spec import RunSpec, SpecError
@@ -145,12 +147,32 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
     from scaleladder.planner.step_setup import Variant
 
     if spec.batch == "max":
-        raise SpecError(f"{spec.path}: the planner check covers single, FSDP1 on one rank and FSDP2 at a fixed batch")
+        raise SpecError(f"{spec.path}: the planner check covers a fixed batch, not 'max'")
     t0 = time.perf_counter()
     steps = run_steps(spec, world, int(spec.batch), flava_impl)
     pred = predict(spec, world, world, "cpu", variant=Variant(flava_impl=flava_impl))
-    return Check(spec.path, world, steps.peak_total, int(pred.peak_bytes), steps.categories(),
+    tracked = fsdp1_categories(steps) if spec.strategy.is_fsdp1 else steps.categories()
+    return Check(spec.path, world, steps.peak_total, int(pred.peak_bytes), tracked,
                  {k: int(v) for k, v in pred.breakdown.items() if k != "overhead"}, time.perf_counter() - t0)
+
+
+#: Where FSDP1's gathered flat parameters go among the tracker's categories (:func:`fsdp1_categories`).
+GATHERED = "Parameter (gathered)"
+
+
+def fsdp1_categories(steps: Steps) -> dict[str, int]:
+    """The tracker's categories at the peak, FSDP1's parameters split in two. TRAP: torch's generic
+    ``MemTracker`` files a unit's gathered (unsharded) flat parameter as "Parameter", beside the shard
+    (``FSDPMemTracker``, which tells them apart, is FSDP2's only). At the optimizer step every unit is
+    resharded, so the "Parameter" seen there is the shards, the planner's ``params``; what the peak holds
+    above it is gathered, :data:`GATHERED`, part of the planner's ``buffers`` (docs/planner.md)."""
+    cats = steps.categories()
+    sharded = steps.phases.get(PHASES[1], {}).get("Parameter", cats.get("Parameter", 0))
+    gathered = cats.get("Parameter", 0) - sharded
+    if gathered > 0:
+        cats["Parameter"] = sharded
+        cats[GATHERED] = gathered
+    return cats
 
 
 #: The two phases of a step whose peaks :func:`run_steps` keeps apart: forward and backward (up to
@@ -178,6 +200,7 @@ class Steps:
     forward_flops: float = 0.0
     aten_ops: int = 0
     width: float = 0.0
+    collectives: dict[str, int] = field(default_factory=dict)  # bytes per kind of collective, the second step
 
     @property
     def peak_phase(self) -> str:
@@ -217,19 +240,20 @@ def run_steps(spec: RunSpec, world: int, batch: int, flava_impl: str = SDPA, cou
         # a nonzero, whose output size fake tensors cannot know. The sdpa FLAVA's losses select by labels.
         raise SpecError(f"{spec.model}: the planner check does not cover FLAVA --flava-impl {flava_impl} (its masked "
                         "indexing is a nonzero whose size fake tensors cannot know; docs/planner.md)")
-    # TRAP: DDP cannot be built on fake tensors: its constructor verifies and broadcasts the parameters
-    # and its reducer makes its buckets, all reading tensor data ("data is not allocated yet").
-    if spec.strategy.compile or spec.strategy.wrapper == "ddp" or spec.strategy.is_fsdp1 and world > 1:
-        raise SpecError(f"{spec.path}: the planner check covers single, FSDP1 on one rank and FSDP2 at a fixed batch")
+    if spec.strategy.compile:
+        # TRAP: inductor refuses fake tensors on the meta/CPU mix; a compiled rung is built and wrapped
+        # only (:func:`build_and_wrap`), its memory planned as its eager rung's.
+        raise SpecError(f"{spec.path}: the planner check traces eager rungs at a fixed batch; a -compile rung "
+                        "can be built and wrapped on fake tensors, not traced (inductor refuses them)")
     spec.strategy.check_world(world)
     if family.freezes_unused:
         unused_parameter_names(family.name)  # the probe runs before any process group (rung.unused_params)
     device = torch.device("cpu")
     prec = policy(spec.precision)
-    with _group(world):
-        mesh_patch = _premade_meshes(spec, world)
+    comm = Collectives()
+    with _group(world), _wrapping(spec, world, comm):
         model = _build(flavor, "meta" if fake else "cpu", flava_impl)
-        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), mesh_patch:
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
             if fake:
                 _fake_materialize(model, device)
                 model.to = lambda *a, **k: model  # type: ignore[method-assign]  # already on the device (see _fake_materialize)
@@ -260,13 +284,170 @@ def run_steps(spec: RunSpec, world: int, batch: int, flava_impl: str = SDPA, cou
                 tracker.track_inputs(tuple(pool))
             phases: dict[str, dict[str, int]] = {}
             _no_hooks_on_frozen(tracker, wrapped)
-            with tracker, _phase_split(tracker, optimizer, phases):  # the second step: the steady state
+            with tracker, _phase_split(tracker, optimizer, phases), comm.counting():  # the second step: the steady state
                 step(pool[1 % len(pool)])
-            out = Steps(batch, phases, _moments(tracker), sum(_local_numel(p) for p in wrapped.parameters() if p.requires_grad))
+            out = Steps(batch, phases, _moments(tracker), sum(_local_numel(p) for p in wrapped.parameters() if p.requires_grad),
+                        collectives=dict(comm.bytes))
             tracker.reset_mod_stats()
             if count:
                 _count(step, pool[0], out)
     return out
+
+
+#: The c10d ops a step's collectives reach the dispatcher as (FSDP1: ``allgather_`` and
+#: ``_reduce_scatter_base_``, ``allreduce_`` across HYBRID's replicas and for NO_SHARD; FSDP2:
+#: ``_allgather_base_`` and ``_reduce_scatter_base_``), each to the kind the planner prices.
+C10D_KINDS = {"allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+              "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+              "reduce_scatter_tensor_coalesced_": "reduce_scatter", "allreduce_": "all_reduce",
+              "allreduce_coalesced_": "all_reduce"}
+
+
+class Collectives:
+    """The bytes of every collective a step issues, per kind (:data:`C10D_KINDS`'s values): the FULL
+    side of each (a gather's output, a reduce-scatter's input, an all-reduce's tensor), as the planner
+    prices them (planner/steptime.py's FSDP and DDP stages). FSDP's are seen by a dispatch mode on the
+    c10d ops; DDP's in its comm hook (:func:`_wrapping`), which reduces through no c10d op of its own."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.active = False
+
+    def add(self, kind: str, n: int) -> None:
+        if self.active:
+            self.bytes[kind] = self.bytes.get(kind, 0) + int(n)
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class _Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func: _Op, types: object, args: tuple[object, ...] = (),
+                                   kwargs: dict[str, object] | None = None) -> object:
+                name = func._schema.name
+                if name.startswith("c10d::") and name[6:] in C10D_KINDS:
+                    outer.add(C10D_KINDS[name[6:]], max(_nbytes(a) for a in args[:2]))
+                return func(*args, **(kwargs or {}))
+
+        self.active = True
+        try:
+            with _Count():  # type: ignore[no-untyped-call]  # torch's mode has an untyped __init__
+                yield
+        finally:
+            self.active = False
+
+
+class _Op(Protocol):
+    _schema: _Schema
+
+    def __call__(self, *args: object, **kwargs: object) -> object: ...
+
+
+class _Schema(Protocol):
+    name: str
+
+
+def _nbytes(x: object) -> int:
+    """Bytes of the tensors in ``x`` (a tensor, or lists of them); 0 for anything else."""
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    numel, size = getattr(x, "numel", None), getattr(x, "element_size", None)
+    return int(numel()) * int(size()) if callable(numel) and callable(size) else 0
+
+
+@contextlib.contextmanager
+def _wrapping(spec: RunSpec, world: int, comm: Collectives | None = None) -> Iterator[None]:
+    """What apply_strategy needs to wrap ``spec`` on fake tensors as rank 0 of ``world``: the meshes made
+    before fake mode (:func:`_premade_meshes`); for DDP, ``init_sync=False`` and a comm hook.
+
+    TRAP: DDP's constructor broadcasts and verifies the parameters, reading their data ("data is not
+    allocated yet" on fake tensors): ``init_sync=False`` skips it. TRAP: the fake group's all-reduce
+    future holds None, and c10d asserts on it when the bucket is read back: the hook returns the
+    bucket's own buffer (what an all-reduce of equal replicas' mean would hold), counting its bytes."""
+    import torch
+    import torch.nn.parallel as par
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_premade_meshes(spec, world))
+        if spec.strategy.wrapper == "ddp":
+            real = par.DistributedDataParallel
+
+            from torch._C._distributed_c10d import GradBucket
+
+            def hook(_state: object, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+                buf = bucket.buffer()
+                if comm is not None:
+                    comm.add("all_reduce", buf.numel() * buf.element_size())
+                fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+                fut.set_result(buf)
+                return fut
+
+            # TRAP: DDP checks the hook's annotations against the classes themselves, and this module's
+            # are strings (``from __future__ import annotations``): given as the classes here.
+            hook.__annotations__ = {"bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+            def ddp(module: torch.nn.Module, *a: object, **k: object) -> torch.nn.Module:
+                k.setdefault("init_sync", False)
+                wrapped = real(module, *a, **k)  # type: ignore[arg-type]
+                wrapped.register_comm_hook(None, hook)
+                wrapped.reducer = _NoRebuild(wrapped.reducer)  # type: ignore[assignment]
+                return wrapped
+
+            stack.enter_context(_patched(par, "DistributedDataParallel", ddp))
+        yield
+
+
+class _NoRebuild:
+    """DDP's reducer, but for the rebuild of its buckets in the second forward (autograd's order of the
+    first backward), which it skips. TRAP: the rebuild broadcasts the new bucket indices from rank 0 and
+    reads them back ("data is not allocated yet" on fake tensors). The buckets keep the constructor's
+    order (the parameters reversed), the same sizes and bytes; what the rebuild changes is their order."""
+
+    def __init__(self, reducer: object) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._reducer, name)
+
+
+def build_and_wrap(spec: RunSpec, world: int, flava_impl: str = SDPA) -> str:
+    """Build ``spec``'s full-size model on fake tensors and wrap it with the runner's apply_strategy as
+    rank 0 of ``world`` on the fake process group: no step. What ``scaleladder rehearse`` does to every
+    rung (a -compile one included: torch.compile wraps lazily). Returns what the wrap reports."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from scaleladder.flavors import get_flavor
+    from scaleladder.models.families import family_of
+    from scaleladder.rung.parallelize import apply_strategy
+    from scaleladder.rung.precision import policy
+    from scaleladder.rung.unused_params import unused_parameter_names
+
+    flavor = get_flavor(spec.model)
+    family = family_of(flavor)
+    spec.strategy.check_world(world)
+    if family.freezes_unused:
+        unused_parameter_names(family.name)
+    device = torch.device("cpu")
+    prec = policy(spec.precision)
+    with _group(world), _wrapping(spec, world):
+        model = _build(flavor, "meta", flava_impl)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            _fake_materialize(model, device)
+            model.to = lambda *a, **k: model  # type: ignore[method-assign]
+            if prec.storage_dtype != torch.float32:
+                for p in model.parameters():
+                    p.data = p.data.to(prec.storage_dtype)
+            _, report = apply_strategy(model, spec.strategy, spec.knobs, prec, device)
+    parts = [f"{report.fsdp_units} FSDP units" if report.fsdp_units else "",
+             f"{report.ac_layers} AC layers" if report.ac_layers else "",
+             f"{report.compiled_layers} compiled blocks" if report.compiled_layers else ""]
+    return ", ".join(p for p in parts if p) or "wrapped"
 
 
 def _build(flavor: Flavor, device: str, flava_impl: str) -> TrainModule:
@@ -285,23 +466,25 @@ def _pool(flavor: Flavor, batch: int, device: Any, dtype: Any) -> list[dict[str,
     return SyntheticBatches(flavor, batch, 0, SYNTHETIC_POOL, 0, device, dtype=dtype).pool
 
 
-def _premade_meshes(spec: RunSpec, world: int) -> contextlib.AbstractContextManager[Any]:
-    """FSDP2's device meshes, made now. TRAP: init_device_mesh must run before fake mode;
-    apply_strategy asks for it inside."""
-    if not spec.strategy.is_fsdp2:
+def _premade_meshes(spec: RunSpec, world: int) -> contextlib.AbstractContextManager[None]:
+    """The device meshes apply_strategy will ask for (FSDP2's; FSDP1's 2-D HYBRID mesh), made now.
+    TRAP: init_device_mesh must run before fake mode; apply_strategy asks for it inside. FSDP1 HYBRID
+    must be given its mesh: without one it sizes its intra-node group from ``device_count()``."""
+    fsdp1_hybrid = spec.strategy.is_fsdp1 and spec.strategy.sharding == "hybrid" and (spec.strategy.group or 1) > 1
+    if not spec.strategy.is_fsdp2 and not fsdp1_hybrid:
         return contextlib.nullcontext()
     import torch.distributed.device_mesh as dm
 
     real = dm.init_device_mesh
-    meshes: dict[Any, Any] = {}
-    shapes: list[tuple[tuple[int, ...], tuple[str, ...]]] = [((world,), ("shard",))]
+    meshes: dict[tuple[tuple[int, ...], tuple[str, ...]], object] = {}
+    shapes: list[tuple[tuple[int, ...], tuple[str, ...]]] = [] if fsdp1_hybrid else [((world,), ("shard",))]
     if spec.strategy.sharding == "hybrid":
         group = spec.strategy.group or 1
         shapes.append(((world // group, group), ("replicate", "shard")))
     for shape, names in shapes:
         meshes[(shape, names)] = real("cpu", shape, mesh_dim_names=names)
 
-    def premade(device_type: str, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None = None) -> Any:
+    def premade(device_type: str, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None = None) -> object:
         key = (tuple(shape), tuple(mesh_dim_names or ()))
         if key not in meshes:
             raise SpecError(f"{spec.path}: the planner check makes the meshes {sorted(meshes)} only, not {shape}")
