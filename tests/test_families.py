@@ -124,3 +124,26 @@ def test_counted_flops_are_the_analytic_count_on_vit(recompute: bool) -> None:
     counted = counted_flops(model, [b for s in family.stacks(model) for b in s], synthetic_batch(flavor, 4, 0, 0, 0),
                             recompute, flavor.name)
     assert counted == pytest.approx(vit_flops(flavor, recompute))
+
+
+def test_a_depthwise_convolutions_weight_gradient_is_counted_with_its_groups() -> None:
+    """torch's FlopCounterMode counts a grouped convolution's weight gradient over every channel pair
+    (groups times over); the count a family without an analytic one gets counts it as the forward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from scaleladder.models.flops import _conv_backward_flops
+
+    backward = {}
+    for groups in (1, 64):
+        conv = torch.nn.Conv2d(64, 64, 7, padding=3, groups=groups)
+        x = torch.randn(2, 64, 16, 16, requires_grad=True)
+        counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flops})
+        with counter:
+            y = conv(x)
+            forward = counter.get_total_flops()
+            y.sum().backward()
+        backward[groups] = (forward, counter.get_total_flops() - forward)
+    for forward, back in backward.values():
+        assert back == 2 * forward  # input gradient + weight gradient, each what the forward multiplies
+    assert backward[1][0] == 64 * backward[64][0]

@@ -32,7 +32,7 @@ by :func:`counted_flops`, with FlopCounterMode, on the meta device.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -135,11 +135,14 @@ def counted_flops(model: nn.Module, blocks: Sequence[nn.Module], first: Mapping[
     """FLOPs per sample of a family with no analytic count, counted by torch's FlopCounterMode.
 
     How: ``model`` is the rung's model built again on the meta device (no memory; the caller,
-    rung/run.py, builds it with the RNG forked), every parameter and buffer moved there; it runs
-    one forward and one backward on the first batch moved there too (floats as fp32: a FLOP
-    count does not depend on the dtype), once, before the timed loop. Meta tensors carry shapes
-    only, so this costs the model's Python and nothing on the device, and it leaves the rung's
-    model, its gradients and its batches untouched. ``blocks``: the outermost blocks (the
+    rung/run.py, builds it with the RNG forked), every parameter and buffer then made an empty
+    FAKE CPU tensor; it runs one forward and one backward on the first batch as fake tensors too
+    (floats as fp32: a FLOP count does not depend on the dtype), once, before the timed loop.
+    Fake tensors carry shapes only, so this costs the model's Python and nothing on the device,
+    and it leaves the rung's model, its gradients and its batches untouched. Fake, not meta: a
+    library's data-dependent branch guarded by "is this tracing?" (transformers' packed-sequence
+    check, ``.all()`` on the position ids) takes its tracing path on a fake tensor, and calls
+    ``.item()`` on a meta one, which fails. ``blocks``: the outermost blocks (the
     family's ``stacks``), whose forward FLOPs a recompute repeats.
 
     What is counted: FlopCounterMode's table (matrix products, convolutions, attention kernels;
@@ -151,11 +154,14 @@ def counted_flops(model: nn.Module, blocks: Sequence[nn.Module], first: Mapping[
     meta: a SpecError says so, and that family must define ``flops()``.
     """
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch = {k: v.to("meta", torch.float32) if v.is_floating_point() else v.to("meta") for k, v in first.items()}
-    samples = len(next(iter(batch.values())))
-    counter = FlopCounterMode(display=False)
+    from scaleladder.models.init import materialize_empty
+
+    cpu = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().to("cpu") for k, v in first.items()}
+    samples = len(next(iter(cpu.values())))
+    counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
     in_blocks: list[float] = []
     hooks = []
     for block in blocks:
@@ -163,18 +169,75 @@ def counted_flops(model: nn.Module, blocks: Sequence[nn.Module], first: Mapping[
         hooks.append(block.register_forward_pre_hook(lambda *_, s=start: s.append(counter.get_total_flops())))
         hooks.append(block.register_forward_hook(lambda *_, s=start: in_blocks.append(counter.get_total_flops() - s.pop())))
     try:
-        model.to("meta").train()
-        with counter:
-            loss = model(batch)
-            forward = float(counter.get_total_flops())
-            for h in hooks:
-                h.remove()
-            loss.backward()
+        with FakeTensorMode() as fake:
+            materialize_empty(model, "cpu").train()
+            batch = {k: fake.from_tensor(v) for k, v in cpu.items()}
+            with counter:
+                loss = model(batch)
+                forward = float(counter.get_total_flops())
+                for h in hooks:
+                    h.remove()
+                loss.backward()
     except Exception as e:  # the model's own code on meta tensors: name the model and what failed, one line
         first_line = (str(e).strip().splitlines() or [""])[0][:200]
-        raise SpecError(f"model {name}: its FLOPs could not be counted on the meta device ({type(e).__name__}: "
+        raise SpecError(f"model {name}: its FLOPs could not be counted on fake tensors ({type(e).__name__}: "
                         f"{first_line}); its family must define flops() (models/family.py)") from None
     total = float(counter.get_total_flops())
     again = sum(in_blocks) if recompute else 0.0
     return FlopCount(model=total / samples, hardware=(total + again) / samples,
                      forward=forward / samples)
+
+
+def flop_formulas() -> dict[object, Callable[..., int]]:
+    """FlopCounterMode's table, corrected and completed: a grouped convolution's weight gradient
+    counted with its groups (:func:`_conv_backward_flops`), and the CPU's fused attention kernel,
+    which torch's table leaves out (a fake or real CPU run would count no attention): its forward
+    as the GPU's SDPA kernels are, its backward as twice that (:func:`_attention_backward_flops`)."""
+    import torch
+    from torch.utils import flop_counter as fc
+
+    def as_registered(formula: Callable[..., int]) -> Callable[..., int]:
+        # torch's own formulas are registered already wrapped (tensors -> shapes): marked raw, so that
+        # FlopCounterMode passes them the tensors instead of wrapping them again
+        def count(*args: object, **kwargs: object) -> int:
+            return int(formula(*args, **kwargs))
+
+        count._get_raw = True  # type: ignore[attr-defined]
+        return count
+
+    aten = torch.ops.aten
+    return {aten.convolution_backward: _conv_backward_flops,
+            aten._scaled_dot_product_flash_attention_for_cpu: as_registered(fc.sdpa_flop),
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops}
+
+
+def _attention_backward_flops(grad_out_shape: list[int], query_shape: list[int], key_shape: list[int],
+                              value_shape: list[int], *args: object, **kwargs: object) -> int:
+    """The CPU fused attention's backward: twice its forward, the two gradients of each of its two
+    products, as this module counts every matrix product's backward (and as the analytic counts
+    do). torch counts a flash kernel's backward with the recomputed scores (2.5x): what a GPU's
+    flash kernel runs, not the model's work; a recompute is HFU's, and then of the whole block."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return 2 * int(sdpa_flop_count(query_shape, key_shape, value_shape))
+
+
+def _conv_backward_flops(grad_out_shape: list[int], x_shape: list[int], w_shape: list[int], bias: object, stride: object,
+                         padding: object, dilation: object, transposed: bool, output_padding: object, groups: int,
+                         output_mask: list[bool], out_shape: tuple[list[int], ...], **kwargs: object) -> int:
+    """A convolution's backward as torch counts it, its weight gradient counted with the groups.
+
+    TRAP: torch.utils.flop_counter counts a weight gradient as a convolution of the input with
+    the output's gradient over every input and output channel, ignoring ``groups``: a depthwise
+    convolution's (ConvNeXt's 7x7, groups = channels) is counted ``groups`` times over, 64x for 64
+    channels. A weight gradient multiplies what the forward multiplies, so it is counted as the
+    forward is (the grouped weight's shape says its channels). The input gradient is torch's
+    count (a transposed convolution over the same grouped weight: right)."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    flops = 0
+    if output_mask[0]:
+        flops += conv_flop_count(grad_out_shape, w_shape, list(out_shape[0]), not transposed)
+    if output_mask[1]:
+        flops += conv_flop_count(x_shape, w_shape, grad_out_shape, transposed)  # the forward's count
+    return flops

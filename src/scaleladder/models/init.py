@@ -107,3 +107,24 @@ def materialize(root: nn.Module, device: torch.device, loaded: Mapping[str, Tens
     for module in list(root.modules()):
         init(module)
     return root
+
+
+def materialize_empty(root: nn.Module, device: torch.device | str) -> nn.Module:
+    """Each meta parameter and buffer of ``root`` replaced by an EMPTY tensor on ``device``: for
+    fake-tensor runs (FLOP counts, memory traces), made inside ``FakeTensorMode``, where values
+    do not matter and init functions such as ``trunc_normal_`` would raise.
+
+    TRAP: ``to_empty``/``to`` go through ``Module._apply``, which must swap fake parameters and
+    fails ("Couldn't swap Conv2d.weight"). And a tied parameter (FLAVA's MLM/MIM head biases)
+    must stay one parameter, or FSDP1 meets a unit mixing frozen and trainable ones."""
+    made: dict[int, nn.Parameter] = {}
+    for m in root.modules():
+        for name, p in list(m.named_parameters(recurse=False)):
+            if id(p) not in made:
+                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad)
+            setattr(m, name, made[id(p)])
+        for name, b in list(m.named_buffers(recurse=False)):
+            # by shape, not empty_like: a meta or real tensor is not a fake mode's input
+            m._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)
+    return root
+
