@@ -39,6 +39,7 @@ class Check:
     tracked: dict[str, int] = field(default_factory=dict)  # the tracker's categories at its peak
     planned: dict[str, int] = field(default_factory=dict)  # the planner's breakdown at its peak
     seconds: float = 0.0
+    collectives: dict[str, int] = field(default_factory=dict)  # bytes per kind, the second step (Collectives)
 
     @property
     def error(self) -> float:
@@ -153,7 +154,63 @@ def measure(spec: RunSpec, world: int = 1, flava_impl: str = SDPA) -> Check:
     pred = predict(spec, world, world, "cpu", variant=Variant(flava_impl=flava_impl))
     tracked = fsdp1_categories(steps) if spec.strategy.is_fsdp1 else steps.categories()
     return Check(spec.path, world, steps.peak_total, int(pred.peak_bytes), tracked,
-                 {k: int(v) for k, v in pred.breakdown.items() if k != "overhead"}, time.perf_counter() - t0)
+                 {k: int(v) for k, v in pred.breakdown.items() if k != "overhead"}, time.perf_counter() - t0,
+                 steps.collectives)
+
+
+def planned_collectives(spec: RunSpec, world: int) -> dict[str, int]:
+    """The bytes per kind of collective the planner prices for one step of ``spec`` on ``world`` ranks:
+    planner/steptime.py's FSDP and DDP stages, walked for their volumes (the full side of each
+    collective, as :class:`Collectives` counts them) instead of their times."""
+    from scaleladder.flavors import get_flavor
+    from scaleladder.planner.static import fsdp_param_bytes, sharding, storage_bytes
+    from scaleladder.planner.step_setup import step_setup
+    from scaleladder.planner.steptime import layer_passes
+
+    out: dict[str, int] = {}
+
+    def add(kind: str, n: float) -> None:
+        if n:
+            out[kind] = out.get(kind, 0) + int(n)
+
+    if world == 1 or spec.strategy.wrapper == "single":
+        return out
+    setup = step_setup(spec.model, spec.strategy, spec.precision, spec.knobs, world)
+    if spec.strategy.wrapper == "ddp":
+        add("all_reduce", setup.inv.trainable_numel * storage_bytes(spec.precision))
+        return out
+    sh = sharding(setup.strategy, world)
+    gbytes = setup.variant.gathered_param_bytes or fsdp_param_bytes(setup.precision)
+    rbytes = 4 if setup.precision in ("bf16-mixed", "fp16-mixed") else storage_bytes(setup.precision)
+
+    def gather(kind: str) -> None:
+        if sh.sharded:
+            add("all_gather", setup.unit_full.get(kind, 0) * gbytes)
+
+    def reduce(kind: str) -> None:
+        n = setup.grad_full.get(kind, 0) * rbytes
+        if not sh.sharded:
+            add("all_reduce", n)
+            return
+        add("reduce_scatter", n)
+        if world // sh.group > 1:
+            add("all_reduce", n / sh.group)
+
+    gather("root")
+    if setup.inv.codebook:
+        gather("codebook")
+    passes = layer_passes(get_flavor(spec.model))
+    seen: set[str] = set()
+    for unit, _ in passes:
+        if sh.reshard_after_forward or unit not in seen:
+            gather("layer")
+        seen.add(unit)
+    for _unit in {u for u, _ in passes}:  # the backward regathers (resharded) and reduces each unit once
+        if sh.reshard_after_forward:
+            gather("layer")
+        reduce("layer")
+    reduce("root")
+    return out
 
 
 #: Where FSDP1's gathered flat parameters go among the tracker's categories (:func:`fsdp1_categories`).
