@@ -63,3 +63,22 @@ def test_bad_input_is_one_line_and_exit_2(config: str, message: str, capsys: pyt
     assert cli(["rehearse", "--profile", "frontier", "--no-trace", "--config", config]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_doctor_rehearse_turns_each_failure_into_a_fatal_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from scaleladder.campaign import rehearse as rehearse_mod
+    from scaleladder.site import doctor
+
+    def fake(profile: str, repo: object, out: object, jobs: int = 1) -> int:
+        for line in ("ok   a at world 8: built and wrapped", "FAIL ViT seed, Figures 2-3: the vit-15b panel would be empty",
+                     "rehearse: 1 rungs built and wrapped, 0 traced, 0 failed, 1 empty seed panel(s)"):
+            out(line)  # type: ignore[operator]
+        return 1
+
+    monkeypatch.setattr(rehearse_mod, "rehearse", fake)
+    ctx = SimpleNamespace(profile=SimpleNamespace(name="frontier", repo="."))
+    found = doctor.run_rehearse(ctx)  # type: ignore[arg-type]
+    assert [f.level for f in found] == [doctor.FATAL, doctor.WARN]
+    assert found[0].what == "rehearse: ViT seed, Figures 2-3: the vit-15b panel would be empty"

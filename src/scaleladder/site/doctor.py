@@ -1,4 +1,4 @@
-"""`scaleladder doctor --profile NAME [--compute] [--only|--skip NAME,...] [--list]`: what would make
+"""`scaleladder doctor --profile NAME [--compute] [--rehearse] [--only|--skip NAME,...] [--list]`: what would make
 a campaign fail or lie, found on the login node in seconds, before anything is queued.
 
 The checks (``doctor_checks``) print one line per finding, ``FATAL``/``WARN``/``ok`` + what is wrong +
@@ -142,6 +142,20 @@ def run_compute(ctx: Context, timeout_s: int) -> list[Finding]:
     return read_probe(ctx, json.loads(out.read_text()))
 
 
+def run_rehearse(ctx: Context) -> list[Finding]:
+    """``--rehearse``: campaign/rehearse.py on the profile; each of its FAIL lines a FATAL finding, its
+    summary an ok one (opt-in: on the whole Frontier campaign it takes minutes, not seconds)."""
+    from scaleladder.campaign.rehearse import rehearse
+
+    lines: list[str] = []
+    try:
+        rehearse(ctx.profile.name, ctx.profile.repo, out=lines.append, jobs=os.cpu_count() or 1)
+    except SpecError as e:
+        return [Finding(FATAL, f"rehearse: {e}")]
+    out = [Finding(FATAL, f"rehearse: {ln[5:]}") for ln in lines if ln.startswith("FAIL")]
+    return out + [Finding(OK if not out else WARN, lines[-1])] if lines else out
+
+
 # -- the command ----------------------------------------------------------------------------
 
 
@@ -153,6 +167,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip", metavar="NAME[,NAME]", help="run all checks but these")
     p.add_argument("--list", action="store_true", help="list the checks, each with what it checks, and exit")
     p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
+    p.add_argument("--rehearse", action="store_true",
+                   help="also rehearse the campaign: every rung built and wrapped at its world size on fake tensors, one "
+                        "of each kind traced, empty seed panels named (scaleladder rehearse; the whole Frontier campaign "
+                        "takes minutes)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds to wait for the --compute job (queue included)")
     p.add_argument("--fs-root", default="", help=argparse.SUPPRESS)  # tests: a fake filesystem layout
     p.add_argument("--probe", metavar="OUT", help=argparse.SUPPRESS)  # the per-rank probe of --compute
@@ -182,6 +200,8 @@ def main(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         findings += run_compute(ctx, args.timeout)
     elif args.compute:
         findings.append(Finding(WARN, "compute: not submitted, fix the FATAL lines first (a job would only fail on them)"))
+    if getattr(args, "rehearse", False):
+        findings += run_rehearse(ctx)
     for f in findings:
         out(f.line())
     fatal = sum(f.level == FATAL for f in findings)
