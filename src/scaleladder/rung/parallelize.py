@@ -330,7 +330,7 @@ def _set_prefetch(stacks: list[list[nn.Module]], depth: int) -> None:
 
 def _compile_blocks(model: TrainModule, blocks: tuple[type[nn.Module], ...], backend: str, device: torch.device) -> int:
     """Replace each transformer block (the layer, or its checkpoint wrapper) by
-    ``torch.compile(block, backend=backend, fullgraph=True)``; return how many.
+    ``torch.compile(block, backend=backend, fullgraph=True, dynamic=False)``; return how many.
 
     As torchtitan's ``apply_compile``: the block becomes an ``OptimizedModule`` in its
     parent, so a wrapper applied afterwards (DDP's hooks, FSDP2's unit hooks) runs
@@ -368,7 +368,11 @@ def _compile_blocks(model: TrainModule, blocks: tuple[type[nn.Module], ...], bac
     # each block is its own graph and DDP's reducer hooks run between blocks, eagerly.
     torch._dynamo.config.optimize_ddp = False
     for parent, name, block in list(_outermost(model, lambda m: isinstance(block_layer(m), blocks))):
-        setattr(parent, name, torch.compile(block, backend=backend, fullgraph=True))
+        # dynamic=False: a rung's shapes are fixed (one batch), so each block shape gets a static
+        # graph. TRAP: blocks of different widths share one forward (ConvNeXt's four stages), and
+        # Dynamo's automatic dynamic shapes then recompile it symbolic, which inductor can fail on
+        # ("cannot determine truth value of Relational": timm's convnext_atto, torch 2.14).
+        setattr(parent, name, torch.compile(block, backend=backend, fullgraph=True, dynamic=False))
     return count_compiled(model)
 
 
