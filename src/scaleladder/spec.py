@@ -304,8 +304,12 @@ def _unit_layers(name: str, k: str | None) -> int:
 
 
 def check_unit_knobs(strategy: Strategy, knobs: AnyKnobs) -> None:
-    """Refuse units of several blocks where they cannot be built: FSDP1 (:data:`FSDP1_UNIT_REFUSAL`).
-    Whether k fits the model's stacks needs the model (:func:`check_unit_layers`)."""
+    """Refuse units of several blocks where there are none (a rung that is not FSDP) or where they
+    cannot be built (FSDP1: :data:`FSDP1_UNIT_REFUSAL`), one line each. Whether k fits the model's
+    stacks needs the model (:func:`check_unit_layers`)."""
+    if not strategy.is_fsdp and knobs.unit_layers != 1:
+        raise SpecError(f"knobs {str(knobs)!r}: -u{knobs.unit_layers} puts blocks in FSDP units, and {str(strategy)!r} "
+                        f"is not FSDP (it has no units); write {DEFAULT_KNOBS!r}")
     if strategy.is_fsdp1 and knobs.unit_layers != 1:
         near = Strategy("fsdp2", "hybrid" if strategy.sharding == "hybrid" else
                         "full" if strategy.sharding == "no-shard" else strategy.sharding, strategy.group,
@@ -418,12 +422,9 @@ class RunSpec:
         if self.strategy.is_fsdp1 and not isinstance(self.knobs, Knobs):
             raise SpecError(f"FSDP2 knobs {knobs!r} given for FSDP1 strategy {strategy!r}: FSDP1's knobs are "
                             f"<pre|post|none>-<lag|nolag>[-fwd], e.g. {DEFAULT_KNOBS}")
-        if not self.strategy.is_fsdp and self.knobs.unit_layers != 1:
-            raise SpecError(f"knobs {knobs!r}: -u{self.knobs.unit_layers} puts blocks in FSDP units, and {strategy!r} "
-                            f"is not FSDP (it has no units); write {DEFAULT_KNOBS!r}")
+        check_unit_knobs(self.strategy, self.knobs)
         if not self.strategy.is_fsdp and knobs != DEFAULT_KNOBS:
             raise SpecError(f"FSDP knobs {knobs!r} given for non-FSDP strategy {strategy!r}")
-        check_unit_knobs(self.strategy, self.knobs)
 
     # -- the one canonical string form -------------------------------------------------
     @property

@@ -92,7 +92,7 @@ class Spec(Section):
     model = attr("", "the flavor (flavors.py, the model registry)")
     strategy = attr("", "single | ddp | fsdp-* | fsdp2-*, then -ac, -ac-reentrant or -sac, then -compile")
     precision = attr("", "fp32 | tf32 | bf16-mixed | fp16-mixed | bf16-true")
-    knobs = attr("", "FSDP1 `<pre|post|none>-<lag|nolag>[-fwd]` or FSDP2 `pf<n>`")
+    knobs = attr("", "FSDP1 `<pre|post|none>-<lag|nolag>[-fwd]` or FSDP2 `pf<n>[-u<k>]`")
     nodes = attr("count", "nodes the run spans")
     batch = attr("", "local (per-rank) batch; a max-batch record: the batch it settled on")
     wrapper = attr("", "single | ddp | fsdp | fsdp2")
@@ -105,7 +105,9 @@ class Spec(Section):
     knob_backward_prefetch = attr("", "FSDP1 knob: pre | post | none")
     knob_limit_all_gathers = attr("bool", "FSDP1 knob: limit_all_gathers")
     knob_forward_prefetch = attr("bool", "FSDP1 knob: forward_prefetch")
-    knob_prefetch_layers = attr("count", "FSDP2 knob: layers prefetched explicitly (pf<n>)")
+    knob_prefetch_layers = attr("count", "FSDP2 knob: units prefetched explicitly (pf<n>; a unit is a layer unless -u<k>)")
+    knob_unit_layers = attr("count", "FSDP2 knob: consecutive layers of a stack per FSDP unit (-u<k>; the last unit of a "
+                                     "stack holds the remainder); absent: 1, a unit per layer")
 
 
 class Settings(Section):
@@ -129,7 +131,7 @@ class Build(Section):
     params = attr("count", "model parameters (an oom record: counted on the meta device)")
     frozen_unused_params = attr("count", "parameters no loss reaches, frozen before wrapping")
     fsdp_units = attr("count", "FSDP units wrapped")
-    fsdp_layer_units = attr("count", "of them, transformer layers")
+    fsdp_layer_units = attr("count", "of them, the units that hold transformer layers (one each; k each under -u<k>)")
     ac_layers = attr("count", "layers under activation checkpointing")
     compiled_layers = attr("count", "blocks compiled (-compile rungs)")
     sharding_ran = attr("", "what the wrapper did, read from the wrapped model (docs/metrics.md)")

@@ -2,12 +2,14 @@
 
 Order is fixed: FLAVA's unused parameters frozen (``rung/unused_params.py``), activation
 checkpointing, then ``torch.compile`` of each transformer block, then the data-parallel
-wrapper (FSDP1 on each checkpointed layer, FSDP2's ``fully_shard`` per block, codebook and
-root, bottom-up, with its explicit prefetch). Proof that wrapping happened is part of the
-result (:class:`WrapReport`): units, layer units, checkpointed and compiled layers are
-counted from the wrapped model (``rung/what_ran.py``), and a policy that misses any layer
-raises. What a block is and which modules are units besides the blocks, the model's family says
-(``models/family.py``: ``block_classes``, ``extra_unit_classes``; asked once per wrap, never per step).
+wrapper (FSDP1 on each checkpointed layer, FSDP2's ``fully_shard`` per block, or per k
+consecutive blocks of a stack with the knobs' ``-u<k>``, codebook and root, bottom-up, with its
+explicit prefetch). Proof that wrapping happened is part of the result (:class:`WrapReport`):
+units, layer units (and the blocks each holds), checkpointed and compiled layers are counted from
+the wrapped model (``rung/what_ran.py``), and a policy that misses any layer raises. What a block
+is and which modules are units besides the blocks, the model's family says (``models/family.py``:
+``block_classes``, ``extra_unit_classes``, and ``stacks`` for units of k; asked once per wrap, never
+per step).
 Why: docs/strategies.md (the table, "FSDP2 against FSDP1", "Traps we hit").
 """
 
@@ -36,17 +38,27 @@ from scaleladder.rung.what_ran import (
     count_fsdp_layer_units,
     count_fsdp_units,
     count_layers,
+    fsdp_layer_unit_sizes,
     uncompiled,
 )
-from scaleladder.spec import COMPILE_BACKENDS, AnyKnobs, Fsdp2Knobs, Knobs, SpecError, Strategy
+from scaleladder.spec import (
+    COMPILE_BACKENDS,
+    AnyKnobs,
+    Fsdp2Knobs,
+    Knobs,
+    SpecError,
+    Strategy,
+    check_unit_knobs,
+    check_unit_layers,
+)
 
 
 @dataclass(frozen=True)
 class WrapReport:
     """What wrapping did (counted from the wrapped model): the record's build attributes."""
 
-    fsdp_units: int  # every FSDP instance, the root included
-    fsdp_layer_units: int  # FSDP units whose module is a transformer layer (or its checkpoint wrapper)
+    fsdp_units: int  # every FSDP unit, the root included (a grouped fully_shard([...]) is one)
+    fsdp_layer_units: int  # FSDP units that hold transformer layers (one each; k each under -u<k>)
     ac_layers: int
     frozen_unused_params: int
     compiled_layers: int = 0  # transformer blocks replaced by a torch.compile'd OptimizedModule
@@ -219,6 +231,13 @@ def wrap_fsdp(
         )
 
 
+def unit_groups(stacks: list[list[nn.Module]], k: int) -> list[list[nn.Module]]:
+    """The blocks in FSDP units of ``k`` consecutive blocks, within each stack (``Family.stacks``):
+    a stack of n blocks gives ceil(n / k) units, and its last unit holds the remainder (n = 5,
+    k = 2: 2, 2, 1). A unit never spans two stacks: FLAVA's encoders run in different passes."""
+    return [stack[i:i + k] for stack in stacks for i in range(0, len(stack), k)]
+
+
 def wrap_fsdp2(
     model: TrainModule,
     strategy: Strategy,
@@ -226,8 +245,15 @@ def wrap_fsdp2(
     prec: PrecisionPolicy,
     device: torch.device,
     param_init_fn: Callable[[nn.Module], None] | None = None,
+    groups: list[list[nn.Module]] | None = None,
 ) -> nn.Module:
     """FSDP2: ``fully_shard`` each block, FLAVA's codebook, then the root (bottom-up).
+
+    * Units of k blocks (``knobs.unit_layers`` > 1; ``groups``: :func:`unit_groups` of the bare
+      blocks, taken before AC and compile wrapped them): ``fully_shard([b_i, ..., b_{i+k-1}])``,
+      the list form, one parameter group and one set of hooks for the k (the lever
+      pytorch#173680 suggests against the per-unit host cost). The explicit prefetch (pf<n>)
+      then counts units.
 
     * Mesh: 1-D over the world (``full``, ``grad-op``), or HSDP's 2-D ``(world/g, g)``
       mesh ``("replicate", "shard")`` for ``hybrid<g>``: parameters are sharded over
@@ -273,6 +299,12 @@ def wrap_fsdp2(
     classes = tuple(_unit_classes(model, strategy.ac))
     blocks = _blocks(model)
     units = list(_outermost(model, lambda m: isinstance(uncompiled(m), classes)))
+    if groups is not None and knobs.unit_layers > 1:
+        firsts = _shard_groups(units, groups, blocks, materialize, partial(shard, reshard_after_forward=reshard))
+        materialize(model)
+        shard(model)  # the root: see the two TRAPs below
+        _set_prefetch(firsts, knobs.prefetch_layers)
+        return model
     for _, _, unit in units:
         materialize(unit)
         shard(unit, reshard_after_forward=reshard)
@@ -287,6 +319,40 @@ def wrap_fsdp2(
     _set_prefetch([[u for p, _, u in units if p is parent and isinstance(block_layer(u), blocks)]
                    for parent in _unique(p for p, _, _ in units)], knobs.prefetch_layers)
     return model
+
+
+def _shard_groups(units: list[tuple[nn.Module, str, nn.Module]], groups: list[list[nn.Module]],
+                  blocks: tuple[type[nn.Module], ...], materialize: Callable[[nn.Module], None],
+                  shard: Callable[[Any], Any]) -> list[list[nn.Module]]:
+    """``fully_shard`` each group of blocks as one unit (the list form), every other unit alone, in
+    module order; return each stack's units as their first modules, for the explicit prefetch
+    (a grouped unit's modules share one state: any of them stands for the unit)."""
+    group_of = {id(b): i for i, g in enumerate(groups) for b in g}
+    members: dict[int, list[nn.Module]] = {}
+    for _, _, unit in units:
+        inner = block_layer(unit)
+        if isinstance(inner, blocks) and id(inner) in group_of:
+            members.setdefault(group_of[id(inner)], []).append(unit)
+    if sorted(members) != list(range(len(groups))) or any(len(members[i]) != len(g) for i, g in enumerate(groups)):
+        raise SpecError(f"FSDP2 units of k blocks: the wrapped blocks ({sum(map(len, members.values()))}) are not "
+                        f"the {sum(map(len, groups))} blocks of the model's stacks")
+    done: set[int] = set()
+    for _, _, unit in units:
+        inner = block_layer(unit)
+        i = group_of.get(id(inner)) if isinstance(inner, blocks) else None
+        if i is None:
+            materialize(unit)
+            shard(unit)
+        elif i not in done:
+            done.add(i)
+            for m in members[i]:
+                materialize(m)
+            shard(members[i] if len(members[i]) > 1 else members[i][0])
+    stacks: dict[int, list[nn.Module]] = {}  # the stack of each group: its first block's parent
+    parent_of = {id(u): p for p, _, u in units}
+    for i in range(len(groups)):
+        stacks.setdefault(id(parent_of[id(members[i][0])]), []).append(members[i][0])
+    return list(stacks.values())
 
 
 def _all_frozen(m: nn.Module) -> bool:
@@ -397,6 +463,8 @@ def apply_strategy(
     layers = count_layers(model, blocks)
     if layers == 0 and (strategy.ac or strategy.is_fsdp or strategy.compile):
         raise SpecError(f"{model.flavor.name} has no {named} to checkpoint, compile or wrap: wrong layer class")
+    groups = _groups_for(model, strategy, knobs)
+    stack_sizes = [len(s) for s in family_of(model.flavor).stacks(model)] if groups is not None else []
     frozen = freeze_unused(model)
     ac_layers = _checkpoint(model, strategy.reentrant, strategy.selective, blocks) if strategy.ac else 0
     if ac_layers != (layers if strategy.ac else 0):
@@ -414,14 +482,35 @@ def apply_strategy(
     if strategy.is_fsdp2:
         # No model.to(device) first: like FSDP1 with device_id, fully_shard moves each unit
         # to the mesh's device as it shards it, so the model never sits there whole.
-        wrapped = wrap_fsdp2(model, strategy, knobs, prec, device, param_init_fn)  # type: ignore[arg-type]
+        wrapped = wrap_fsdp2(model, strategy, knobs, prec, device, param_init_fn, groups)  # type: ignore[arg-type]
     else:
         wrapped = wrap_fsdp(model, strategy, knobs, prec, device, param_init_fn)  # type: ignore[arg-type]
+    if groups is not None:
+        # units of k: every block in a unit, each unit k blocks of one stack (the last the remainder)
+        sizes = fsdp_layer_unit_sizes(wrapped, blocks)
+        k = knobs.unit_layers
+        want = [min(k, n - i) for n in stack_sizes for i in range(0, n, k)]
+        if sizes != want or sum(sizes) != layers:
+            raise SpecError(f"the FSDP2 units of {knobs.unit_layers} blocks hold {sizes} of the {layers} {named} "
+                            f"in {model.flavor.name}, not {want}")
+        return wrapped, WrapReport(count_fsdp_units(wrapped), len(sizes), ac_layers, frozen, compiled, backend)
     layer_units = count_fsdp_layer_units(wrapped, blocks)
     if layer_units != layers:
         raise SpecError(f"the FSDP wrap policy gave {layer_units} of the {layers} {named} "
                         f"in {model.flavor.name} a unit of their own")
     return wrapped, WrapReport(count_fsdp_units(wrapped), layer_units, ac_layers, frozen, compiled, backend)
+
+
+def _groups_for(model: TrainModule, strategy: Strategy, knobs: AnyKnobs) -> list[list[nn.Module]] | None:
+    """The units of k blocks the knobs ask for (None: a unit per block, the seeds' wrapping, as it was).
+    Refused in one line: k on a rung that is not FSDP2 (spec.check_unit_knobs), k larger than a stack."""
+    k = knobs.unit_layers
+    if k == 1:
+        return None
+    check_unit_knobs(strategy, knobs)
+    stacks = family_of(model.flavor).stacks(model)  # before AC and compile wrap the blocks
+    check_unit_layers(model.flavor.name, knobs, [len(s) for s in stacks])
+    return unit_groups(stacks, k)
 
 
 def _blocks(model: TrainModule) -> tuple[type[nn.Module], ...]:

@@ -1,7 +1,8 @@
 """What ran: the wrapped model read back, never the spec.
 
-Counts of what wrapping built (checkpointed, compiled and FSDP units, layers), with which
-``rung/parallelize.py`` proves that a policy missed no layer, and :func:`sharding_ran`: what
+Counts of what wrapping built (checkpointed, compiled and FSDP units, layers, and the blocks each
+FSDP unit holds: :func:`fsdp_layer_unit_sizes`), with which ``rung/parallelize.py`` proves that a
+policy missed no layer and grouped them in units of k (knobs ``-u<k>``), and :func:`sharding_ran`: what
 the data-parallel wrapper actually does on this rank, read from torch's own (private)
 attributes of the wrapped model (record attributes ``Build.sharding_ran`` and
 ``Build.param_shard_fraction``: results/record.py).
@@ -23,11 +24,13 @@ def count_checkpointed(model: nn.Module) -> int:
 
 
 def count_fsdp_units(model: nn.Module) -> int:
-    """FSDP1 instances plus FSDP2 units (modules fully_shard swapped to an FSDPModule class)."""
+    """FSDP1 instances plus FSDP2 units (modules fully_shard swapped to an FSDPModule class; a
+    grouped ``fully_shard([a, b, ...])`` swaps each of its modules and is one unit: one state)."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    return sum(isinstance(m, (FSDP, FSDPModule)) for m in model.modules())
+    fsdp1 = sum(isinstance(m, FSDP) for m in model.modules())
+    return fsdp1 + len({id(m._get_fsdp_state()) for m in model.modules() if isinstance(m, FSDPModule)})
 
 
 #: A block class, or several (a family's ``block_classes``, as a tuple for isinstance).
@@ -78,6 +81,34 @@ def count_fsdp_layer_units(model: nn.Module, layer_cls: Blocks) -> int:
         elif isinstance(m, FSDPModule):
             n += isinstance(block_layer(m), layer_cls)
     return n
+
+
+def fsdp_layer_unit_sizes(model: nn.Module, layer_cls: Blocks) -> list[int]:
+    """The blocks each FSDP unit holds, for the units that hold blocks, in module order.
+
+    FSDP1: one per ``FSDP(layer)`` (always 1 here: FSDP1 does not group, spec.FSDP1_UNIT_REFUSAL).
+    FSDP2: the modules of one unit share one state, so a grouped ``fully_shard([b_i, ..., b_{i+k-1}])``
+    is one entry of k; each of its modules is a block (bare, checkpointed or compiled). A unit that
+    mixed a block with anything else would not be counted as holding blocks, and the proof in
+    ``rung/parallelize.py`` would fail.
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    sizes: dict[int, int] = {}
+    order: list[int] = []
+    for m in model.modules():
+        if isinstance(m, FSDP):
+            if isinstance(block_layer(m.module), layer_cls):
+                order.append(id(m))
+                sizes[id(m)] = 1
+        elif isinstance(m, FSDPModule) and isinstance(block_layer(m), layer_cls):
+            key = id(m._get_fsdp_state())
+            if key not in sizes:
+                order.append(key)
+                sizes[key] = 0
+            sizes[key] += 1
+    return [sizes[k] for k in order]
 
 
 def sharding_ran(model: nn.Module) -> dict[str, Any]:
