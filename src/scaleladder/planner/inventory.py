@@ -71,7 +71,11 @@ class Inventory:
     frozen: tuple[UnitLayout, ...] = ()  # FSDP1 only (fsdp1_units): the unused heads and poolers, a unit each
 
     def units(self) -> list[UnitLayout]:
-        """Every FSDP unit: root, then the layers, then the codebook (then FSDP1's frozen units)."""
+        """Every FSDP unit: root, then the layers, then the codebook (then FSDP1's frozen units).
+
+        A unit per layer. FSDP2's units of k layers (knobs ``-u<k>``: :func:`layer_units`) hold
+        the same per-parameter shards, so what a rank stores is the same whatever k; the step's
+        gathers and reductions are per unit (planner/step_setup.py: ``StepSetup.unit_layers``)."""
         out = [self.root] + [self.layer] * self.n_layers
         return out + ([self.codebook] if self.codebook is not None else []) + list(self.frozen)
 
@@ -92,6 +96,22 @@ def n_layers(flavor: Flavor) -> int:
     """Transformer layers: every stack's (``Family.layer_counts``: ViT depth; FLAVA image + text
     encoders + multimodal fusion)."""
     return sum(family_of(flavor).layer_counts(flavor))
+
+
+def layer_units(flavor: Flavor, knobs: AnyKnobs) -> list[list[int]]:
+    """The transformer layers (their indices, stacks in ``Family.layer_counts`` order) in FSDP units
+    of ``knobs.unit_layers`` consecutive layers per stack, the last unit of a stack holding the
+    remainder: rung.parallelize.unit_groups, torch-free. A unit per layer at k = 1. A k larger than
+    a stack is refused here as in the runner (spec.check_unit_layers)."""
+    counts = family_of(flavor).layer_counts(flavor)
+    check_unit_layers(flavor.name, knobs, counts)
+    k = knobs.unit_layers
+    out: list[list[int]] = []
+    start = 0
+    for n in counts:
+        out += [list(range(start + i, start + min(i + k, n))) for i in range(0, n, k)]
+        start += n
+    return out
 
 
 def is_unused(flavor: Flavor, name: str) -> bool:

@@ -6,14 +6,14 @@ switches (:class:`Variant`). :mod:`scaleladder.planner.timeline` replays the ste
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scaleladder.flavors import Flavor, get_flavor
 from scaleladder.models.batch_layout import SYNTHETIC_POOL
 from scaleladder.models.flava_impl import DEFAULT as FLAVA_DEFAULT
 from scaleladder.models.flava_impl import parse_flava_impl
 from scaleladder.planner.activations import Call, backward_order, forward_passes
-from scaleladder.planner.inventory import Inventory, fsdp1_units, inventory
+from scaleladder.planner.inventory import Inventory, fsdp1_units, inventory, layer_units
 from scaleladder.planner.static import (
     ALLOC_BLOCK_BYTES,
     LocalCounts,
@@ -28,7 +28,7 @@ from scaleladder.planner.static import (
     sharding,
     storage_bytes,
 )
-from scaleladder.spec import AnyKnobs, Strategy
+from scaleladder.spec import AnyKnobs, Strategy, check_unit_knobs
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,14 @@ class StepSetup:
     grad_chunk: dict[str, int]  # its local chunk
     variant: Variant = RUNNER
     inputs: InputBatches = InputBatches(SYNTHETIC_POOL)
+    # FSDP2's units of k layers (knobs -u<k>): layer unit id -> the layers it holds, for a unit of
+    # more than one; the calls of ``passes`` and ``backward`` then name their unit, not their layer.
+    # unit_full/unit_chunk/grad_full/grad_chunk stay per LAYER: a unit's gather is n of them.
+    unit_layers: dict[int, int] = field(default_factory=dict)
+
+    def layers_in(self, unit: int | None) -> int:
+        """Layers in layer unit ``unit`` (1: a unit per layer, the default)."""
+        return self.unit_layers.get(unit, 1) if unit is not None else 1
 
 
 def lowp_params(fsdp: bool, precision: str, variant: Variant) -> bool:
@@ -146,13 +154,31 @@ def step_setup(model: str | Flavor, strategy: Strategy, precision: str, knobs: A
         inv = fsdp1_units(inv)  # FSDP1's frozen heads are units of their own (rung.parallelize.wrap_fsdp)
     passes = forward_passes(flavor, precision, strategy.ac, lowp_params(shard.fsdp, precision, variant), strategy.selective,
                             variant.flava_impl)
+    check_unit_knobs(strategy, knobs)  # k > 1 on FSDP2 only
+    unit_layers: dict[int, int] = {}
+    if knobs.unit_layers > 1:
+        passes, unit_layers = _grouped(passes, layer_units(flavor, knobs))
     full, chunk, grad_full, grad_chunk = _unit_sizes(inv, shard, aligned_numel(precision, fsdp1_use_orig_params(strategy)))
     # Fused AdamW's step counters are device tensors, each a whole allocator block; the
     # other implementations keep them on the host (not device memory at all).
     counter = ALLOC_BLOCK_BYTES if variant.adamw == "fused" else 0
     local = local_counts(inv, strategy, precision, world, counter_bytes=counter, frozen_units=variant.frozen_units)
     return StepSetup(inv, strategy, precision, knobs, world, passes, backward_order(flavor, passes),
-                     bytes_of(local, precision, counter), local, full, chunk, grad_full, grad_chunk, variant, inputs)
+                     bytes_of(local, precision, counter), local, full, chunk, grad_full, grad_chunk, variant, inputs,
+                     unit_layers)
+
+
+def _grouped(passes: list[list[Call]], units: list[list[int]]) -> tuple[list[list[Call]], dict[int, int]]:
+    """The passes with each layer call naming its unit of k layers (:func:`inventory.layer_units`),
+    and the layers of each unit. The calls of one unit run one after the other in every pass, so
+    the timeline's spans (a unit's gather, its reduce) cover the k layers at once."""
+    unit_of = {layer: u for u, members in enumerate(units) for layer in members}
+    called = {c.unit for p in passes for c in p if c.is_layer and c.unit is not None}
+    if not called <= set(unit_of):
+        raise AssertionError(f"layer calls {sorted(x for x in called if x not in unit_of)} are in no unit of {units}")
+    regrouped = [[dataclasses.replace(c, unit=unit_of[c.unit]) if c.is_layer and c.unit is not None else c for c in p]
+                 for p in passes]
+    return regrouped, {u: len(members) for u, members in enumerate(units)}
 
 
 SizesByKind = dict[str, int]

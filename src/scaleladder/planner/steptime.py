@@ -23,6 +23,10 @@ per FLAVA layer pass (a vit-base step ~1,500, a flava-350m step ~11,500: the H10
 docs/gpu-check-h100/); non-reentrant AC re-runs the forward, about half of a step's ops (each
 forward op leaves one backward node); FSDP1 and FSDP2 at one rank spend 2.1x and 1.9x the host
 work of ``single`` (vit-debug b4 on the CPU; docs/performance.md, "Host work"). Torch-free: ``plan`` runs on a login node.
+
+FSDP2's units of k layers (knobs ``-u<k>``): a unit's gather and reduce carry its k layers, one
+stage per unit in the overlap replay (:func:`_fsdp_stages`), and the host work beyond ``single``'s
+shrinks by its per-unit share, :data:`UNIT_HOST_SHARE`, as the units do (:func:`unit_host_factor`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ from scaleladder.spec import Knobs, RunSpec, Strategy
 # docstring); so are FLAVA's masking rates before any run (models/families/flava.py: MLM_RATE ...).
 AC_FORWARD_SHARE = 0.5  # non-reentrant AC re-runs the forward: +this share of a step's host work
 WRAPPER_HOST = {"single": 1.0, "ddp": 1.0, "fsdp": 2.1, "fsdp2": 1.9}  # host work relative to single
+# Of FSDP2's host work beyond single's, the share that is paid per unit (its hooks); the rest is per
+# parameter (copy-in and copy-out, the views' swaps, the reduce-scatter's copy-in: the same for any
+# k). Fitted to benchmarks/bench_host.py --units 1,2,3,4,6,12 on the vit-base skeleton, one rank
+# (docs/performance.md, "Units of k layers"): extra = a + b x units, b x 12 units = 0.42 of it at k = 1.
+UNIT_HOST_SHARE = 0.42
 MIB = 1 << 20
 DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES = 25 * MIB, 1 * MIB  # DDP's bucket_cap_mb=25, its 1 MiB first bucket
 
@@ -132,21 +141,47 @@ def host_seconds(spec: RunSpec, rates: Rates, site: Site, flava_impl: str = FLAV
     impl = recorded(family, flava_impl)
     name, note = table_name(spec.strategy)
     why = "the calibration prices host work per aten op"
+    stated_extra = 1 - 1 / WRAPPER_HOST[spec.strategy.wrapper]  # the share beyond single's, stated
     if rates.table_factor is not None:
         t = table or host_table()
         found = t.host_ms(spec.model, flavor.family, name, impl)
         if found is not None:
             ms, how = found
-            s = ms * 1e-3 * rates.table_factor * site.cpu_factor
+            # units of k: the same rung's single (AC and compile kept), for the share beyond it
+            single = (t.host_ms(spec.model, flavor.family, "single" + name.removeprefix("fsdp2-full"), impl)
+                      if spec.strategy.is_fsdp2 and spec.knobs.unit_layers > 1 else None)
+            factor, unit_note = unit_host_factor(spec, max(0.0, 1 - single[0] / ms) if single else stated_extra)
+            s = ms * factor * 1e-3 * rates.table_factor * site.cpu_factor
             return s, (f"host: {ms:.1f} ms on the table's machine ({t.where}: {how}{note}"
-                       + (f", FLAVA {impl}" if impl else "") + f") x table_factor {rates.table_factor} "
+                       + (f", FLAVA {impl}" if impl else "") + f"{unit_note}) x table_factor {rates.table_factor} "
                        f"({rates.host_source}) x cpu_factor {site.cpu_factor} ({site.cpu_source})")
         why = f"{t.where} has no {spec.model}/{name}" + (f" ({impl})" if impl else "") + " nor its parts"
     ops = float(len(layer_passes(flavor, flava_impl)) * family.ops_per_layer_pass)
     ops *= (1 + AC_FORWARD_SHARE if spec.strategy.ac else 1.0) * WRAPPER_HOST[spec.strategy.wrapper]
+    factor, unit_note = unit_host_factor(spec, stated_extra)
+    ops *= factor
     s = ops * rates.us_per_op * 1e-6 * site.cpu_factor
     return s, (f"host: STATED {ops:,.0f} aten ops x {rates.us_per_op} us x {site.cpu_factor} ({site.cpu_source}; "
-               f"{why}); {rates.host_source}")
+               f"{why}{unit_note}); {rates.host_source}")
+
+
+def layer_unit_count(flavor: Flavor, k: int) -> int:
+    """FSDP layer units of k layers: ceil(n / k) per stack (``Family.layer_counts``)."""
+    return sum(-(-n // k) for n in family_of(flavor).layer_counts(flavor))
+
+
+def unit_host_factor(spec: RunSpec, extra_share: float) -> tuple[float, str]:
+    """The host work of an FSDP2 rung with units of k layers over the same rung's at k = 1:
+    ``1 - extra_share x UNIT_HOST_SHARE x (1 - units_k / units_1)``, where ``extra_share`` is the
+    share of the k = 1 rung's host work beyond ``single``'s. (1.0, "") at k = 1."""
+    k = spec.knobs.unit_layers
+    if k == 1 or not spec.strategy.is_fsdp2:
+        return 1.0, ""
+    flavor = get_flavor(spec.model)
+    u1, uk = layer_unit_count(flavor, 1), layer_unit_count(flavor, k)
+    f = 1 - extra_share * UNIT_HOST_SHARE * (1 - uk / u1)
+    return f, (f"; units of {k} layers: {uk} layer units for {u1}, x {f:.3f} (the per-unit share "
+               f"{UNIT_HOST_SHARE} of the {extra_share:.0%} beyond single)")
 
 
 def _depths(knobs: Any, fsdp2: bool) -> tuple[int | None, int | None, bool]:
@@ -192,21 +227,53 @@ def _fsdp_stages(setup: StepSetup, links: Links, rpn: int, fwd_s: float, bwd_s: 
     fdepth, bdepth, post = _depths(setup.knobs, sh.fsdp2)
     passes = layer_passes(flavor, flava_impl)
     total_w = sum(w for _, w in passes)
+    k = setup.knobs.unit_layers
+    if k > 1:  # FSDP2's units of k layers: a stage per unit call, its gather and reduce k layers' worth
+        passes, size = _unit_passes(passes, flavor, k)
+    else:
+        size = {}
     stages = [Stage(0.0, gather("root") + (gather("codebook") if setup.inv.codebook else 0.0), 0.0, fdepth)]
     seen: set[str] = set()
     for unit, w in passes:
         again = sh.reshard_after_forward or unit not in seen
-        stages.append(Stage(fwd_s * w / total_w, gather("layer") if again else 0.0, 0.0, fdepth))
+        stages.append(Stage(fwd_s * w / total_w, size.get(unit, 1) * gather("layer") if again else 0.0, 0.0, fdepth))
         seen.add(unit)
     back = list(reversed(passes))
     last = {u: i for i, (u, _) in enumerate(back)}
     regathered: set[str] = set()
     for i, (unit, w) in enumerate(back):
-        g_s = gather("layer") if sh.reshard_after_forward and unit not in regathered else 0.0
+        n = size.get(unit, 1)
+        g_s = n * gather("layer") if sh.reshard_after_forward and unit not in regathered else 0.0
         regathered.add(unit)
-        stages.append(Stage(bwd_s * w / total_w, g_s, reduce("layer") if last[unit] == i else 0.0, bdepth, post))
+        stages.append(Stage(bwd_s * w / total_w, g_s, n * reduce("layer") if last[unit] == i else 0.0, bdepth, post))
     stages.append(Stage(0.0, 0.0, reduce("root")))
     return stages
+
+
+def _unit_passes(passes: list[tuple[str, float]], flavor: Flavor, k: int) -> tuple[list[tuple[str, float]], dict[str, int]]:
+    """The layer passes merged into unit passes for units of k layers: each layer named by its unit
+    (the layers in order of first appearance, split into the family's stacks, k at a time, the last
+    unit of a stack the remainder), consecutive passes of one unit one stage (their compute summed);
+    and the layers of each unit. The replay's prefetch depth then counts units, as pf<n> does."""
+    order = list(dict.fromkeys(u for u, _ in passes))
+    unit_of: dict[str, str] = {}
+    size: dict[str, int] = {}
+    start = 0
+    for n in family_of(flavor).layer_counts(flavor):
+        for i in range(0, n, k):
+            name = f"u{len(size)}"
+            members = order[start + i:start + min(i + k, n)]
+            size[name] = len(members)
+            unit_of.update((m, name) for m in members)
+        start += n
+    merged: list[tuple[str, float]] = []
+    for layer, w in passes:
+        unit = unit_of[layer]
+        if merged and merged[-1][0] == unit:
+            merged[-1] = (unit, merged[-1][1] + w)
+        else:
+            merged.append((unit, w))
+    return merged, size
 
 
 def _ddp_stages(trainable: int, grad_bytes: int, world: int, links: Links, rpn: int,

@@ -52,16 +52,18 @@ class StepSizes:
     shard: Sharding
     gathered: bool  # does FSDP all-gather copies of the units? (NO_SHARD only when it casts)
     keep_after_forward: bool  # SHARD_GRAD_OP / fsdp2-grad-op: layer units stay gathered into backward
-    prefetch_layers: int  # FSDP2's explicit prefetch (pfN); 0 under FSDP1
-    layer_copy: float  # one gathered layer unit
+    prefetch_layers: int  # FSDP2's explicit prefetch (pfN, in units); 0 under FSDP1
+    layer_copy: float  # one gathered layer (a unit of n layers gathers n of them: StepSetup.layers_in)
     root_copy: float  # the gathered root unit
     cast_layer: float  # autocast's cached bf16 weight copies of one layer (single/DDP, mixed precision)
     cast_root: float  # the same for the root's Linears/Convs
     recast: bool  # checkpointed layers: the copies live in autocast's cache only (the TRAP below)
     ddp_bucket_views: bool  # DDP's gradients are views into its buckets (Variant.bucket_view)
-    layer_forward_extra: float  # gathered bytes beside a layer call in forward, beyond the state
+    layer_forward_extra: float  # gathered bytes beside a layer call in forward, beyond the state (per layer of its unit)
     backward_prefetch: float  # gathered bytes prefetched beside a layer call in backward
-    copy_out: float  # FSDP2: the flat all-gather output, alive for a moment after a backward gather
+    copy_out: float  # FSDP2: the flat all-gather output, alive for a moment after a backward gather (per layer)
+    forward_ahead: float = 0.0  # FSDP2 units of k: the pf units prefetched in forward, k layers each
+    flat_output: bool = True  # FSDP2 all-gathers into a flat buffer (a shard group of one rank copies straight in)
 
 
 def fsdp1_as_run(shard: Sharding) -> Sharding:
@@ -103,12 +105,31 @@ def step_sizes(setup: StepSetup, batch: int) -> StepSizes:
     recast = bool(cast_layer) and setup.strategy.ac
     prefetch_layers = setup.knobs.prefetch_layers if isinstance(setup.knobs, Fsdp2Knobs) else 0
     streaming = gathered and not keep_after_forward  # layer units gathered per call, freed after it
-    if shard.fsdp2:
+    k = setup.knobs.unit_layers
+    forward_ahead = 0.0
+    if shard.fsdp2 and k > 1:
+        # Units of k layers: the running unit's own copies scale with ITS layers (the last unit of a
+        # stack holds fewer: _forward multiplies), the pf units prefetched ahead are whole units of k.
+        units_in_flight, backward_prefetch = _fsdp2_in_flight(prefetch_layers, layer_copy, streaming)
+        units_in_flight -= prefetch_layers  # the running unit's copies; the prefetched ones are forward_ahead
+        backward_prefetch *= k  # whole units of k prefetched in backward
+        forward_ahead = prefetch_layers * k * layer_copy if gathered else 0.0
+        kept_extra = layer_copy
+    elif shard.fsdp2:
         units_in_flight, backward_prefetch = _fsdp2_in_flight(prefetch_layers, layer_copy, streaming)
         kept_extra = layer_copy * (1 + prefetch_layers)
     else:
         units_in_flight, backward_prefetch = _fsdp1_in_flight(setup.knobs, layer_copy, streaming)
         kept_extra = layer_copy * 1
+    # TRAP (torch 2.14 FSDPParamGroup.unshard/wait_for_unshard): with a shard group of ONE rank
+    # (world 1, fsdp2-hybrid1) FSDP2 gathers nothing: unshard() only notes the request (a prefetch
+    # allocates nothing) and wait_for_unshard copies each sharded parameter into its unsharded
+    # storage. No flat all-gather output exists, so only the unit's unsharded parameters are held.
+    # Held against torch's tracker: vit-base/fsdp2-full/bf16-mixed/pf0-u4 b8 at world 1 was +8.5%
+    # with the flat outputs and prefetches counted (+1.1% at a unit per layer).
+    flat_output = not (shard.fsdp2 and shard.group == 1)
+    if not flat_output:
+        units_in_flight, backward_prefetch, forward_ahead, kept_extra = 1, 0.0, 0.0, 0.0
     if streaming:
         layer_forward_extra = units_in_flight * layer_copy
     elif keep_after_forward:
@@ -125,7 +146,8 @@ def step_sizes(setup: StepSetup, batch: int) -> StepSizes:
         ddp_bucket_views=setup.strategy.wrapper == "ddp" and setup.variant.bucket_view,
         layer_forward_extra=layer_forward_extra, backward_prefetch=backward_prefetch,
         # Backward frees the flat output right after the copy-out: a moment of one more copy.
-        copy_out=layer_copy if shard.fsdp2 else 0.0,
+        copy_out=layer_copy if shard.fsdp2 and flat_output else 0.0, forward_ahead=forward_ahead,
+        flat_output=flat_output,
     )
 
 
@@ -140,7 +162,8 @@ def _fsdp1_in_flight(knobs: AnyKnobs, layer_copy: float, streaming: bool) -> tup
 
 
 def _fsdp2_in_flight(prefetch_layers: int, layer_copy: float, streaming: bool) -> tuple[int, float]:
-    """FSDP2: (layer units' worth gathered while a layer runs forward, bytes prefetched in backward).
+    """FSDP2: (layer units' worth gathered while a layer runs forward, bytes prefetched in backward),
+    a unit per layer (units of k: step_sizes scales them).
 
     foreach_all_gather gathers into ONE flat output, copied out into per-parameter unsharded
     tensors. In forward, FSDP2 keeps that flat output (all_gather_state) until the NEXT unit's
@@ -184,7 +207,8 @@ def _forward(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> None:
     """The root gathered for the whole step, FLAVA's codebook, then every call of every pass."""
     batch, fsdp2 = sizes.batch, sizes.shard.fsdp2
     if fsdp2:
-        timeline.point("forward:gather-root", buffers=2 * sizes.root_copy)  # the root's flat output + its unsharded params
+        # the root's flat output + its unsharded params (one rank's shard group: no flat output)
+        timeline.point("forward:gather-root", buffers=(2 if sizes.flat_output else 1) * sizes.root_copy)
     timeline.add("buffers", sizes.root_copy + sizes.cast_root)
     _codebook_forward(setup, sizes, timeline)
     seen_units: set[int] = set()
@@ -192,13 +216,14 @@ def _forward(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> None:
     cached = 0.0  # the layers' copies in autocast's cache during forward
     for forward_pass in setup.passes:
         for call in forward_pass:
+            n = setup.layers_in(call.unit)  # layers in the call's unit (1 but for FSDP2's -u<k>)
             if call.is_layer and call.unit is not None and call.unit not in seen_units:
                 seen_units.add(call.unit)
                 if sizes.keep_after_forward:
-                    timeline.add("buffers", sizes.layer_copy)
+                    timeline.add("buffers", n * sizes.layer_copy)
                 timeline.add("buffers", sizes.cast_layer)
                 cached += sizes.cast_layer
-            extra = sizes.layer_forward_extra if call.is_layer else 0.0
+            extra = n * sizes.layer_forward_extra + sizes.forward_ahead if call.is_layer else 0.0
             timeline.point(f"forward:{call.name}", activations=batch * call.fwd_transient, buffers=extra)
             timeline.add("activations", batch * (call.saved + call.held - call.releases))
             held += batch * (call.held - call.releases)
@@ -216,7 +241,7 @@ def _codebook_forward(setup: StepSetup, sizes: StepSizes, timeline: Timeline) ->
         return
     codebook_copy = setup.unit_full["codebook"] * sizes.gathered_param if sizes.gathered else 0.0
     if sizes.shard.fsdp2:
-        timeline.point("forward:gather-codebook", buffers=2 * codebook_copy)
+        timeline.point("forward:gather-codebook", buffers=(2 if sizes.flat_output else 1) * codebook_copy)
     timeline.point("codebook", activations=sizes.batch * codebook_transient(flavor, sizes.dtypes), buffers=codebook_copy)
     if sizes.shard.fsdp2 and sizes.gathered and sizes.keep_after_forward:
         # fsdp2-grad-op: not resharded after its forward. Kept to the end of the step: the
@@ -234,9 +259,10 @@ def _last_call_of_unit(order: list[Call]) -> dict[int | None, int]:
     return last
 
 
-def _backward_call(sizes: StepSizes, timeline: Timeline, call: Call, recast_bytes: float = 0.0) -> None:
+def _backward_call(sizes: StepSizes, timeline: Timeline, call: Call, recast_bytes: float = 0.0,
+                   prefetch: bool = True) -> None:
     """One call's backward: its transient at the peak check, then its saved tensors freed."""
-    prefetched = sizes.backward_prefetch if call.is_layer else 0.0
+    prefetched = sizes.backward_prefetch if call.is_layer and prefetch else 0.0
     timeline.point(f"backward:{call.name}", activations=sizes.batch * call.bwd_transient, buffers=prefetched + recast_bytes)
     timeline.add("activations", -sizes.batch * (call.saved))
 
@@ -370,6 +396,7 @@ class _Fsdp2Backward:
     reduced: set[int | None] = field(default_factory=set)
     resharded: set[int | None] = field(default_factory=set)
     reduce_input_held: float = 0.0
+    grad_layers: dict[int | None, int] = field(default_factory=dict)  # layers of a unit whose unsharded grads exist
 
 
 def _backward_fsdp2(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> None:
@@ -381,15 +408,24 @@ def _backward_fsdp2(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> N
     last = _last_call_of_unit(order)
     state = _Fsdp2Backward()
     open_units: set[int | None] = set()
+    # FSDP2's implicit backward prefetch targets the unit that finished its forward before this one
+    # (post_forward_order): for the first layer unit, the codebook where there is one, else none (the
+    # root finishes its forward last), so it gathers nothing ahead.
+    first = next((c.unit for p in setup.passes for c in p if c.is_layer), None)
+    quiet = first if setup.inv.codebook is None else None
     for i, call in enumerate(order):
         unit = call.unit if call.is_layer else None
         if unit is not None and unit not in open_units:
-            _fsdp2_span_start(setup, sizes, timeline, unit, state)
+            _fsdp2_span_start(setup, sizes, timeline, unit, state, prefetch=unit != quiet)
             open_units.add(unit)
         elif unit is None and unit not in state.touched:
             _fsdp2_span_start(setup, sizes, timeline, None, state)
+        elif unit is not None and setup.inv.layer.requires_grad and state.grad_layers.get(unit, 0) < setup.layers_in(unit):
+            # a unit of k layers: each layer's unsharded gradients appear at its own backward call
+            timeline.add("grads", setup.grad_full["layer"] * sizes.gathered_param)
+            state.grad_layers[unit] += 1
         state.touched.add(unit)
-        _backward_call(sizes, timeline, call)
+        _backward_call(sizes, timeline, call, prefetch=unit is None or unit != quiet)
         following = order[i + 1] if i + 1 < len(order) else None
         if unit is not None and (following is None or not following.is_layer or following.unit != unit):
             _fsdp2_span_end(setup, sizes, timeline, unit, state, final=last[unit] == i)  # earlier passes only reshard
@@ -403,40 +439,47 @@ def _backward_fsdp2(setup: StepSetup, sizes: StepSizes, timeline: Timeline) -> N
 
 
 def _fsdp2_span_start(setup: StepSetup, sizes: StepSizes, timeline: Timeline, unit: int | None,
-                      state: _Fsdp2Backward) -> None:
+                      state: _Fsdp2Backward, prefetch: bool = True) -> None:
     kind, layout = ("root", setup.inv.root) if unit is None else ("layer", setup.inv.layer)
+    n = setup.layers_in(unit)  # a unit of n layers gathers and reduces n layers' worth at once
     if unit is not None and sizes.gathered and (not sizes.keep_after_forward or unit in state.resharded):
-        timeline.add("buffers", sizes.layer_copy)  # all-gathered again for this backward pass
-        timeline.point(f"backward:gather-{kind}", buffers=sizes.copy_out + sizes.backward_prefetch)
+        timeline.add("buffers", n * sizes.layer_copy)  # all-gathered again for this backward pass
+        timeline.point(f"backward:gather-{kind}", buffers=n * sizes.copy_out + (sizes.backward_prefetch if prefetch else 0.0))
     if layout.requires_grad and unit not in state.touched:
         # Unsharded gradients, in param_dtype, from the unit's FIRST backward pass: the
         # unsharded parameter is one autograd leaf for both of FLAVA's passes, so autograd
         # holds the first pass's gradient until the second's arrives (AccumulateGrad runs
-        # once), and the reduce-scatter happens once, at the last pass.
+        # once), and the reduce-scatter happens once, at the last pass. A unit of k layers: its
+        # first layer's here, each other layer's at that layer's call (_backward_fsdp2).
         timeline.add("grads", setup.grad_full[kind] * sizes.gathered_param)
+        state.grad_layers[unit] = 1
     state.touched.add(unit)
 
 
 def _fsdp2_span_end(setup: StepSetup, sizes: StepSizes, timeline: Timeline, unit: int | None,
                     state: _Fsdp2Backward, final: bool) -> None:
     kind, layout = ("root", setup.inv.root) if unit is None else ("layer", setup.inv.layer)
+    n = setup.layers_in(unit)
+    if unit is not None and sizes.gathered:
+        # post_backward reshards the unit BEFORE it reduces (torch 2.14 FSDPParamGroup.post_backward:
+        # reshard(), then foreach_reduce): its gathered parameters are gone at the reduce's peak.
+        timeline.add("buffers", -n * sizes.layer_copy)
+        state.resharded.add(unit)
     if layout.requires_grad and final:
         # foreach_reduce: copy the unsharded gradients into a new flat reduce-scatter input
         # (reduce dtype, padded), reduce-scatter into a new output of one shard (it becomes
         # the sharded gradient, or is added to it and freed). The reduce dtype is fp32 for the
-        # mixed precisions and fp32, bf16 under bf16-true: the storage dtype.
-        reduce_in = setup.grad_full[kind] * sizes.storage
-        reduce_out = setup.grad_chunk[kind] * sizes.storage
+        # mixed precisions and fp32, bf16 under bf16-true: the storage dtype. A unit of n
+        # layers reduces its n layers' gradients in one collective: n times each buffer.
+        reduce_in = n * setup.grad_full[kind] * sizes.storage
+        reduce_out = n * setup.grad_chunk[kind] * sizes.storage
         # The previous unit's input is freed first (reduce_scatter_max_input_buffers = 1).
         timeline.point(f"backward:reduce-{kind}", buffers=reduce_in + reduce_out - state.reduce_input_held)
-        timeline.add("grads", -setup.grad_full[kind] * sizes.gathered_param
-                     + (0 if unit in state.reduced else setup.grad_chunk[kind] * sizes.storage))
+        timeline.add("grads", -n * setup.grad_full[kind] * sizes.gathered_param
+                     + (0 if unit in state.reduced else n * setup.grad_chunk[kind] * sizes.storage))
         timeline.add("buffers", reduce_in - state.reduce_input_held)
         state.reduce_input_held = reduce_in
         state.reduced.add(unit)
-    if unit is not None and sizes.gathered:
-        timeline.add("buffers", -sizes.layer_copy)
-        state.resharded.add(unit)
 
 
 def optimizer_transient(setup: StepSetup) -> float:
