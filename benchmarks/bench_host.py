@@ -28,6 +28,13 @@ shrunk to 32), so that what remains of a step is host work.
     python benchmarks/bench_host.py                       # the table in docs/performance.md
     python benchmarks/bench_host.py --quick --json h.json # seconds: what tests/test_bench.py runs
     python benchmarks/bench_host.py --rungs vit-debug/single/b4,vit-debug/fsdp-full/b4 --repeats 7
+    python benchmarks/bench_host.py --units 1,2,3,4,6 --repeats 5 \
+        --rungs vit-base-skeleton/single/b2,vit-base-skeleton/fsdp2-full/b2   # host work against k
+
+A rung is ``model/strategy/b<batch>`` at the strategy's default knobs, or
+``model/strategy/<knobs>/b<batch>`` (``vit-base-skeleton/fsdp2-full/pf0-u4/b2``: units of 4
+blocks). ``--units K,...`` runs each FSDP2 rung at every unit size k (knobs ``pf0-u<k>``; k = 1 is
+the rung as it is); FSDP1 cannot group blocks (spec.FSDP1_UNIT_REFUSAL), so its rungs run as given.
 """
 
 from __future__ import annotations
@@ -89,11 +96,37 @@ def register_skeletons(rungs: list[str]) -> None:
 
 
 def parse_rung(text: str) -> tuple[str, str, int]:
-    """``model/strategy/b<batch>`` -> (model, strategy, batch); a bad one: one line, exit 2."""
+    """``model/strategy[/<knobs>]/b<batch>`` -> (model, strategy, batch), the knobs kept in the
+    strategy as ``strategy:knobs`` (:func:`split_knobs`); a bad one: one line, exit 2."""
     parts = text.strip().split("/")
-    if len(parts) != 3 or not parts[2].startswith("b") or not parts[2][1:].isdigit():
-        raise SystemExit(f"bench_host: rung {text!r} is not model/strategy/b<batch>")
-    return parts[0], parts[1], int(parts[2][1:])
+    if len(parts) not in (3, 4) or not parts[-1].startswith("b") or not parts[-1][1:].isdigit():
+        raise SystemExit(f"bench_host: rung {text!r} is not model/strategy[/knobs]/b<batch>")
+    strategy = parts[1] + (f":{parts[2]}" if len(parts) == 4 else "")
+    return parts[0], strategy, int(parts[-1][1:])
+
+
+def split_knobs(strategy: str) -> tuple[str, str]:
+    """``strategy[:knobs]`` -> (strategy, knobs); "" for the strategy's default knobs."""
+    name, _, knobs = strategy.partition(":")
+    return name, knobs
+
+
+def with_units(rungs: list[str], units: list[int]) -> list[str]:
+    """Each FSDP2 rung at every unit size in ``units`` (knobs ``pf<n>-u<k>``, its prefetch kept),
+    right after it; every other rung once. k = 1 is the rung as given."""
+    from scaleladder.spec import Fsdp2Knobs, parse_knobs, parse_strategy
+
+    out: list[str] = []
+    for r in rungs:
+        model, strategy, batch = parse_rung(r)
+        name, knobs = split_knobs(strategy)
+        if not parse_strategy(name).is_fsdp2:
+            out.append(r)
+            continue
+        pf = parse_knobs(knobs).prefetch_layers if knobs else 0  # type: ignore[union-attr]
+        for k in units:
+            out.append(r if k == 1 else f"{model}/{name}/{Fsdp2Knobs(pf, k)}/b{batch}")
+    return out
 
 
 def flava_impls() -> list[str]:
@@ -151,10 +184,13 @@ def run_rung(model: str, strategy: str, batch: int, impl: str, out: Path, steps:
 
     p = argparse.ArgumentParser()
     run.add_arguments(p)
+    strategy, knobs = split_knobs(strategy)
     argv = ["--model", model, "--strategy", strategy, "--precision", "fp32", "--batch", str(batch),
             "--steps", str(steps), "--warmup", str(warmup), "--device", "cpu", "--out", str(out), "--trace-steps", str(trace)]
     if impl:
         argv += ["--flava-impl", impl]
+    if knobs:
+        argv += ["--knobs", knobs]
     os.environ["MASTER_PORT"] = str(_free_port())  # other rungs and other people's runs may hold 29500
     rc = run.main(p.parse_args(argv))
     if rc != 0:
@@ -187,7 +223,7 @@ def measure(rungs: list[str], repeats: int, steps: int, warmup: int, trace: int,
         for key in plan:
             model, strategy, batch, impl = key
             t = trace if rep == 0 else 0
-            out = work / f"{model}-{strategy}-b{batch}-{impl or 'default'}-r{rep}.h5"
+            out = work / f"{model}-{strategy.replace(':', '-')}-b{batch}-{impl or 'default'}-r{rep}.h5"
             run_rung(model, strategy, batch, impl, out, steps, warmup, t)
             times[key].append(host_ms(out, warmup + t))
             if t:
@@ -200,8 +236,9 @@ def measure(rungs: list[str], repeats: int, steps: int, warmup: int, trace: int,
     for key in plan:
         model, strategy, batch, impl = key
         a, s = counts[key]
-        rows.append({"model": model, "strategy": strategy, "batch": batch, "flava_impl": impl,
-                     "aten_ops_per_step": a / trace, "syncs_per_step": s / trace,
+        name, knobs = split_knobs(strategy)
+        rows.append({"model": model, "strategy": name, **({"knobs": knobs} if knobs else {}), "batch": batch,
+                     "flava_impl": impl, "aten_ops_per_step": a / trace, "syncs_per_step": s / trace,
                      "host_ms_per_step": float(np.median(times[key])), "host_ms_repeats": times[key]})
     singles = {(r["model"], r["batch"], r["flava_impl"]): r["host_ms_per_step"] for r in rows if r["strategy"] == "single"}
     for r in rows:
@@ -215,7 +252,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     impl = any(r["flava_impl"] for r in rows)
     head = ["rung", *(["FLAVA impl"] if impl else []), "aten ops/step", "syncs/step", "host ms/step", "× single"]
-    body = [[f"{r['model']}/{r['strategy']}/b{r['batch']}", *([r["flava_impl"] or "-"] if impl else []),
+    body = [[f"{r['model']}/{r['strategy']}/" + (f"{r['knobs']}/" if r.get("knobs") else "") + f"b{r['batch']}", *([r["flava_impl"] or "-"] if impl else []),
              f"{r['aten_ops_per_step']:.0f}", f"{r['syncs_per_step']:.0f}", f"{r['host_ms_per_step']:.2f}",
              "-" if r["host_vs_single"] is None else f"{r['host_vs_single']:.2f}"] for r in rows]
     return md_table(head, body)
@@ -232,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-steps", type=int, default=1)
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="the step's clock: the training thread's CPU time (default) or wall time")
+    ap.add_argument("--units", default=None,
+                    help="comma-separated unit sizes k: each FSDP2 rung at every k (knobs pf<n>-u<k>; 1: as given)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     a = ap.parse_args(argv)
     rungs = [r for r in a.rungs.split(",") if r.strip()] if a.rungs else list(QUICK_RUNGS if a.quick else DEFAULT_RUNGS)
@@ -239,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         from scaleladder.flavors import FLAVORS
 
         rungs += [f"{m}{SKELETON_SUFFIX}/single/b2" for m, f in FLAVORS.items() if not f.debug and m not in REAL]
+    if a.units:
+        try:
+            units = [int(k) for k in a.units.split(",") if k.strip()]
+        except ValueError:
+            raise SystemExit(f"bench_host: --units {a.units!r} is not a comma-separated list of integers") from None
+        rungs = with_units(rungs, units)
     if a.quick:
         a.repeats, a.steps, a.warmup, a.trace_steps = 1, 4, 1, 1
     if a.steps - a.warmup - a.trace_steps < 1:

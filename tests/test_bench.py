@@ -179,6 +179,23 @@ def test_bench_host_counts_top_level_ops_and_gpu_syncs_only() -> None:
     assert top_level_ops(events) == (5, 2)
 
 
+def test_bench_host_sweeps_fsdp2_rungs_over_unit_sizes() -> None:
+    """--units K,...: each FSDP2 rung at every k (its prefetch kept; k = 1 as given), the rest once;
+    a rung may name its knobs (model/strategy/knobs/b<batch>)."""
+    from bench_host import parse_rung, split_knobs, with_units
+
+    rungs = ["vit-base-skeleton/single/b2", "vit-base-skeleton/fsdp2-full/b2", "vit-base-skeleton/fsdp-full/b2",
+             "vit-debug/fsdp2-full-ac/pf1/b4"]
+    assert with_units(rungs, [1, 2, 4]) == [
+        "vit-base-skeleton/single/b2", "vit-base-skeleton/fsdp2-full/b2", "vit-base-skeleton/fsdp2-full/pf0-u2/b2",
+        "vit-base-skeleton/fsdp2-full/pf0-u4/b2", "vit-base-skeleton/fsdp-full/b2", "vit-debug/fsdp2-full-ac/pf1/b4",
+        "vit-debug/fsdp2-full-ac/pf1-u2/b4", "vit-debug/fsdp2-full-ac/pf1-u4/b4"]
+    assert parse_rung("vit-debug/fsdp2-full/pf0-u2/b4") == ("vit-debug", "fsdp2-full:pf0-u2", 4)
+    assert split_knobs("fsdp2-full:pf0-u2") == ("fsdp2-full", "pf0-u2") and split_knobs("single") == ("single", "")
+    with pytest.raises(SystemExit, match="model/strategy"):
+        parse_rung("vit-debug/fsdp2-full/pf0/u2/b4")
+
+
 @pytest.mark.process
 def test_bench_host_quick_runs_rungs_and_compares_them_with_single(tmp_path) -> None:
     import json
