@@ -183,8 +183,10 @@ def planned_collectives(spec: RunSpec, world: int) -> dict[str, int]:
     gbytes = setup.variant.gathered_param_bytes or fsdp_param_bytes(setup.precision)
     rbytes = 4 if setup.precision in ("bf16-mixed", "fp16-mixed") else storage_bytes(setup.precision)
 
+    # A collective over one rank moves nothing: the planner prices it at 0 s (planner/comm.py) and torch
+    # issues none (FSDP2 HYBRID 1's shard groups of one rank: only the replicas' all-reduce).
     def gather(kind: str) -> None:
-        if sh.sharded:
+        if sh.sharded and sh.group > 1:
             add("all_gather", setup.unit_full.get(kind, 0) * gbytes)
 
     def reduce(kind: str) -> None:
@@ -192,7 +194,8 @@ def planned_collectives(spec: RunSpec, world: int) -> dict[str, int]:
         if not sh.sharded:
             add("all_reduce", n)
             return
-        add("reduce_scatter", n)
+        if sh.group > 1:
+            add("reduce_scatter", n)
         if world // sh.group > 1:
             add("all_reduce", n / sh.group)
 
