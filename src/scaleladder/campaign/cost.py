@@ -23,17 +23,28 @@ A ``max`` rung is priced at the planner's predicted max batch, plus the search's
 (``probe_steps`` each, one per doubling up to that batch, as the search starts at the
 prediction and checks its neighbours: an estimate, said as such).
 
+A models-file model (``campaign/plan_trace.traced_model``) has no analytic FLOPs or step time:
+its CACHED trace gives them (``plan_trace.step_time``; FLOPs per sample from FlopCounterMode on
+the traced step), read with no torch. Where no trace is cached, the stated MFU prices FLOPs per
+sample that a finished rung of the same model recorded; where there is none either, the job is
+priced at its rule's time limit (``rung``/``rung_max`` ``runtime``: an upper bound, the scheduler
+ends it there), else it is not priced (counted apart). The source says which, never a zero.
+
 Torch-free: this runs on a login node.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaleladder.campaign.plan_trace import NotTraced, Trace, Untraceable, traced_model
+from scaleladder.campaign.plan_trace import step_time as traced_step_time
+from scaleladder.campaign.plan_trace import trace as cached_trace
 from scaleladder.flavors import get_flavor
 from scaleladder.planner.devices import PEAKS, chip_of
 from scaleladder.planner.rates import rates
@@ -64,7 +75,26 @@ def plan_device_peak_flops(plan_device: str, precision: str) -> float:
 
 
 def model_flops_per_sample(spec: RunSpec, global_batch: int) -> float:
-    return flops_per_sample(get_flavor(spec.model), spec.strategy.ac, global_batch).model
+    """The analytic model FLOPs of one sample (a built-in family's); a models-file model has none
+    (:func:`traced_model_flops`), said in one line."""
+    flavor = get_flavor(spec.model)
+    if traced_model(flavor):
+        raise SpecError(f"{spec.model} is a models-file model: no analytic FLOPs count (its trace's: scaleladder plan)")
+    return flops_per_sample(flavor, spec.strategy.ac, global_batch).model
+
+
+def traced_model_flops(spec: RunSpec, world: int, tr: Trace, cache: str | None = None) -> tuple[float, str]:
+    """A traced rung's model FLOPs per sample (no recompute) and where they come from: its trace's
+    FLOPs; an activation-checkpointed rung's from its plain sibling's cached trace, else its own
+    (recompute included: a step priced high, said so)."""
+    if not spec.strategy.ac:
+        return tr.flops_per_sample, "FLOPs per sample traced"
+    plain = dataclasses.replace(spec, strategy=dataclasses.replace(spec.strategy, ac=False, reentrant=False, selective=False))
+    try:
+        sibling, _, _ = cached_trace(plain, world, cache=cache, cached_only=True)
+    except SpecError:
+        return tr.flops_per_sample, "FLOPs per sample traced, the recomputed forward included (no trace of the rung without AC)"
+    return sibling.flops_per_sample, f"FLOPs per sample traced ({plain.strategy}'s)"
 
 
 def stated_mfu(spec: RunSpec, table: Mapping[str, float]) -> tuple[float, str]:
@@ -84,6 +114,7 @@ class Measured:
     mfu: float | None
     batch: int | None  # the local batch it ran (a max rung: the batch it found)
     startup_s: float | None = None  # rank 0's start-up + tear-down (rung/startup.py); None in older records
+    flops_per_sample: float | None = None  # the model FLOPs it recorded (a models-file model's, counted)
 
 
 @dataclass
@@ -98,6 +129,7 @@ class Estimate:
     source: str  # where the step time comes from
     measured: bool = False
     priced: bool = True  # False: nothing to price it with (no predicted max batch); counted apart
+    fallback: bool = False  # a models-file model priced without its trace (its source says by what)
     startup_s: float = 0.0  # of job_s, the part outside the steps (per job; the max search pays it per probe too)
     startup_source: str = ""
 
@@ -122,6 +154,8 @@ class TimeModel:
     site: Site = field(default_factory=Site)  # the profile's timing: links, cpu_factor, compile_s
     ranks_per_node: int = 1
     predicted: bool = True  # False: the stated-MFU model (budget.mfu) instead of planner/steptime.py
+    trace_cache: str | None = None  # where a models-file model's traces are read (None: plan_trace's default)
+    limits_s: Mapping[str, float] = field(default_factory=dict)  # rule (rung, rung_max) -> its time limit: an untraced model's bound
 
 
 def calibrated_mfu(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float, list[str]] | None:
@@ -171,8 +205,10 @@ def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, timin
         step, source, done = own.step_time_s, "measured (this rung)", True
         batch = own.batch or batch
     else:
-        step, source = _step(spec, world, batch, timing, measured)
-        done = False
+        priced, source, fallback = _step(spec, world, batch, timing, measured)
+        if priced is None:
+            return unpriced(spec, world, timing, source, batch)
+        step, done = priced, False
     start = measured_startup(spec, list(measured.values()))
     startup, startup_source = start if start else (timing.startup_s, f"stated start-up {timing.startup_s:.0f} s (budget.startup_s)")
     if spec.strategy.compile and timing.site.compile_s:
@@ -183,37 +219,92 @@ def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, timin
         probes = max(1, math.ceil(math.log2(max(batch, 2))))
         job += probes * (timing.probe_steps * step + startup)
         paid += probes * startup
-    return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done, startup_s=paid, startup_source=startup_source)
+    return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done, startup_s=paid, startup_source=startup_source,
+                    fallback=not done and fallback)
 
 
-def _step(spec: RunSpec, world: int, batch: int, timing: TimeModel, measured: Mapping[str, Measured]) -> tuple[float, str]:
-    """A rung not measured itself: calibrated from its measured siblings, else predicted, else stated."""
+def unpriced(spec: RunSpec, world: int, timing: TimeModel, why: str, batch: int | None = None) -> Estimate:
+    """A rung the time model cannot price (a models-file model with no cached trace and no record
+    of its FLOPs): its job at its rule's time limit, an upper bound (the scheduler ends it there),
+    else not priced; ``why`` first in its source."""
+    rule = "rung_max" if spec.batch == "max" else "rung"
+    limit = timing.limits_s.get(rule)
+    if limit:
+        return Estimate(spec, world, spec.nodes, batch, True, math.nan, limit,
+                        f"{why}: priced at the {rule} job's time limit, {limit / 60:.0f} min (an upper bound)",
+                        startup_source="in the time limit", fallback=True)
+    return Estimate(spec, world, spec.nodes, batch, True, 0.0, 0.0,
+                    f"not priced: {why}, and no {rule} time limit (runtime) to bound its job", priced=False)
+
+
+def _trace(spec: RunSpec, world: int, timing: TimeModel) -> tuple[Trace | None, str]:
+    """A traced rung's cached trace, else None and why, in a few words."""
+    try:
+        return cached_trace(spec, world, cache=timing.trace_cache, cached_only=True)[0], ""
+    except NotTraced as e:
+        return None, f"{'a stale' if e.stale else 'no'} cached trace at world {e.world}"
+    except Untraceable:
+        return None, f"no trace (fake tensors cannot trace FSDP1 on {world} ranks)"
+
+
+def _recorded_flops(spec: RunSpec, measured: Mapping[str, Measured]) -> tuple[float, str] | None:
+    """The model FLOPs per sample a finished rung of the same model recorded (the median of them)."""
+    got = {m.spec.path: m.flops_per_sample for m in measured.values()
+           if m.spec.model == spec.model and m.status == "ok" and m.flops_per_sample}
+    if not got:
+        return None
+    return statistics.median(v for v in got.values() if v), f"FLOPs per sample recorded by {', '.join(sorted(got))}"
+
+
+def _step(spec: RunSpec, world: int, batch: int, timing: TimeModel,
+          measured: Mapping[str, Measured]) -> tuple[float | None, str, bool]:
+    """A rung not measured itself: calibrated from its measured siblings, else predicted, else stated;
+    and whether a models-file model was priced without its trace. None (and why) for one with neither
+    a cached trace nor a record of its FLOPs."""
     cal = calibrated_mfu(spec, list(measured.values()))
-    if cal is None and timing.predicted:
+    traced = traced_model(get_flavor(spec.model))
+    tr, why = _trace(spec, world, timing) if traced else (None, "")
+    if cal is None and timing.predicted and (tr is not None or not traced):
         try:
             r = rates(timing.plan_device, spec.precision)
-            st = predict_step(spec, world, min(timing.ranks_per_node, world), batch, r, timing.site)
+            if tr is not None:
+                st = traced_step_time(spec, world, batch, tr, r, timing.site)
+            else:
+                st = predict_step(spec, world, min(timing.ranks_per_node, world), batch, r, timing.site)
         except SpecError:
             pass  # no rates for this device: the stated MFU below
         else:
             p = st.parts()
-            return st.step_time_s, (f"predicted ({st.bound}-bound: compute {p['compute_s']:.3f} s, host {p['host_s']:.3f} s, "
+            return st.step_time_s, (f"predicted{' from its cached trace' if tr is not None else ''} ({st.bound}-bound: "
+                                    f"compute {p['compute_s']:.3f} s, host {p['host_s']:.3f} s, "
                                     f"comm {p['comm_s']:.3f} s, exposed {p['exposed_comm_s']:.3f} s"
-                                    + ("; no link figures" if world > 1 and timing.site.links is None else "") + ")")
+                                    + ("; no link figures" if world > 1 and timing.site.links is None and tr is None else "")
+                                    + ("; communication not modelled" if world > 1 and tr is not None else "") + ")"), False
     peak = plan_device_peak_flops(timing.plan_device, spec.precision)
     if cal:
         mfu, sources = cal
         source = f"calibrated mfu {mfu:.3f} from " + ", ".join(sources)
     else:
         mfu, source = stated_mfu(spec, timing.mfu)
-    return batch * model_flops_per_sample(spec, batch * world) / (peak * mfu), source
+    if not traced:
+        return batch * model_flops_per_sample(spec, batch * world) / (peak * mfu), source, False
+    recorded = _recorded_flops(spec, measured)
+    if cal and recorded:  # the FLOPs the calibrating rungs' MFU was measured against
+        flops: tuple[float, str] | None = recorded
+    else:
+        flops = traced_model_flops(spec, world, tr, timing.trace_cache) if tr is not None else recorded
+    if flops is None:
+        return None, f"a models-file model with {why} and no finished rung recording its FLOPs", True
+    return batch * flops[0] / (peak * mfu), f"{source}; {flops[1]}" + (f" ({why})" if tr is None else ""), tr is None
 
 
 def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Mapping[str, float]) -> list[dict[str, str]]:
     """Per ladder block and in total: rungs, rungs to run, won't fit, node-hours, the longest job
-    against the time limit of its rule (``rung`` or ``rung_max``, minutes)."""
+    against the time limit of its rule (``rung`` or ``rung_max``, minutes); where models-file models
+    were priced without a trace, how many (each one's source says by what)."""
     rows = []
     everything: list[Estimate] = []
+    fallback = any(e.fallback for _, ests in blocks for e in ests)  # a column only where a models-file model has one
     for name, ests in list(blocks) + [("total", [])]:
         ests = list(ests) if name != "total" else everything
         if name != "total":
@@ -229,6 +320,7 @@ def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Ma
             "won't fit": str(sum(not e.fits for e in ests)),
             "measured": str(sum(e.measured for e in ests)),
             "not priced": str(sum(not e.priced for e in ests)),
+            **({"untraced, priced by fallback": str(sum(e.fallback for e in ests))} if fallback else {}),
             "node-hours to run": f"{sum(e.node_hours for e in todo):.1f}",
             "of which start-up": f"{sum(e.startup_node_hours for e in todo):.1f}",
             "longest job": (f"{longest.job_s / 60:.0f} min ({longest.spec.path})" if longest else "-"),
@@ -255,7 +347,8 @@ def read_measured(paths: Sequence[str]) -> dict[str, Measured]:
         startup = _float(a.get(Startup.startup_s))
         out[spec.path] = Measured(spec, str(a.get(Record.status, "")), _float(a.get(Throughput.step_time_mean_s)),
                                   _float(a.get(Throughput.mfu)), int(found) if found.isdigit() else None,
-                                  None if startup is None else startup + (_float(a.get(Startup.teardown_s)) or 0.0))
+                                  None if startup is None else startup + (_float(a.get(Startup.teardown_s)) or 0.0),
+                                  _float(a.get(Throughput.flops_per_sample)))
     return out
 
 

@@ -174,20 +174,40 @@ def launcher_probe(cfg: Any, launcher: str, workdir: Path, steps: int, warmup: i
     return probe
 
 
-def planned_start(spec: RunSpec, device: str, ranks_per_node: int, data: str = "synthetic") -> tuple[int | None, bool]:
+def planned_start(spec: RunSpec, device: str, ranks_per_node: int, data: str = "synthetic",
+                  cached_only: bool = False) -> tuple[int | None, bool]:
     """(the planner's max batch or None, whether it predicts that not even batch 1 fits).
 
     A ``-compile`` rung: the planner's memory for it is its eager rung's (an upper bound), so the search STARTS at its
     eager counterpart's max batch (only a starting point: doubling and bisection find the
-    compiled rung's own limit either way) and is never declared hopeless without a probe."""
+    compiled rung's own limit either way) and is never declared hopeless without a probe.
+
+    A models-file model (``plan_trace.traced_model``) is planned by its trace: the cache's, else
+    traced here (a maxbatch job has torch); ``cached_only`` (``budget``, torch-free) raises
+    ``plan_trace.NotTraced`` instead. One that cannot be traced (FSDP1 on several ranks) has no
+    planned start: (None, False), the search starts at 1 (``cached_only``: ``plan_trace.Untraceable``)."""
     import dataclasses
 
+    from scaleladder.campaign.plan_trace import Untraceable, traced_model
+    from scaleladder.flavors import get_flavor
     from scaleladder.planner.memory import predict
 
     compiled = spec.strategy.compile
     if compiled:
         spec = dataclasses.replace(spec, strategy=dataclasses.replace(spec.strategy, compile=False))
-    p = predict(spec, spec.nodes * ranks_per_node, ranks_per_node, device, data=data)
+    world = spec.nodes * ranks_per_node
+    if traced_model(get_flavor(spec.model)):
+        from scaleladder.campaign.plan_trace import predict as predict_traced
+
+        try:
+            p = predict_traced(spec, world, ranks_per_node, device, data=data, cached_only=cached_only).prediction
+        except Untraceable as e:
+            if cached_only:
+                raise
+            _log.info(f"scaleladder maxbatch: {e}: no planned start")
+            return None, False
+    else:
+        p = predict(spec, world, ranks_per_node, device, data=data)
     return p.max_batch, not compiled and p.capacity_bytes is not None and p.max_batch is None
 
 

@@ -29,16 +29,28 @@ cache folder of ``rung/probe_cache.py``). A file records the torch version and a
 the code that ran the trace; a file whose either differs is ignored and traced again. A plan read
 from the cache imports no torch and no model library.
 
+Who traces, who reads only the cache (:func:`traced_model` picks the traced planner: every
+models-file model, decided from its entry alone): ``scaleladder plan --spec``, ``launch
+--plan-device`` (the predicted-oom verdict, ``--plan-only`` too) and ``maxbatch``'s starting batch
+trace a rung the cache lacks (they import torch anyway). What must stay torch-free and fast reads
+the cache only (``cached_only``, :class:`NotTraced` on a miss) and says in one line what it could
+not plan, with the command that traces it (:func:`trace_command`): the workflow's fit check while
+the DAG is built (site/ladder.py), ``budget`` (campaign/cost.py), ``plan --fits-table``,
+``--fits-chart``, ``--time-chart`` and ``--vs-measured``.
+
 This module imports no torch at load (``scaleladder plan`` imports it to ask :func:`analytic`);
 a trace imports it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import shlex
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -46,10 +58,11 @@ from typing import Any
 
 from scaleladder.flavors import Flavor, get_flavor
 from scaleladder.models.flava_impl import SDPA
+from scaleladder.planner.fits import TABLE_STRATEGIES, FitsCell
 from scaleladder.planner.memory import CALIBRATED, Device, Overheads, Prediction, largest_batch, required_bytes, resolve_device
 from scaleladder.planner.rates import HostTable, Rates
 from scaleladder.planner.steptime import Site, StepTime
-from scaleladder.spec import RunSpec, SpecError
+from scaleladder.spec import RunSpec, SpecError, default_knobs, parse_strategy
 
 #: The two local batches a rung is traced at. A fake tensor has no storage, so a trace costs the
 #: same at any batch; 4 and 8 are past batch 1 and 2, where a 512-byte-rounded per-sample tensor
@@ -84,6 +97,27 @@ def analytic(flavor: Flavor) -> bool:
     return family_of(flavor).analytic
 
 
+def traced_model(flavor: Flavor) -> bool:
+    """Whether the workflow, ``launch``, ``maxbatch`` and ``budget`` plan ``flavor`` by its trace:
+    every models-file model (decided from its entry alone, so a python entry's module, and torch,
+    are never imported for it), and a family without an analytic model."""
+    return bool(flavor.entry) or not analytic(flavor)
+
+
+class NotTraced(SpecError):
+    """No usable cached trace of a rung, asked of the cache only (``cached_only``): none, or one
+    written under another torch or by other code (``stale``)."""
+
+    def __init__(self, spec: RunSpec, world: int, path: Path, stale: bool) -> None:
+        self.spec, self.world, self.path, self.stale = spec, world, path, stale
+        why = "a stale cached trace (another torch or other code)" if stale else "no cached trace"
+        super().__init__(f"{spec.path}: {why} at world {world} in {path.parent}")
+
+
+class Untraceable(SpecError):
+    """A rung the fake tensors cannot trace (FSDP1 on more than one rank)."""
+
+
 # -- the trace ------------------------------------------------------------------------------------
 
 
@@ -110,8 +144,8 @@ def traced_rung(spec: RunSpec, world: int) -> Traced:
     if s.wrapper == "single":
         world = 1
     elif s.is_fsdp1 and world > 1:
-        raise SpecError(f"{spec.path}: FSDP1 on {world} ranks cannot be traced (fake tensors trace it on one rank "
-                        "only); trace fsdp2 or plan at one rank")
+        raise Untraceable(f"{spec.path}: FSDP1 on {world} ranks cannot be traced (fake tensors trace it on one rank "
+                          "only); trace fsdp2 or plan at one rank")
     return Traced(RunSpec(spec.model, s, spec.precision, spec.knobs, spec.nodes, TRACE_BATCHES[0]), world, tuple(notes), ddp)
 
 
@@ -250,25 +284,41 @@ def _uses_flava_impl(flavor: Flavor) -> bool:
 
 def code_fingerprint(flavor: Flavor) -> str:
     """A hash of the code that runs a trace (:data:`CODE`), a python entry's own code (every .py
-    under its ``path``), and the model libraries' versions. Read without importing any of them."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for rel in CODE:
-        path = root / rel
-        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    under its ``path``), and the model libraries' versions. Read without importing any of them.
+    The project's code and the libraries' versions are read once per process (the DAG build asks
+    for every rung); a python entry's files every time."""
+    h = hashlib.sha256(_installed_code())
     entry = json.loads(flavor.entry) if flavor.entry else {}
     own = Path(entry["path"]) if entry.get("source") == "python" and entry.get("path") else None
     if own is not None:
         for f in sorted(own.rglob("*.py")) if own.is_dir() else [own]:
             if f.is_file():
                 h.update(f.read_bytes())
+    h.update(_library_versions())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _installed_code() -> bytes:
+    """The :data:`CODE` files' paths and contents, hashed (once per process)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in CODE:
+        path = root / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.digest()
+
+
+@functools.cache
+def _library_versions() -> bytes:
+    out = b""
     for lib in LIBRARIES:
         try:
-            h.update(f"{lib}={metadata.version(lib)}".encode())
+            out += f"{lib}={metadata.version(lib)}".encode()
         except metadata.PackageNotFoundError:
             pass
-    return h.hexdigest()[:16]
+    return out
 
 
 def torch_version() -> str:
@@ -288,15 +338,19 @@ def _load(path: Path, torch_version: str, code: str) -> Trace | None:
     return trace if trace.torch == torch_version and trace.code == code else None
 
 
-def trace(spec: RunSpec, world: int, flava_impl: str = SDPA, cache: str | Path | None = None) -> tuple[Trace, Path, bool]:
+def trace(spec: RunSpec, world: int, flava_impl: str = SDPA, cache: str | Path | None = None,
+          cached_only: bool = False) -> tuple[Trace, Path, bool]:
     """``spec``'s trace at ``world`` ranks: (the trace, its cache file, whether it came from there).
-    A trace read from the cache imports no torch."""
+    A trace read from the cache imports no torch; with ``cached_only`` a miss is :class:`NotTraced`
+    (nothing traced, nothing imported)."""
     t = traced_rung(spec, world)
     flavor = get_flavor(t.spec.model)
     path = cache_path(t, flava_impl, cache_dir(cache))
     code, version = code_fingerprint(flavor), torch_version()
     found = _load(path, version, code)
     hit = found is not None
+    if found is None and cached_only:
+        raise NotTraced(spec, t.world, path, path.is_file())
     if found is None:
         from scaleladder.campaign.plan_check import PHASES, run_steps
         from scaleladder.files import atomic_write_text
@@ -357,9 +411,10 @@ class TracedPlan:
 
 def predict(spec: RunSpec, world: int, ranks_per_node: int, device: str | Device, batch: int | None = None,
             data: str = "synthetic", flava_impl: str = SDPA, cache: str | Path | None = None,
-            overheads: Overheads = CALIBRATED) -> TracedPlan:
+            overheads: Overheads = CALIBRATED, cached_only: bool = False) -> TracedPlan:
     """The traced counterpart of ``planner.memory.predict``: the same :class:`Prediction`, its peak and
-    breakdown from the trace (``phase`` says which phase of the step peaks, ``traced:`` first)."""
+    breakdown from the trace (``phase`` says which phase of the step peaks, ``traced:`` first).
+    ``cached_only``: from a cached trace or :class:`NotTraced` (torch-free)."""
     from scaleladder.models.batch_layout import SYNTHETIC_POOL
     from scaleladder.planner.step_setup import input_batches
 
@@ -367,7 +422,7 @@ def predict(spec: RunSpec, world: int, ranks_per_node: int, device: str | Device
     if world < 1 or ranks_per_node < 1:
         raise SpecError(f"world ({world}) and ranks per node ({ranks_per_node}) must be >= 1")
     spec.strategy.check_world(world)
-    tr, path, hit = trace(spec, world, flava_impl, cache)
+    tr, path, hit = trace(spec, world, flava_impl, cache, cached_only)
     resident = input_batches(data).resident / SYNTHETIC_POOL
     cap = dev.capacity_bytes
     mb = None if cap is None else largest_batch(lambda b: required_bytes(tr.peak(b, resident), world, overheads) <= cap)
@@ -383,6 +438,85 @@ def predict(spec: RunSpec, world: int, ranks_per_node: int, device: str | Device
                    peak_bytes=int(peak), required_bytes=req, capacity_bytes=cap, fits=cap is None or req <= cap,
                    max_batch=mb, phase=f"traced: {moment_name(phase)}", breakdown=breakdown)
     return TracedPlan(p, tr, path, hit)
+
+
+# -- what fits where, traced ----------------------------------------------------------------------
+
+#: A fits-table cell of a models-file model whose trace is not cached (``plan --fits-table`` says "no trace").
+NO_TRACE = "no cached trace"
+
+
+def fits_cells(models: Sequence[str], device: str | Device, nodes: int, gpus_per_node: int, precision: str,
+               batch: int | None, data: str = "synthetic", strategies: Sequence[str] | None = None,
+               cache: str | Path | None = None) -> tuple[list[FitsCell], dict[tuple[str, str], TracedPlan], list[NotTraced]]:
+    """``planner.fits.fits_table``'s cells for models the planner traces, from CACHED traces only
+    (torch-free, fast): (the cells, each planned cell's :class:`TracedPlan` by (model, strategy),
+    the cells with no cached trace, whose cell says :data:`NO_TRACE`). A strategy the fake tensors
+    cannot trace on this world (FSDP1) is a cell of its own reason, as one that cannot run there."""
+    world = nodes * gpus_per_node
+    cells: list[FitsCell] = []
+    plans: dict[tuple[str, str], TracedPlan] = {}
+    missing: list[NotTraced] = []
+    for m in models:
+        for s in strategies or TABLE_STRATEGIES:
+            strat = parse_strategy(s)
+            spec = RunSpec(m, strat, precision, default_knobs(strat), nodes, batch if batch is not None else "max")
+            try:
+                strat.check_world(world)
+                tp = predict(spec, world, gpus_per_node, device, data=data, cache=cache, cached_only=True)
+            except NotTraced as e:
+                missing.append(e)
+                cells.append(FitsCell(m, s, None, None, None, NO_TRACE))
+                continue
+            except SpecError as e:  # cannot run on this world, or cannot be traced there
+                cells.append(FitsCell(m, s, None, None, None, str(e)))
+                continue
+            p = tp.prediction
+            cells.append(FitsCell(m, s, p.fits if batch is not None else p.max_batch is not None, p.max_batch, p.peak_bytes))
+            plans[(m, s)] = tp
+    return cells, plans, missing
+
+
+# -- what a cache-only caller says ----------------------------------------------------------------
+
+#: A models file's place in a command when the caller does not know it (a rung known from its record).
+MODELS_PLACEHOLDER = "<your models file>"
+
+
+def trace_command(specs: Sequence[RunSpec], device: str, ranks_per_node: int, models_file: str | None,
+                  cache: str | Path | None = None) -> str:
+    """One shell line that traces ``specs`` into the cache as the caller planned them (``nodes x
+    ranks_per_node`` ranks; a ``single`` rung at one, as ``plan`` wants it): ``scaleladder plan`` for
+    one spec, a loop for more (one per ranks per node). ``device`` only names the plan's device (a
+    trace does not depend on it)."""
+    groups: dict[int, list[str]] = {}
+    for s in specs:
+        paths = groups.setdefault(1 if s.strategy.wrapper == "single" else ranks_per_node, [])
+        if s.path not in paths:
+            paths.append(s.path)
+    out = []
+    for rpn, paths in sorted(groups.items(), reverse=True):
+        head = (["scaleladder", "plan", "--models", models_file or MODELS_PLACEHOLDER, "--device", device,
+                 "--gpus-per-node", str(rpn)] + (["--trace-cache", str(cache)] if cache else []))
+        if len(paths) == 1:
+            out.append(shlex.join([*head, "--spec", paths[0]]))
+        else:
+            out.append(f"for s in {' '.join(shlex.quote(p) for p in paths)}; do {shlex.join(head)} --spec \"$s\"; done")
+    return "; ".join(out)
+
+
+def untraced_hint(missing: Sequence[NotTraced], device: str, ranks_per_node: int, models_file: str | None,
+                  cache: str | Path | None = None) -> str:
+    """Where the cache was read, how many traces it lacks (one per cache file: a ``ddp`` rung and
+    its ``single`` share one) and the one command that makes them, for a note of the caller's."""
+    first: dict[Path, NotTraced] = {}
+    for m in missing:
+        first.setdefault(m.path, m)
+    stale = sum(m.stale for m in first.values())
+    folder = next(iter(first)).parent if first else cache_dir(cache)
+    return (f"{len(first)} trace(s) missing from {folder}"
+            + (f" ({stale} of them stale: traced under another torch or by other code)" if stale else "")
+            + f"; each takes seconds to a minute: {trace_command([m.spec for m in first.values()], device, ranks_per_node, models_file, cache)}")
 
 
 # -- the step time --------------------------------------------------------------------------------

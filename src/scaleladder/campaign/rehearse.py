@@ -220,12 +220,19 @@ def _what(o: Outcome, spec: RunSpec, not_to_fit: frozenset[str], reps: dict[str,
 
 
 def _why(spec: RunSpec, device: str, rpn: int) -> str:
-    """The planner's why for a rung predicted not to fit: what it needs against the device."""
+    """The planner's why for a rung predicted not to fit: what it needs against the device (a
+    models-file model's from the cached trace the ladder judged it by)."""
+    from scaleladder.campaign.plan_trace import predict as predict_traced
+    from scaleladder.campaign.plan_trace import traced_model
+    from scaleladder.flavors import get_flavor
     from scaleladder.planner.memory import predict
     from scaleladder.site.ladder import rank_args
 
     world, r = rank_args(spec, rpn)
-    p = predict(spec, world, r, device)
+    if traced_model(get_flavor(spec.model)):
+        p = predict_traced(spec, world, r, device, cached_only=True).prediction
+    else:
+        p = predict(spec, world, r, device)
     cap = f" of {p.capacity_bytes / GIB:.2f}" if p.capacity_bytes else ""
     return f"e.g. {spec.path} needs {p.peak_bytes / GIB:.1f} GiB{cap} on {device}"
 

@@ -127,14 +127,25 @@ def predicted_oom(cfg: RunConfig, device_key: str, ranks_per_node: int) -> dict[
     """The planner's verdict as record attributes when it predicts the rung cannot run,
     else None. A fixed batch cannot run when it does not fit; a ``max`` rung, when not
     even batch 1 does. The workflow makes the same call (same arguments) while it builds
-    its DAG, so the two never disagree about which rungs are skipped."""
+    its DAG, so the two never disagree about which rungs are skipped. A models-file model
+    (``plan_trace.traced_model``) by its trace: the cached one the DAG read, else traced here."""
+    from scaleladder.campaign.plan_trace import traced_model
+    from scaleladder.flavors import get_flavor
     from scaleladder.planner.memory import predict
     from scaleladder.planner.step_setup import Variant
 
     if cfg.spec.strategy.compile:
         return None  # a compiled rung's memory is planned as its eager rung's, an upper bound: no verdict, run it (workflow.planned_not_to_fit says the same)
     world = cfg.spec.nodes * ranks_per_node
-    p = predict(cfg.spec, world, ranks_per_node, device_key, data=cfg.data, variant=Variant(flava_impl=cfg.flava_impl))
+    if traced_model(get_flavor(cfg.spec.model)):
+        # a models-file model: its trace (the cache's, else traced now: torch is loaded in a job anyway),
+        # the one the workflow's DAG read when it routed the rung here
+        from scaleladder.campaign.plan_trace import predict as predict_traced
+
+        # plan_trace.Untraceable (FSDP1 on several ranks) goes to the caller: no verdict, which is not "fits"
+        p = predict_traced(cfg.spec, world, ranks_per_node, device_key, data=cfg.data, flava_impl=cfg.flava_impl).prediction
+    else:
+        p = predict(cfg.spec, world, ranks_per_node, device_key, data=cfg.data, variant=Variant(flava_impl=cfg.flava_impl))
     if p.fits:
         return None
     # Every planner device is a GPU, one rank each.
@@ -214,8 +225,15 @@ def launch_main(args: argparse.Namespace) -> int:
         raise SpecError(f"{cfg.spec.path}: the planner gives a compiled rung only an upper bound (its eager memory), so --plan-only has no verdict to "
                         "record; a compiled rung is always run (its OOM is its result)")
     if rpn is not None and args.plan_device and (args.plan_only or not args.run_predicted_oom):
-        if record_predicted_oom(cfg, args.plan_device, rpn, "launch"):
-            return 0
+        from scaleladder.campaign.plan_trace import Untraceable
+
+        try:
+            if record_predicted_oom(cfg, args.plan_device, rpn, "launch"):
+                return 0
+        except Untraceable as e:  # a models-file rung the fake tensors cannot trace: the planner has no verdict
+            if args.plan_only:
+                raise SpecError(f"{e}: the planner has no verdict to record (the workflow's DAG does not route such a rung here)") from None
+            print(f"scaleladder launch: {e}: no verdict of the planner, so the rung runs", file=sys.stderr)
         if args.plan_only:
             raise SpecError(f"{cfg.spec.path} is predicted to fit on {args.plan_device} with {rpn} ranks per node; "
                             "--plan-only records only rungs that are not (is the planner here the one that built the DAG?)")

@@ -15,10 +15,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaleladder.flavors import FLAVORS
 from scaleladder.results.record import Build, Memory, Placement, Record, Settings, Spec
+
+if TYPE_CHECKING:
+    from scaleladder.campaign.plan_trace import NotTraced
 
 GIB = 2**30
 
@@ -112,12 +115,17 @@ def predicted_vs_measured(points: list[PeakPoint], out: str | Path, title: str =
     return _save(plt, fig, out)
 
 
-def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
+def _point(a: dict[str, Any], spec_path: str, device: Any,
+           missing: list[tuple[NotTraced, int]] | None = None) -> PeakPoint | None:
     """One rung's predicted and measured peak, or None for a rung that measured none.
 
     Only ``ok`` rungs measured a peak, and a non-GPU rung reports 0. The prediction is
     made for exactly what ran: the batch it settled on (a ``bmax`` rung's ``batch``),
-    its world, ranks per node and ``--data``."""
+    its world, ranks per node and ``--data``. A models-file model's prediction is its CACHED
+    trace's (campaign/plan_trace.py); with none the rung is left out, and (its error, its ranks
+    per node) appended to ``missing`` for the caller's one line."""
+    from scaleladder.campaign.plan_trace import NotTraced, Untraceable, traced_model
+    from scaleladder.flavors import get_flavor
     from scaleladder.planner.memory import predict
     from scaleladder.spec import RunSpec
 
@@ -128,30 +136,43 @@ def _point(a: dict[str, Any], spec_path: str, device: Any) -> PeakPoint | None:
     if spec.strategy.compile:
         return None  # a compiled rung's plan is an upper bound (its eager memory): no verdict to compare
     world = int(a.get(Build.world_size, 1))
-    p = predict(spec, world, int(a.get(Placement.ranks_per_node, world)), device, batch=int(a[Spec.batch]),
-                data=str(a.get(Settings.data, "synthetic")))
+    rpn = int(a.get(Placement.ranks_per_node, world))
+    batch, data = int(a[Spec.batch]), str(a.get(Settings.data, "synthetic"))
+    if traced_model(get_flavor(spec.model)):
+        from scaleladder.campaign.plan_trace import predict as predict_traced
+
+        try:
+            p = predict_traced(spec, world, rpn, device, batch=batch, data=data, cached_only=True).prediction
+        except NotTraced as e:
+            if missing is not None:
+                missing.append((e, rpn))
+            return None
+        except Untraceable:
+            return None  # FSDP1 on several ranks: no plan to compare
+    else:
+        p = predict(spec, world, rpn, device, batch=batch, data=data)
     return PeakPoint(spec.path, p.peak_bytes / GIB, measured)
 
 
-def points_from_rungs(paths: list[str | Path], device: Any) -> list[PeakPoint]:
+def points_from_rungs(paths: list[str | Path], device: Any, missing: list[tuple[NotTraced, int]] | None = None) -> list[PeakPoint]:
     """Predicted and measured peaks of every ``ok`` rung file."""
     from scaleladder.results.store import read_attrs
 
     points = []
     for path in paths:
         a = read_attrs(path)
-        pt = _point(a, str(a.get(Spec.spec, "")), device)
+        pt = _point(a, str(a.get(Spec.spec, "")), device, missing)
         if pt is not None:
             points.append(pt)
     return points
 
 
-def points_from_ladder(path: str | Path, device: Any) -> list[PeakPoint]:
+def points_from_ladder(path: str | Path, device: Any, missing: list[tuple[NotTraced, int]] | None = None) -> list[PeakPoint]:
     """The same from an aggregated ladder file (``scaleladder aggregate``: one group per rung)."""
     from scaleladder.results.aggregate import read_ladder
 
     rungs, _root = read_ladder(str(path))
-    return [pt for r in rungs if (pt := _point(r, r[Spec.spec], device)) is not None]
+    return [pt for r in rungs if (pt := _point(r, r[Spec.spec], device, missing)) is not None]
 
 
 def scaling_chart(points: list[Any], out: str | Path, title: str = "", note: str = "") -> Path:

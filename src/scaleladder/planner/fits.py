@@ -39,10 +39,12 @@ def fits_table(device: str | Device, nodes: int, gpus_per_node: int, precision: 
     """What fits where: every model × strategy on ``nodes`` × ``gpus_per_node`` ranks of ``device``.
 
     With ``batch``, a cell fits when that local batch fits; without, when batch 1 does,
-    and ``max_batch`` says how far it goes.
+    and ``max_batch`` says how far it goes. By default every built-in flavor but the debug ones:
+    a models-file model has no analytic plan (its cells are its traces':
+    ``campaign/plan_trace.fits_cells``).
     """
     world = nodes * gpus_per_node
-    models = models or [m for m, f in FLAVORS.items() if not f.debug]
+    models = models or [m for m, f in FLAVORS.items() if not f.debug and not f.entry]
     cells = []
     for m in models:
         for s in strategies:

@@ -10,12 +10,17 @@ rungs (their result files exist) are counted as measured and cost nothing more.
 
 ``--out`` writes the table as Markdown (atomically); ``scaleladder report`` adds it to the
 report as a section when it lies beside the ladder file (results/budget.md).
+
+A models-file model (``--models FILE``, or the config's ``models_file``) is priced from its cached
+trace (``--trace-cache``; campaign/cost.py says the fallback where there is none), and one line
+under the table counts the rungs that had none and gives the command that traces them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,16 +28,18 @@ from typing import Any
 
 from scaleladder import markdown
 from scaleladder.campaign import cost
+from scaleladder.campaign.plan_trace import NotTraced, Untraceable, trace, traced_model, untraced_hint
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
+from scaleladder.flavors import get_flavor
 from scaleladder.planner.steptime import site_from_config
 from scaleladder.site import config as site_config
 from scaleladder.site import ladder as site_ladder
 from scaleladder.site.profiles import find_profile, load_profile, parse_config, profile_config
 
 
-def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
-              ) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.TimeModel]:
+def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None,
+              trace_cache: str | None = None) -> tuple[list[tuple[str, list[cost.Estimate]]], dict[str, float], cost.TimeModel]:
     """Every rung the workflow would run with this profile and config (``select`` applied), per
     ladder block, priced."""
     prof = load_profile(profile_name, repo, plan=True, configfiles=configfiles, overrides=overrides)
@@ -45,9 +52,11 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
         raise SpecError(f"profile {profile_name} names no site.plan_device, so there is no device to price the rungs on")
     b: dict[str, Any] = cfg.get("budget") or {}
     mb = cfg.get("maxbatch") or {}
+    limits = {rule: float(v) for rule in ("rung", "rung_max") if (v := prof.resources(rule).get("runtime"))}
     timing = cost.TimeModel(site.plan_device, int(cfg["steps"]), b.get("mfu") or {},
                             float(b.get("startup_s", cost.DEFAULT_STARTUP_S)), int(mb.get("probe_steps", 5)),
-                            site_from_config(cfg, profile_name), ladder.ranks_per_node)
+                            site_from_config(cfg, profile_name), ladder.ranks_per_node, trace_cache=trace_cache,
+                            limits_s={rule: minutes * 60 for rule, minutes in limits.items()})
     measured = cost.read_measured([str(p) for p in (repo / "results" / "rungs").rglob("*.h5")])
     from scaleladder.campaign.maxbatch import planned_start
 
@@ -62,18 +71,24 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
             seen.add(spec.path)
             world, rpn = site_ladder.rank_args(spec, ladder.ranks_per_node)
             fits = spec.path not in ladder.predicted_oom
-            max_batch, why = None, ""
+            max_batch, why, untraced = None, "", ""
             if spec.batch == "max" and fits:
                 try:
                     # where the search starts: the planner's max batch; for a -compile rung, whose memory
-                    # the planner gives only as an upper bound, its eager counterpart's (maxbatch.planned_start)
-                    max_batch = planned_start(spec, site.plan_device, rpn, site_ladder.rung_data_path(spec, site_ladder.data_source(ladder.settings)))[0]
+                    # the planner gives only as an upper bound, its eager counterpart's (maxbatch.planned_start);
+                    # a models-file model's from its cached trace (torch-free)
+                    max_batch = planned_start(spec, site.plan_device, rpn, site_ladder.rung_data_path(spec, site_ladder.data_source(ladder.settings)),
+                                              cached_only=True)[0]
+                except (NotTraced, Untraceable) as e:
+                    untraced = f"no predicted max batch: {str(e).split(': ', 1)[-1]}"
                 except (SpecError, ValueError) as e:
                     why = f"not priced: no predicted max batch ({e})"
                 if max_batch is None and spec.strategy.compile and not why:
                     why = ("not priced: its eager counterpart does not fit batch 1, and the planner's memory for a "
                            "compiled rung is only that upper bound (the rung runs; its search finds out)")
             est = cost.estimate(spec, world, fits, max_batch, timing, measured)
+            if untraced and not est.measured:
+                est = cost.unpriced(spec, world, timing, untraced)
             if spec.batch == "max" and spec.strategy.compile and not est.measured and max_batch is not None:
                 est = dataclasses.replace(est, source=est.source + "; at the eager rung's predicted max batch")
             if why and not est.measured:
@@ -81,8 +96,34 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
             ests.append(est)
         if ests or not cfg.get("select"):  # a block `select` leaves empty is not this campaign's
             blocks.append((str(block.get("name") or f"ladders[{i}]"), ests))
-    limits = {rule: float(v) for rule in ("rung", "rung_max") if (v := prof.resources(rule).get("runtime"))}
     return blocks, limits, timing
+
+
+def untraced_line(blocks: Sequence[tuple[str, Sequence[cost.Estimate]]], timing: cost.TimeModel, models_file: str | None) -> str:
+    """One line for the rungs of models-file models priced without a cached trace (their source
+    says how): how many, and the command that traces them; '' when there are none."""
+    missing: list[NotTraced] = []
+    cannot = 0
+    for _, ests in blocks:
+        for e in ests:
+            if e.measured or not e.fits or not traced_model(get_flavor(e.spec.model)):
+                continue
+            try:
+                trace(e.spec, e.world, cache=timing.trace_cache, cached_only=True)
+            except NotTraced as n:
+                missing.append(n)
+            except Untraceable:
+                cannot += 1
+    if not missing and not cannot:
+        return ""
+    line = (f"{len(missing) + cannot} rung(s) of models-file models have no cached trace to price them by: their rule's "
+            "time limit (an upper bound) or FLOPs a finished rung recorded priced them instead, else nothing "
+            "(--rungs: each one's source).")
+    if cannot:
+        line += f" {cannot} of them the fake tensors cannot trace (FSDP1 on several ranks)."
+    if missing:
+        line += f" Trace the rest: {untraced_hint(missing, timing.plan_device, timing.ranks_per_node, models_file, timing.trace_cache)}"
+    return line
 
 
 def jobs(blocks: Sequence[tuple[str, Sequence[cost.Estimate]]], repo: Path, n_repeats: int) -> Counter[str]:
@@ -116,12 +157,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
     p.add_argument("--out", help="also write the table as Markdown here (e.g. results/budget.md, which the report shows)")
     p.add_argument("--rungs", action="store_true", help="one line per rung: its job time and where the estimate comes from")
+    p.add_argument("--trace-cache", default=None, metavar="DIR",
+                   help="where a models-file model's traces are read (as `scaleladder plan --trace-cache`; default: "
+                        "$SCALELADDER_CACHE/plan-traces, else $XDG_CACHE_HOME/scaleladder/plan-traces, else ~/.cache/scaleladder/plan-traces)")
 
 
 def main(args: argparse.Namespace) -> int:
     repo = Path(args.repo).resolve()
     overrides = parse_config(getattr(args, "config", None) or [])
-    blocks, limits, timing = estimates(args.profile, repo, getattr(args, "configfile", None), overrides)
+    blocks, limits, timing = estimates(args.profile, repo, getattr(args, "configfile", None), overrides,
+                                       getattr(args, "trace_cache", None))
     rows = cost.block_table(blocks, limits)
     mfu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(timing.mfu.items())) or f"default {cost.DEFAULT_MFU}"
     sources = sorted({e.startup_source for _, ests in blocks for e in ests if e.fits and e.priced and e.startup_source})
@@ -133,10 +178,13 @@ def main(args: argparse.Namespace) -> int:
     text = head + "\n".join(markdown.dict_table(rows)) + "\n"
     if args.rungs:
         text += "\n" + "\n".join(
-            f"{e.spec.path}: " + (f"{e.job_s / 60:.1f} min x {e.nodes} node(s) = {e.node_hours:.2f} node-h, step {e.step_s:.3f} s "
-                                  f"at batch {e.batch}, start-up {e.startup_s:.0f} s ({e.startup_source}); {e.source}" if e.fits else e.source)
+            f"{e.spec.path}: " + (_rung_line(e) if e.fits and e.priced else e.source)
             for _, ests in blocks for e in ests) + "\n"
     text += "\n" + job_line(args, blocks, repo, overrides) + "\n"
+    models_file = getattr(args, "models", None) or profile_config(repo, find_profile(args.profile, repo),
+                                                                   getattr(args, "configfile", None), overrides).get("models_file")
+    if note := untraced_line(blocks, timing, models_file):
+        text += "\n" + note + "\n"
     n_top = getattr(args, "top", None)
     if n_top is not None:
         if n_top < 1:
@@ -148,6 +196,13 @@ def main(args: argparse.Namespace) -> int:
         with atomic_file(args.out) as tmp:
             tmp.write_text(text)
     return 0
+
+
+def _rung_line(e: cost.Estimate) -> str:
+    step = "no step time" if math.isnan(e.step_s) else f"step {e.step_s:.3f} s"
+    at = f"at batch {e.batch}" if e.batch is not None else "at the batch its search finds"
+    return (f"{e.job_s / 60:.1f} min x {e.nodes} node(s) = {e.node_hours:.2f} node-h, {step} {at}, "
+            f"start-up {e.startup_s:.0f} s ({e.startup_source}); {e.source}")
 
 
 def job_line(args: argparse.Namespace, blocks: Sequence[tuple[str, Sequence[cost.Estimate]]], repo: Path,

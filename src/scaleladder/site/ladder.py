@@ -46,7 +46,7 @@ from scaleladder.spec import (
 __all__ = [
     "torch_gpu_count", "resolve_ranks_per_node", "ranks_of", "rank_args", "knobs_for", "expand_ladder",
     "is_selected", "check_select", "data_source", "rung_path", "repeats", "rung_data_path",
-    "shards_settled", "rung_shards", "rung_inputs", "planned_not_to_fit", "result_path", "result_paths",
+    "shards_settled", "rung_shards", "rung_inputs", "planned_not_to_fit", "unjudged_note", "result_path", "result_paths",
     "Ladder", "prepare", "wildcard_constraints", "FIGURES", "plan_figures", "final_targets",
     "select_note",
 ]
@@ -233,12 +233,17 @@ def rung_inputs(spec: RunSpec, source: str) -> list[str]:
     return [] if path == "synthetic" else [path]
 
 
-def planned_not_to_fit(spec: RunSpec, cfg: SiteConfig, ranks_per_node: int) -> bool:
+def planned_not_to_fit(spec: RunSpec, cfg: SiteConfig, ranks_per_node: int, unjudged: list[SpecError] | None = None) -> bool:
     """The memory planner's verdict, made while the DAG is built so that a rung that
     cannot fit never costs an allocation. Exactly the call ``scaleladder launch
     --plan-only`` makes when it records the verdict (same spec, world, device, data).
     The planner is analytic and imports no torch, so this runs on a login node.
-    False without ``site.plan_device`` or with ``run_predicted_oom``."""
+    False without ``site.plan_device`` or with ``run_predicted_oom``.
+
+    A models-file model (``campaign/plan_trace.traced_model``) is judged by its CACHED trace,
+    read with no torch; with none (or one that cannot be made: FSDP1 on several ranks) it is not
+    judged: False, and why (``plan_trace.NotTraced`` or ``Untraceable``) is appended to
+    ``unjudged`` for :func:`prepare`'s one note. The rung runs; an OOM is its result."""
     device = cfg.site.plan_device
     if not device or cfg.run_predicted_oom:
         return False
@@ -246,10 +251,39 @@ def planned_not_to_fit(spec: RunSpec, cfg: SiteConfig, ranks_per_node: int) -> b
         # A compiled rung's memory is planned as its eager rung's, an upper bound (fusion and the
         # partitioner change what is saved): a compiled rung is never skipped on a bound. It runs; an OOM is its result.
         return False
+    world, rpn = rank_args(spec, ranks_per_node)
+    data = rung_data_path(spec, data_source(cfg))
+    from scaleladder.campaign.plan_trace import NotTraced, Untraceable, traced_model
+
+    if traced_model(get_flavor(spec.model)):
+        from scaleladder.campaign.plan_trace import predict as predict_traced
+
+        try:
+            return not predict_traced(spec, world, rpn, device, data=data, cached_only=True).prediction.fits
+        except (NotTraced, Untraceable) as e:
+            if unjudged is not None:
+                unjudged.append(e)
+            return False
     from scaleladder.planner.memory import predict  # plan.predict itself; plan imports profiles -> ladder
 
-    world, rpn = rank_args(spec, ranks_per_node)
-    return not predict(spec, world, rpn, device, data=rung_data_path(spec, data_source(cfg))).fits
+    return not predict(spec, world, rpn, device, data=data).fits
+
+
+def unjudged_note(unjudged: Sequence[SpecError], cfg: SiteConfig, ranks_per_node: int) -> str:
+    """The one note for every rung :func:`planned_not_to_fit` could not judge: how many, that they
+    run, and the command that traces them so that the next DAG build judges them."""
+    from scaleladder.campaign.plan_trace import NotTraced, untraced_hint
+
+    missing = [e for e in unjudged if isinstance(e, NotTraced)]
+    other = [e for e in unjudged if not isinstance(e, NotTraced)]
+    text = (f"scaleladder: {len(unjudged)} rung(s) of models-file models were not judged by the planner on "
+            f"{cfg.site.plan_device}: they run, and an out-of-memory is their result.")
+    if other:
+        text += f" {len(other)} of them the fake tensors cannot trace ({str(other[0]).split(': ', 1)[-1]})."
+    if missing:
+        text += (f" {len(missing)} have no cached trace; trace them and the next DAG build judges them: "
+                 + untraced_hint(missing, cfg.site.plan_device, ranks_per_node, cfg.models_file))
+    return text
 
 
 def result_path(spec: RunSpec, predicted_oom: frozenset[str] | set[str]) -> str:
@@ -315,7 +349,10 @@ def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: Te
     if not selected:  # each value is some rung's (check_select), but no rung has them all
         given = "; ".join(f"{k}: {', '.join(_select_values(k, v))}" for k, v in cfg["select"].items())
         raise ConfigError(f"scaleladder: config key 'select' matches no rung of the ladder: no rung has all of {given}")
-    predicted = frozenset(s.path for s in rungs if planned_not_to_fit(s, settings, rpn))
+    unjudged: list[SpecError] = []
+    predicted = frozenset(s.path for s in rungs if planned_not_to_fit(s, settings, rpn, unjudged))
+    if unjudged:
+        print(unjudged_note(unjudged, settings, rpn), file=log)
     if predicted:
         print(f"scaleladder: {len(predicted)} rung(s) are predicted not to fit on {settings.site.plan_device} and are "
               "recorded as 'predicted-oom' without running (run them anyway: --config run_predicted_oom=true)", file=log)

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from scaleladder import flavors
 from scaleladder.planner.fits import TABLE_STRATEGIES, FitsCell, fits_table, seed_differences
 from scaleladder.planner.memory import (
     COMM_LIB_BYTES,
@@ -50,6 +52,9 @@ from scaleladder.spec import (
     parse_precision,
     parse_strategy,
 )
+
+if TYPE_CHECKING:
+    from scaleladder.campaign.plan_trace import NotTraced, TracedPlan
 
 __all__ = ["DEVICES", "Device", "Prediction", "predict", "custom_device", "static_bytes_per_rank", "fits_table",
            "FitsCell", "CONTEXT_BYTES", "COMM_LIB_BYTES", "FRAGMENTATION", "TABLE_STRATEGIES"]
@@ -145,9 +150,12 @@ SEED_DOCS = "docs/planner.md, \"Seed claims, recomputed\""
 
 
 def _print_table(cells: list[FitsCell], title: str, steps: list[str] | None = None,
-                 differ: dict[tuple[str, str], str] | None = None) -> None:
+                 differ: dict[tuple[str, str], str] | None = None, traced: bool = False) -> None:
     """The table, every number in it a prediction (said in its title and last line); a cell
-    where a seed claimed otherwise ends in '*', and each is named under it with where to read why."""
+    where a seed claimed otherwise ends in '*', and each is named under it with where to read why.
+    ``traced``: models-file models are in it (their cells from cached traces; 'no trace' without one)."""
+    from scaleladder.campaign.plan_trace import NO_TRACE
+
     differ = differ or {}
     strategies = list(dict.fromkeys(c.strategy for c in cells))
     models = list(dict.fromkeys(c.model for c in cells))
@@ -159,12 +167,18 @@ def _print_table(cells: list[FitsCell], title: str, steps: list[str] | None = No
         row = []
         for s in strategies:
             c = by[(m, s)]
-            cell = "n/a" if c.fits is None else ("-" if not c.fits else (f"max {c.max_batch}" if c.max_batch else "fits"))
+            cell = ("no trace" if c.reason == NO_TRACE else "n/a") if c.fits is None else \
+                ("-" if not c.fits else (f"max {c.max_batch}" if c.max_batch else "fits"))
             cell += "*" if (m, s) in differ else ""
             row.append(cell + (f" {step[(m, s)]}" if step[(m, s)] and c.fits else ""))
         print(f"{m:12s} " + " ".join(f"{x:>14s}" for x in row))
     print("cells: 'max N' = fits, largest local batch N; '-' = predicted OOM; n/a = strategy impossible on this world"
+          + (" (or, for a models-file model, one the fake tensors cannot trace there: FSDP1)" if traced else "")
+          + ("; 'no trace' = a models-file model not traced yet (the command below)" if traced else "")
           + ("; then the predicted step time at that batch (scaleladder plan --spec ... for its parts)" if steps else ""))
+    if traced:
+        print("a models-file model's cells are its cached traces' (campaign/plan_trace.py): memory and FLOPs traced, "
+              "communication not modelled")
     print("every cell is the planner's prediction, not a measurement (docs/planner.md; measured against it: "
           "scaleladder plan --vs-measured)")
     if differ:
@@ -183,10 +197,13 @@ def _vs_measured(args: argparse.Namespace, device: Device) -> int:
     missing = [r for r in sources if not Path(r).is_file()]
     if missing:
         raise SpecError(f"--vs-measured: no such file: {missing[0]}")
-    points = points_from_ladder(args.ladder, device) if args.ladder else points_from_rungs(args.rungs, device)
+    untraced: list[tuple[NotTraced, int]] = []
+    points = points_from_ladder(args.ladder, device, untraced) if args.ladder else points_from_rungs(args.rungs, device, untraced)
     predicted_vs_measured(points, out, f"planner vs measurement ({device.name}, {len(points)} rungs)")
     if args.json:
         print(json.dumps([pt.__dict__ for pt in points], indent=1))
+    for rpn in sorted({r for _, r in untraced}):  # one line per ranks per node the rungs ran at (a trace's world)
+        print(_untraced_note([m for m, r in untraced if r == rpn], device, rpn, args, "rung(s)", "--vs-measured"), file=sys.stderr)
     return 0
 
 
@@ -226,9 +243,12 @@ def _profile_defaults(args: argparse.Namespace) -> None:
 def _time_chart(args: argparse.Namespace, device: Device, gpus: int) -> int:
     from scaleladder.site.plan_time import time_chart
 
-    pts = time_chart(args, device, gpus, _chart_path(args.time_chart, "--time-chart"))
+    missing: list[NotTraced] = []
+    pts = time_chart(args, device, gpus, _chart_path(args.time_chart, "--time-chart"), missing)
     if args.json:
         print(json.dumps([pt.__dict__ for pt in pts], indent=1))
+    if missing:
+        print(_untraced_note(missing, device, gpus, args, "point(s)", "--time-chart"), file=sys.stderr)
     return 0
 
 
@@ -255,16 +275,36 @@ def main(args: argparse.Namespace) -> int:
         chart = _chart_path(args.fits_chart, "--fits-chart") if args.fits_chart else None
         cells = fits_table(device, nodes, gpus, precision, batch, data=args.data)
         steps = [_cell_step_fields(c, nodes, gpus, precision, batch, device, timing, step_fields) for c in cells]
+        # the models of --models: their cached traces (campaign/plan_trace.fits_cells), torch-free
+        from scaleladder.campaign.plan_trace import fits_cells
+
+        traced = [m for m, f in flavors.FLAVORS.items() if f.entry]  # looked up now: --models registered them
+        more, plans, missing = fits_cells(traced, device, nodes, gpus, precision, batch, args.data,
+                                          cache=getattr(args, "trace_cache", None))
+        cells += more
+        from scaleladder.campaign.plan_trace import step_fields as traced_step_fields
+
+        for c in more:  # a traced cell's step time at its batch, from its trace
+            found = _traced_cell(c, plans, nodes, precision, batch)
+            steps.append({"step_time_s": None, "step_time_parts": None, "step_time_sources": [c.reason or "does not fit"]}
+                         if found is None else
+                         traced_step_fields(found[0], nodes * gpus, int(found[0].batch), device.name, timing, found[1].trace))
         what = f"{device.name}, {nodes}×{gpus} ranks, {precision}" + (f", local batch {batch}" if batch else "")
         if chart is not None:
             from scaleladder.figures.plan_plots import fits_chart
 
             fits_chart(cells, chart, f"What fits where (planner): {'fits at the batch' if batch else 'max local batch'}, {what}")
+        note = _untraced_note(missing, device, gpus, args, "cell(s)", "a fits table") if missing else ""
         if args.json:
             print(json.dumps([{**c.__dict__, **f} for c, f in zip(cells, steps)], indent=1))
         elif args.fits_table or chart is None:
             _print_table(cells, f"what fits on {what} (predicted)", [cell_step(f) for f in steps],
-                         seed_differences(cells, device, nodes * gpus, precision, batch))
+                         seed_differences(cells, device, nodes * gpus, precision, batch), traced=bool(traced))
+            if note:
+                print(note)
+                note = ""
+        if note:
+            print(note, file=sys.stderr)
         return 0
     if not args.spec:
         raise SpecError("give --spec (or --fits-table / --fits-chart / --vs-measured / --time-chart)")
@@ -311,6 +351,35 @@ def _traced(args: argparse.Namespace, spec: RunSpec, device: Device, gpus: int, 
         print("\n".join(tp.lines()))
         print("\n".join(step_lines(st)))
     return 0
+
+
+def _device_key(device: Device) -> str:
+    """A device ``plan --device`` takes, for a command that only traces (a trace is the same on any)."""
+    return device.name if device.name in DEVICES else "cpu"
+
+
+def _untraced_note(missing: list[NotTraced], device: Device, gpus: int, args: argparse.Namespace, what: str,
+                   where: str) -> str:
+    """The one line for everything the cache-only paths could not plan: how many, and the command."""
+    from scaleladder.campaign.plan_trace import untraced_hint
+
+    hint = untraced_hint(missing, _device_key(device), gpus, getattr(args, "models", None), getattr(args, "trace_cache", None))
+    return (f"scaleladder plan: {len(missing)} {what} of models-file models not planned: no cached trace ({where} reads "
+            f"the cache only); {hint}")
+
+
+def _traced_cell(c: FitsCell, plans: dict[tuple[str, str], TracedPlan], nodes: int, precision: str,
+                 batch: int | None) -> tuple[RunSpec, TracedPlan] | None:
+    """A traced fits-table cell's rung at its batch (the given one, else its max batch) and its plan;
+    None where it has no step (no trace, does not fit)."""
+    from scaleladder.spec import default_knobs
+
+    at = batch if batch is not None else c.max_batch
+    tp = plans.get((c.model, c.strategy))
+    if not c.fits or at is None or tp is None:
+        return None
+    strategy = parse_strategy(c.strategy)
+    return RunSpec(c.model, strategy, precision, default_knobs(strategy), nodes, at), tp
 
 
 def _cell_step_fields(c: FitsCell, nodes: int, gpus: int, precision: str, batch: int | None, device: Device,

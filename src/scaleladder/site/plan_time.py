@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaleladder.errors import SpecError
 from scaleladder.flavors import get_flavor
@@ -24,6 +24,9 @@ from scaleladder.planner.memory import Device, predict
 from scaleladder.planner.rates import check_calibration, rates, read_calibration
 from scaleladder.planner.steptime import Site, predict_step, site_from_config
 from scaleladder.spec import RunSpec, default_knobs
+
+if TYPE_CHECKING:
+    from scaleladder.campaign.plan_trace import NotTraced
 
 
 @dataclass(frozen=True)
@@ -118,17 +121,35 @@ def _series(prof: Any) -> list[RunSpec]:
     return list(out.values())
 
 
-def scaling_points(prof: Any, timing: Timing, device: str, rpn: int, nodes: list[int]) -> list[ScalePoint]:
+def scaling_points(prof: Any, timing: Timing, device: str, rpn: int, nodes: list[int],
+                   missing: list[NotTraced] | None = None) -> list[ScalePoint]:
+    """Every series of the ladder at each node count: memory and step time predicted. A models-file
+    model's from its CACHED trace at that world (campaign/plan_trace.py), torch-free; a point with
+    none is left out and its ``NotTraced`` appended to ``missing``."""
+    from scaleladder.campaign.plan_trace import NotTraced, traced_model
+    from scaleladder.campaign.plan_trace import predict as predict_traced
+    from scaleladder.campaign.plan_trace import step_fields as traced_step_fields
+
     pts = []
     for spec in _series(prof):
+        traced = traced_model(get_flavor(spec.model))
         for n in nodes:
             world = n * rpn
+            at = RunSpec(spec.model, spec.strategy, spec.precision, spec.knobs, n, spec.batch)
             try:
-                p = predict(RunSpec(spec.model, spec.strategy, spec.precision, spec.knobs, n, spec.batch), world, rpn, device)
-            except SpecError:  # a strategy that cannot run on this world (a hybrid group > world)
+                if traced:
+                    tp = predict_traced(at, world, rpn, device, cached_only=True)
+                    p = tp.prediction
+                else:
+                    p = predict(at, world, rpn, device)
+            except NotTraced as e:
+                if missing is not None:
+                    missing.append(e)
+                continue
+            except SpecError:  # a strategy that cannot run on this world (a hybrid group > world), or be traced there
                 continue
             batch = p.batch if p.fits else None
-            f = step_fields(spec, world, rpn, batch, device, timing)
+            f = traced_step_fields(spec, world, batch, device, timing, tp.trace) if traced else step_fields(spec, world, rpn, batch, device, timing)
             s = f.get("step_time_s")
             pts.append(ScalePoint(spec.model, str(spec.strategy), n, batch, batch * world / s if s and batch else None,
                                   p.required_bytes / 2**30 if p.fits else None, p.fits, f.get("step_time_bound", "")))
@@ -145,14 +166,17 @@ def chart_nodes(prof: Any) -> list[int]:
     return out if out[-1] == top else out + [top]
 
 
-def time_chart(args: argparse.Namespace, device: Device, rpn: int, out: Path) -> list[ScalePoint]:
+def time_chart(args: argparse.Namespace, device: Device, rpn: int, out: Path,
+               missing: list[NotTraced] | None = None) -> list[ScalePoint]:
     from scaleladder.figures.plan_plots import scaling_chart
 
     if not getattr(args, "profile", None):
         raise SpecError("--time-chart needs --profile PROFILE (its ladder, links and host factor)")
     timing = timing_from_args(args, device.name)
     prof = timing.profile
-    pts = scaling_points(prof, timing, device.name, rpn, chart_nodes(prof))
+    if prof.config.get("models_file") and not getattr(args, "models", None):
+        args.models = prof.config["models_file"]  # what the one line's command names
+    pts = scaling_points(prof, timing, device.name, rpn, chart_nodes(prof), missing)
     note = timing.site.links_note or "links from the profile"
     scaling_chart(pts, out, f"Predicted before any run: profile {args.profile}, {device.name}, {rpn} ranks per node",
                   f"planner/steptime.py; {note}")
