@@ -375,11 +375,26 @@ def test_host_section_alone_fits_its_budget_key_rows_first(tmp_path: Path, monke
     c = simulated_check(tmp_path, monkeypatch, "host", 6.0)
     assert c.run() == 0
     ran = [cmd.argv[cmd.argv.index("--spec") + 1] for cmd in c.commands if cmd.name.startswith("host")]
-    key = [f"{r.role}/{r.strategy}/bf16-mixed/{'pf0' if r.strategy.startswith('fsdp2') else 'pre-lag'}/n1/b{r.batch}"
-           for r in GPU_ROWS[:9]]
-    assert ran[:9] == key and len(ran) < len(GPU_ROWS)  # key rows first; the tail skipped with a note
+    key = [f"{r.role}/{r.strategy}/bf16-mixed/{r.knobs or ('pf0' if r.strategy.startswith('fsdp2') else 'pre-lag')}/n1/b{r.batch}"
+           for r in GPU_ROWS[:11]]  # the FSDP pairs, FSDP2's units of 1, 2 and 4 layers, the AC costs, FLAVA's MFU
+    assert ran[:11] == key and len(ran) < len(GPU_ROWS)  # key rows first; the tail skipped with a note
     assert any("skipped from" in n for n in c.notes["host"])
     assert c.elapsed() <= 9 * 60 and all("--trace-steps" in cmd.argv for cmd in c.commands if cmd.name.startswith("host"))
+
+
+def test_host_section_runs_fsdp2_units_of_2_and_4_layers_beside_1() -> None:
+    """vit-base `fsdp2-full` b128 at a unit per layer, then units of 2 and 4 (knobs pf0-u2, pf0-u4),
+    each its own rung and its own row; the FSDP2 target reads the unit-per-layer row only."""
+    from gpucheck.host import GPU_ROWS
+
+    fsdp2 = [r for r in GPU_ROWS if (r.role, r.strategy, r.batch) == ("vit-base", "fsdp2-full", 128)]
+    assert [r.knobs for r in fsdp2] == ["", "pf0-u2", "pf0-u4"]
+    i = GPU_ROWS.index(fsdp2[0])
+    assert list(GPU_ROWS[i:i + 3]) == fsdp2  # side by side
+    default = "vit-base/fsdp2-full/bf16-mixed/pf0/n1/b128"
+    assert [r.spec(default) for r in fsdp2] == [default, "vit-base/fsdp2-full/bf16-mixed/pf0-u2/n1/b128",
+                                                "vit-base/fsdp2-full/bf16-mixed/pf0-u4/n1/b128"]
+    assert fsdp2[2].label() == "vit-base fsdp2-full pf0-u4 b128"
 
 
 @pytest.mark.process

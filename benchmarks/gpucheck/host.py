@@ -7,6 +7,9 @@ kernel-busy fraction is read from that trace, and the throughput from the rung's
 measured steps (the traced ones carry the profiler's cost, heavier on host-bound rungs). The
 vit-base `single`/`fsdp-full` pair runs twice, interleaved: host-bound rungs moved 12-18%
 between the first two H100 reports, and a pair measured back to back twice shows the drift.
+Beside vit-base's `fsdp2-full` (a unit per layer) run its units of 2 and 4 layers (knobs `pf0-u2`,
+`pf0-u4`): what fewer units, with fewer per-unit hooks, buy on a GPU (docs/performance.md,
+"Units of k layers", has the CPU's curve).
 """
 
 from __future__ import annotations
@@ -38,10 +41,18 @@ class HostRow:
     batch: int  # the GPU batch; the CPU form maps it (CPU_BATCH)
     impl: str = ""
     repeat: int = 0
+    knobs: str = ""  # "": the strategy's default knobs (pre-lag, pf0); FSDP2's units of k: pf0-u<k>
 
     def label(self) -> str:
-        return (f"{self.role} {self.strategy} b{self.batch}" + (f" {self.impl}" if self.impl else "")
-                + (f" (repeat {self.repeat + 1})" if self.repeat else ""))
+        return (f"{self.role} {self.strategy}" + (f" {self.knobs}" if self.knobs else "") + f" b{self.batch}"
+                + (f" {self.impl}" if self.impl else "") + (f" (repeat {self.repeat + 1})" if self.repeat else ""))
+
+    def spec(self, default: str) -> str:
+        """The rung's spec: ``default`` (the check's, with the strategy's default knobs), its knobs replaced."""
+        if not self.knobs:
+            return default
+        parts = default.split("/")
+        return "/".join(parts[:3] + [self.knobs] + parts[4:])
 
 
 _VB, _VH, _FL = "vit-base", "vit-huge", "flava-350m"
@@ -50,7 +61,8 @@ _VB, _VH, _FL = "vit-base", "vit-huge", "flava-350m"
 GPU_ROWS = (
     HostRow(_VB, "single", 128), HostRow(_VB, "fsdp-full", 128),
     HostRow(_VB, "single", 128, repeat=1), HostRow(_VB, "fsdp-full", 128, repeat=1),
-    HostRow(_VB, "fsdp2-full", 128),
+    HostRow(_VB, "fsdp2-full", 128), HostRow(_VB, "fsdp2-full", 128, knobs="pf0-u2"),
+    HostRow(_VB, "fsdp2-full", 128, knobs="pf0-u4"),  # units of 2 and 4 layers beside a unit per layer
     HostRow(_VH, "single", 128), HostRow(_VH, "single-ac", 128), HostRow(_VH, "single-sac", 128),
     HostRow(_FL, "single", 64, "sdpa"),
     HostRow(_VH, "single-compile", 128),  # after FLAVA's: an inductor compile costs a minute or more
@@ -102,7 +114,7 @@ def run(c: Check) -> None:
         if row.impl and row.impl not in impls:
             c.note("host", f"{row.label()}: skipped, `scaleladder run` here has no --flava-impl {row.impl}")
             continue
-        spec = c.spec(row.role, row.strategy, batch=batch_for(c, row))
+        spec = row.spec(c.spec(row.role, row.strategy, batch=batch_for(c, row)))
         extra = ["--trace-steps", str(TRACE_STEPS)] + (["--flava-impl", row.impl] if row.impl else [])
         tag = "".join(f"-{x}" for x in (row.impl, f"r{row.repeat + 1}" if row.repeat else "") if x)
         rung = c.run_rung("host", row.role, spec, extra, tag=tag, steps=steps, warmup=warmup)
@@ -165,15 +177,16 @@ def _rows(c: Check) -> list[RungResult]:
     return [r for r in c.rungs if r.section == "host"]
 
 
-def _rate(rs: list[RungResult], role: str, strategy: str, batch: int, impl: str = "") -> float:
+def _rate(rs: list[RungResult], role: str, strategy: str, batch: int, impl: str = "", knobs: str = "") -> float:
     """The median over repeats of the untraced items/s of one row (NaN if none ran ok)."""
-    vals = [v for r in rs if _is(r, role, strategy, batch, impl) and math.isfinite(v := r.num("untraced_items_per_s"))]
+    vals = [v for r in rs if _is(r, role, strategy, batch, impl, knobs) and math.isfinite(v := r.num("untraced_items_per_s"))]
     return statistics.median(vals) if vals else math.nan
 
 
-def _is(r: RungResult, role: str, strategy: str, batch: int, impl: str = "") -> bool:
+def _is(r: RungResult, role: str, strategy: str, batch: int, impl: str = "", knobs: str = "") -> bool:
     row = r.attrs.get("gpu_check_row")
-    return (r.status == "ok" and isinstance(row, HostRow) and (row.role, row.strategy, row.batch) == (role, strategy, batch)
+    return (r.status == "ok" and isinstance(row, HostRow)
+            and (row.role, row.strategy, row.batch, row.knobs) == (role, strategy, batch, knobs)
             and (not impl or row.impl == impl))
 
 
