@@ -193,7 +193,8 @@ def test_local_spawns_two_cpu_ranks(wf: Path) -> None:
         "--launcher 'scaleladder spawn --nproc-per-node 2 scaleladder' --max-batch-cap 4 "
         "--spec flava-debug/fsdp-full-ac/fp32/pre-lag/n1/bmax --steps 12")
     counts = job_counts(out)
-    assert counts["rung"] == 16 and counts["rung_max"] == 4 and counts["shard"] == 2  # 32 px (ViT) and 64 px (FLAVA)
+    assert counts["rung"] == 17 and counts["rung_max"] == 4 and counts["shard"] == 2  # 32 px (ViT) and 64 px (FLAVA)
+    assert "results/rungs/vit-debug/fsdp2-full/fp32/pf0-u2/n1/b4.h5" in out  # the unit-size block's k = 2
     assert "slurm" not in out and "srun" not in out
 
 
