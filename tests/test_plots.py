@@ -115,6 +115,10 @@ def test_fsdp2_and_compiled_rungs_are_named_and_sit_beside_fsdp1() -> None:
     assert strategy_label("fsdp2-full-ac-compile") == "FSDP2 FULL_SHARD + AC + compile"
     assert strategy_label("fsdp2-hybrid2") == "HSDP 2 GPUs" and strategy_label("fsdp-hybrid2") == "HYBRID 2 GPUs"
     assert knobs_label("pf0") == "implicit prefetch" and knobs_label("pf2") == "prefetch 2 layers"
+    # units of k layers (-u<k>): pf<n> counts units; k = 1 is never written, so its labels stay
+    assert knobs_label("pf0-u2") == "implicit prefetch, units of 2 layers"
+    assert knobs_label("pf1-u4") == "prefetch 1 unit, units of 4 layers" and knobs_label("pf1") == "prefetch 1 layer"
+    assert knobs_label("none-nolag-fwd") == "no prefetch, no limit_all_gathers, forward prefetch"
     order = sorted(["fsdp2-full", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp2-grad-op"], key=strategy_sort_key)
     assert order == ["ddp", "fsdp-grad-op", "fsdp2-grad-op", "fsdp-full", "fsdp2-full"]
 

@@ -99,7 +99,10 @@ def axis_labels(ax: Axes, labels: list[str], fontsize: float = 9) -> None:
 
 
 def knobs_label(k: str) -> str:
-    if k.startswith("pf"):  # FSDP2: explicit prefetch of the next k layers
+    base, units = k.partition("-u")[::2]
+    if units:  # FSDP2's units of several layers (-u<k>): pf<n> counts units, and the label says how large
+        return f"{knobs_label(base).replace(' layers', ' units').replace(' layer', ' unit')}, units of {units} layers"
+    if k.startswith("pf"):  # FSDP2: explicit prefetch of the next n units (a unit: a layer, here)
         n = k.removeprefix("pf")
         return "implicit prefetch" if n == "0" else f"prefetch {n} layer{'s' if n != '1' else ''}"
     parts = k.split("-") + ["lag"]

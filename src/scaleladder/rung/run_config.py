@@ -217,7 +217,8 @@ def add_arguments(p: argparse.ArgumentParser, config: type[RunConfig] = RunConfi
             g.add_argument("--precision", default=None, help="fp32|tf32|bf16-mixed|fp16-mixed|bf16-true (default fp32; bf16 is "
                                                              "read as bf16-mixed)")
             g.add_argument("--knobs", default=None,
-                           help="FSDP1: <pre|post|none>-<lag|nolag>[-fwd] (default pre-lag); FSDP2: pf0|pf1|pf2 (default pf0)")
+                           help="FSDP1: <pre|post|none>-<lag|nolag>[-fwd] (default pre-lag); FSDP2: pf0|pf1|pf2 (default pf0), "
+                                "then optionally -u<k>: k consecutive blocks per FSDP unit (pf0-u4)")
             g.add_argument("--nodes", default=None, help="nodes the run spans (default 1; checked against the launcher)")
             g.add_argument("--batch", default=None, help="local (per-rank) batch")
 
