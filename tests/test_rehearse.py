@@ -68,7 +68,6 @@ def test_bad_input_is_one_line_and_exit_2(config: str, message: str, capsys: pyt
 def test_doctor_rehearse_turns_each_failure_into_a_fatal_finding(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from scaleladder.campaign import rehearse as rehearse_mod
     from scaleladder.site import doctor
 
     def fake(profile: str, repo: object, out: object, jobs: int = 1) -> int:
@@ -77,7 +76,7 @@ def test_doctor_rehearse_turns_each_failure_into_a_fatal_finding(monkeypatch: py
             out(line)  # type: ignore[operator]
         return 1
 
-    monkeypatch.setattr(rehearse_mod, "rehearse", fake)
+    monkeypatch.setattr(doctor, "rehearse_profile", fake)
     ctx = SimpleNamespace(profile=SimpleNamespace(name="frontier", repo="."))
     found = doctor.run_rehearse(ctx)  # type: ignore[arg-type]
     assert [f.level for f in found] == [doctor.FATAL, doctor.WARN]

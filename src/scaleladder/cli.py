@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "plots": ("scaleladder.figures.plots", "add_arguments", "main", "draw the figures from an aggregated HDF5"),
     "report": ("scaleladder.figures.report", "add_arguments", "main", "write the Markdown/HTML report"),
     "doctor": ("scaleladder.site.doctor", "add_arguments", "main", "preflight a profile: what would make the campaign fail or lie"),
-    "rehearse": ("scaleladder.campaign.rehearse", "add_arguments", "main", "build and wrap every rung at its world size on fake tensors; trace one per kind"),
+    "rehearse": ("scaleladder.site.doctor", "add_rehearse_arguments", "rehearse_main", "build and wrap every rung on fake tensors at its world size"),
     "budget": ("scaleladder.site.budget", "add_arguments", "main", "the campaign's cost in node-hours, before submission"),
     "compare": ("scaleladder.results.compare", "add_arguments", "main", "compare two ladders (or one with references): verdicts within noise"),
     "digits": ("scaleladder.data.digits", "add_arguments", "main", "export scikit-learn's handwritten digits as image folders"),

@@ -6,6 +6,7 @@
 - ``cost``: what a ladder costs before submission: a time model per rung, and node-hours.
 - ``plan_check``: the planner held against torch's memory trackers on fake CPU tensors (``plan --check``).
 - ``plan_trace``: the traced memory model: what ``plan`` predicts for a model without an analytic one (``plan --traced``).
+- ``rehearse``: ``scaleladder rehearse``: every rung built and wrapped at its world size on fake tensors, one of each kind traced.
 - ``probe``: ``scaleladder doctor --probe``: what one tiny job sees on a compute node, per rank.
 - ``toolchain``: what a ``-compile`` rung builds with, proved by building a C and a C++ extension.
 

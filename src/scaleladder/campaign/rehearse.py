@@ -14,23 +14,20 @@ the panels (one per model) every rung of which is predicted not to fit are named
 
 One line per rung; exit 1 on a rung that cannot be built or wrapped, a trace whose peak or collectives
 pass the bound, or an empty seed panel; exit 2 (one line) on bad input: a profile with no ladder, a
-``select`` that selects nothing, a world size a strategy cannot take. Why and what it costs:
-docs/planner.md, "Rehearsing the campaign".
+``select`` that selects nothing, a world size a strategy cannot take. The command, which reads the
+profile, is site/doctor.py's ``rehearse_main`` (this stage reads no profile). Why and what it costs:
+docs/planner.md, "Every wrapper at its real world size, and the campaign rehearsed".
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from pathlib import Path
 
-from scaleladder.errors import SpecError
 from scaleladder.spec import RunSpec
 
 #: The planner's peak against the tracker's, traced rungs (the accuracy plan --check holds it to).
@@ -151,36 +148,15 @@ def _in_block(spec: RunSpec, block: dict[str, object]) -> bool:
             and has("nodes", str(spec.nodes)) and has("batches", str(spec.batch)))
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", required=True, help="a folder name under profiles/")
-    p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="config overrides as Snakemake's --config takes them (select={models: [vit-base]})")
-    p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: the CPUs)")
-    p.add_argument("--no-trace", action="store_true", help="build and wrap every rung; trace none")
-    p.add_argument("--bound", type=float, default=PEAK_BOUND,
-                   help=f"a traced peak's planned/tracked - 1 that fails the rehearsal (default {PEAK_BOUND})")
-
-
-def rehearse(profile: str, repo: Path, overrides: dict[str, object] | None = None, jobs: int = 1, trace: bool = True,
-             bound: float = PEAK_BOUND, out: Callable[[str], None] = print) -> int:
-    """The command, callable (``doctor --rehearse`` runs it): the lines to ``out``; 0 or 1."""
-    from scaleladder.site import ladder as site_ladder
-    from scaleladder.site.profiles import load_profile
-
+def rehearse(rungs: Sequence[tuple[RunSpec, int]], not_to_fit: frozenset[str], blocks: Sequence[dict[str, object]],
+             why: Callable[[RunSpec], str], jobs: int = 1, trace: bool = True, bound: float = PEAK_BOUND,
+             out: Callable[[str], None] = print, label: str = "") -> int:
+    """Rehearse ``rungs`` ((spec, world) each, in ladder order): the lines to ``out``; 0, or 1 on a failure.
+    ``not_to_fit``: the planner's verdicts; ``blocks``: the ladder's blocks (their names say which seed
+    figures they draw); ``why``: the planner's reason a rung does not fit. The profile is read by the
+    command (site/doctor.py's ``rehearse_main``: the campaign stage reads no profile)."""
     t0 = time.perf_counter()
-    prof = load_profile(profile, repo, plan=True, overrides=overrides)
-    if not (prof.config or {}).get("ladders"):
-        raise SpecError(f"profile {profile} has no ladder to rehearse (no 'ladders' in its config)")
-    if prof.config_error or prof.ladder is None:
-        raise SpecError(f"profile {profile}: {prof.config_error}")
-    ladder = prof.ladder
-    worlds = [w for w in ladder.skipped if "does not divide the world size" in w]
-    if worlds:
-        raise SpecError(f"profile {profile}: {len(worlds)} rung(s) at a world size the strategy cannot take, first "
-                        f"{worlds[0]}")
-    rungs = [(s, site_ladder.rank_args(s, ladder.ranks_per_node)[0]) for s in ladder.selected]
-    reps = plan_representatives(rungs, ladder.predicted_oom) if trace else {}
+    reps = plan_representatives(rungs, not_to_fit) if trace else {}
     traced = set(reps.values())
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
         # the traces first (the longest), then the builds: the pool stays full to the end
@@ -193,13 +169,12 @@ def rehearse(profile: str, repo: Path, overrides: dict[str, object] | None = Non
         bad = bool(o.error) or (o.traced and (abs(o.peak_error) > bound
                                              or any(abs(e) > COMM_BOUND for e in o.comm_errors().values())))
         failed += bad
-        out(f"{'FAIL' if bad else 'ok  '} {spec.path} at world {world}: " + _what(o, spec, ladder.predicted_oom, reps))
-    empty = seed_panels(ladder.config["ladders"], [s for s, _ in rungs], ladder.predicted_oom,
-                        lambda s: _why(s, ladder.settings.site.plan_device or "", ladder.ranks_per_node))
+        out(f"{'FAIL' if bad else 'ok  '} {spec.path} at world {world}: " + _what(o, spec, not_to_fit, reps))
+    empty = seed_panels(blocks, [s for s, _ in rungs], not_to_fit, why)
     for line in empty:
         out(f"FAIL {line}")
     out(f"rehearse: {len(rungs)} rungs built and wrapped, {len(traced)} traced, {failed} failed, {len(empty)} empty seed "
-        f"panel(s) (profile {profile}, {time.perf_counter() - t0:.0f} s, {max(1, jobs)} worker(s))")
+        f"panel(s) ({label}{time.perf_counter() - t0:.0f} s, {max(1, jobs)} worker(s))")
     return 1 if failed or empty else 0
 
 
@@ -217,28 +192,3 @@ def _what(o: Outcome, spec: RunSpec, not_to_fit: frozenset[str], reps: dict[str,
         return f"{head}; predicted not to fit, not traced (it does not run)"
     rep = reps.get(spec.path)
     return f"{head}; as traced by {rep}" if rep else head
-
-
-def _why(spec: RunSpec, device: str, rpn: int) -> str:
-    """The planner's why for a rung predicted not to fit: what it needs against the device (a
-    models-file model's from the cached trace the ladder judged it by)."""
-    from scaleladder.campaign.plan_trace import predict as predict_traced
-    from scaleladder.campaign.plan_trace import traced_model
-    from scaleladder.flavors import get_flavor
-    from scaleladder.planner.memory import predict
-    from scaleladder.site.ladder import rank_args
-
-    world, r = rank_args(spec, rpn)
-    if traced_model(get_flavor(spec.model)):
-        p = predict_traced(spec, world, r, device, cached_only=True).prediction
-    else:
-        p = predict(spec, world, r, device)
-    cap = f" of {p.capacity_bytes / GIB:.2f}" if p.capacity_bytes else ""
-    return f"e.g. {spec.path} needs {p.peak_bytes / GIB:.1f} GiB{cap} on {device}"
-
-
-def main(args: argparse.Namespace) -> int:
-    from scaleladder.site.profiles import parse_config
-
-    return rehearse(args.profile, Path(args.repo).resolve(), parse_config(args.config) or None, args.jobs,
-                    not args.no_trace, args.bound)

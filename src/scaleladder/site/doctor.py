@@ -22,6 +22,7 @@ from scaleladder.errors import SpecError
 from scaleladder.site import commands as swf
 from scaleladder.site.doctor_checks import CHECKS, DRIVER_FLOOR, FATAL, OK, WARN, Context, Finding, compile_toolchain, run_checks, select
 from scaleladder.site.profiles import fill_site, load_profile
+from scaleladder.spec import RunSpec
 
 # -- --compute: one tiny job through the site's launcher ------------------------------------
 
@@ -142,14 +143,63 @@ def run_compute(ctx: Context, timeout_s: int) -> list[Finding]:
     return read_probe(ctx, json.loads(out.read_text()))
 
 
-def run_rehearse(ctx: Context) -> list[Finding]:
-    """``--rehearse``: campaign/rehearse.py on the profile; each of its FAIL lines a FATAL finding, its
-    summary an ok one (opt-in: on the whole Frontier campaign it takes minutes, not seconds)."""
-    from scaleladder.campaign.rehearse import rehearse
+def rehearse_profile(profile: str, repo: Path, overrides: Mapping[str, Any] | None = None, jobs: int = 1,
+                     trace: bool = True, bound: float | None = None, out: Callable[[str], None] = print) -> int:
+    """``scaleladder rehearse``: the profile's ladder (``select`` applied) rehearsed by campaign/rehearse.py.
+    Bad input is a SpecError (one line, exit 2): no ladder, a ``select`` selecting nothing, a rung at a
+    world size its strategy cannot take."""
+    from scaleladder.campaign import rehearse as rh
+    from scaleladder.planner.memory import predict
+    from scaleladder.site import ladder as site_ladder
 
+    prof = load_profile(profile, repo, plan=True, overrides=overrides)
+    if not (prof.config or {}).get("ladders"):
+        raise SpecError(f"profile {profile} has no ladder to rehearse (no 'ladders' in its config)")
+    if prof.config_error or prof.ladder is None:
+        raise SpecError(f"profile {profile}: {prof.config_error}")
+    ladder = prof.ladder
+    worlds = [w for w in ladder.skipped if "does not divide the world size" in w]
+    if worlds:
+        raise SpecError(f"profile {profile}: {len(worlds)} rung(s) at a world size the strategy cannot take, first {worlds[0]}")
+    rpn, device = ladder.ranks_per_node, ladder.settings.site.plan_device or ""
+
+    def why(spec: RunSpec) -> str:
+        world, r = site_ladder.rank_args(spec, rpn)
+        p = predict(spec, world, r, device)
+        cap = f" of {p.capacity_bytes / rh.GIB:.2f}" if p.capacity_bytes else ""
+        return f"e.g. {spec.path} needs {p.peak_bytes / rh.GIB:.1f} GiB{cap} on {device}"
+
+    rungs = [(s, site_ladder.rank_args(s, rpn)[0]) for s in ladder.selected]
+    return rh.rehearse(rungs, ladder.predicted_oom, ladder.config["ladders"], why, jobs, trace,
+                       rh.PEAK_BOUND if bound is None else bound, out, f"profile {profile}, ")
+
+
+def add_rehearse_arguments(p: argparse.ArgumentParser) -> None:
+    from scaleladder.campaign.rehearse import PEAK_BOUND
+
+    p.add_argument("--profile", required=True, help="a folder name under profiles/")
+    p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides as Snakemake's --config takes them (select={models: [vit-base]})")
+    p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: the CPUs)")
+    p.add_argument("--no-trace", action="store_true", help="build and wrap every rung; trace none")
+    p.add_argument("--bound", type=float, default=PEAK_BOUND,
+                   help=f"a traced peak's planned/tracked - 1 that fails the rehearsal (default {PEAK_BOUND})")
+
+
+def rehearse_main(args: argparse.Namespace) -> int:
+    from scaleladder.site.profiles import parse_config
+
+    return rehearse_profile(args.profile, Path(args.repo).resolve(), parse_config(args.config) or None, args.jobs,
+                            not args.no_trace, args.bound)
+
+
+def run_rehearse(ctx: Context) -> list[Finding]:
+    """``--rehearse``: :func:`rehearse_profile` on the profile; each of its FAIL lines a FATAL finding, its
+    summary an ok one (opt-in: on a whole campaign it takes minutes, not seconds)."""
     lines: list[str] = []
     try:
-        rehearse(ctx.profile.name, ctx.profile.repo, out=lines.append, jobs=os.cpu_count() or 1)
+        rehearse_profile(ctx.profile.name, ctx.profile.repo, out=lines.append, jobs=os.cpu_count() or 1)
     except SpecError as e:
         return [Finding(FATAL, f"rehearse: {e}")]
     out = [Finding(FATAL, f"rehearse: {ln[5:]}") for ln in lines if ln.startswith("FAIL")]
@@ -169,8 +219,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", default=".", help="the workflow's folder (default: here)")
     p.add_argument("--rehearse", action="store_true",
                    help="also rehearse the campaign: every rung built and wrapped at its world size on fake tensors, one "
-                        "of each kind traced, empty seed panels named (scaleladder rehearse; the whole Frontier campaign "
-                        "takes minutes)")
+                        "of each kind traced, empty seed panels named (scaleladder rehearse; a whole campaign takes minutes)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds to wait for the --compute job (queue included)")
     p.add_argument("--fs-root", default="", help=argparse.SUPPRESS)  # tests: a fake filesystem layout
     p.add_argument("--probe", metavar="OUT", help=argparse.SUPPRESS)  # the per-rank probe of --compute
