@@ -7,6 +7,7 @@
 - ``plan_check``: the planner held against torch's memory trackers on fake CPU tensors (``plan --check``).
 - ``plan_trace``: the traced memory model: what ``plan`` predicts for a model without an analytic one (``plan --traced``).
 - ``rehearse``: ``scaleladder rehearse``: every rung built and wrapped at its world size on fake tensors, one of each kind traced.
+- ``unit_tracker``: torch's FSDP2 memory tracker made to see FSDP units of several blocks (knobs ``-u<k>``).
 - ``probe``: ``scaleladder doctor --probe``: what one tiny job sees on a compute node, per rank.
 - ``toolchain``: what a ``-compile`` rung builds with, proved by building a C and a C++ extension.
 
