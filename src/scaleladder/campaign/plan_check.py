@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +23,8 @@ from scaleladder.models.flava_impl import SDPA
 from scaleladder.spec import RunSpec, SpecError
 
 if TYPE_CHECKING:
+    import torch
+
     from scaleladder.flavors import Flavor
     from scaleladder.models.build import TrainModule
 
@@ -95,7 +97,7 @@ def cuda_like_autocast() -> Iterator[None]:
             setattr(torch, name, fn)
 
 
-def _fake_materialize(model: Any, device: Any) -> None:
+def _fake_materialize(model: torch.nn.Module, device: torch.device) -> None:
     """Each meta parameter and buffer replaced by an empty fake one on ``device`` (in fake mode).
 
     TRAP: ``to_empty``/``to`` go through ``Module._apply``, which must swap fake parameters
@@ -399,6 +401,13 @@ class Collectives:
             self.active = False
 
 
+class _Event(Protocol):
+    """A profiler event, as far as :func:`_top_level_aten` reads it."""
+
+    name: str
+    cpu_parent: _Event | None
+
+
 class _Op(Protocol):
     _schema: _Schema
 
@@ -518,7 +527,7 @@ def _build(flavor: Flavor, device: str, flava_impl: str) -> TrainModule:
     return build_model(flavor, device, flava_impl=flava_impl)
 
 
-def _pool(flavor: Flavor, batch: int, device: Any, dtype: Any) -> list[dict[str, Any]]:
+def _pool(flavor: Flavor, batch: int, device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
     """The runner's pool of synthetic batches (rung/batches.py: the family's samples), resident."""
     from scaleladder.models.batch_layout import SYNTHETIC_POOL
     from scaleladder.rung.batches import SyntheticBatches
@@ -553,7 +562,7 @@ def _premade_meshes(spec: RunSpec, world: int) -> contextlib.AbstractContextMana
     return _patched(dm, "init_device_mesh", premade)
 
 
-def _local_numel(p: Any) -> int:
+def _local_numel(p: torch.Tensor) -> int:
     """Elements of ``p`` on this rank (an FSDP2 DTensor's local shard)."""
     local = getattr(p, "_local_tensor", None)
     return int((p if local is None else local).numel())
@@ -664,10 +673,10 @@ def _weighted_median(pairs: list[tuple[float, float]]) -> float:
     return 0.0
 
 
-def _top_level_aten(events: Any) -> int:
+def _top_level_aten(events: Iterable[_Event]) -> int:
     """The profiler's ``aten::`` events with no ``aten::`` event above them: what
     benchmarks/bench_host.py counts as a step's aten ops (an op inside another op is not counted again)."""
-    def nested(e: Any) -> bool:
+    def nested(e: _Event) -> bool:
         p = e.cpu_parent
         while p is not None:
             if p.name.startswith("aten::"):
@@ -698,7 +707,7 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+def _patched(obj: object, name: str, value: object) -> Iterator[None]:
     old = getattr(obj, name)
     setattr(obj, name, value)
     try:
@@ -712,7 +721,7 @@ class _NoHook:
         pass
 
 
-def _no_hooks_on_frozen(tracker: Any, model: Any) -> None:
+def _no_hooks_on_frozen(tracker: Any, model: torch.nn.Module) -> None:
     """TRAP: MemTracker registers a gradient hook on every parameter of a module it meets, and a
     frozen one (FLAVA's codebook, its unused heads) refuses it ("cannot register a hook on a tensor
     that doesn't require gradient"). A placeholder handle makes the tracker skip them; it clears
@@ -722,7 +731,7 @@ def _no_hooks_on_frozen(tracker: Any, model: Any) -> None:
             tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
 
 
-def _tracker(wrapped: Any, optimizer: Any, spec: RunSpec) -> Any:
+def _tracker(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: RunSpec) -> Any:
     if spec.strategy.is_fsdp2:
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 

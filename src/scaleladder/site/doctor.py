@@ -143,7 +143,7 @@ def run_compute(ctx: Context, timeout_s: int) -> list[Finding]:
     return read_probe(ctx, json.loads(out.read_text()))
 
 
-def rehearse_profile(profile: str, repo: Path, overrides: Mapping[str, Any] | None = None, jobs: int = 1,
+def rehearse_profile(profile: str, repo: Path, overrides: Mapping[str, object] | None = None, jobs: int = 1,
                      trace: bool = True, bound: float | None = None, out: Callable[[str], None] = print) -> int:
     """``scaleladder rehearse``: the profile's ladder (``select`` applied) rehearsed by campaign/rehearse.py.
     Bad input is a SpecError (one line, exit 2): no ladder, a ``select`` selecting nothing, a rung at a
