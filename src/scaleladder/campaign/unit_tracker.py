@@ -20,62 +20,80 @@ blocks (tests/test_unit_size.py holds the planner to it at k = 2 and 4).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn, optim
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    from torch.utils.hooks import RemovableHandle
+
+Hook = Callable[..., object]
 
 
-def fsdp2_tracker(wrapped: Any, optimizer: Any) -> Any:
+def fsdp2_tracker(wrapped: nn.Module, optimizer: optim.Optimizer | None) -> FSDPMemTracker:
     """An ``FSDPMemTracker`` over ``wrapped`` that keeps grouped units grouped (module docstring)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _SavedFSDPMethods
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
 
-    def states_of(root: Any) -> list[tuple[Any, list[Any]]]:
-        """Each FSDP state with a parameter group, and its modules in module order."""
-        found: dict[int, tuple[Any, list[Any]]] = {}
+    def units_of(root: nn.Module) -> list[tuple[FSDPState, FSDPParamGroup, list[FSDPModule]]]:
+        """Each FSDP state with a parameter group: the state, its group and its modules in module order."""
+        found: dict[int, tuple[FSDPState, FSDPParamGroup, list[FSDPModule]]] = {}
         for module in root.modules():
             if isinstance(module, FSDPModule):
                 state = module._get_fsdp_state()
-                if state._fsdp_param_group is not None:
-                    found.setdefault(id(state), (state, []))[1].append(module)
+                group = state._fsdp_param_group
+                if group is not None:
+                    found.setdefault(id(state), (state, group, []))[2].append(module)
         return list(found.values())
 
-    def hook(modules: list[Any], pre: Any, post: Any, state: Any, tracking: bool = True) -> tuple[Any, Any]:
+    def unhook(state: FSDPState) -> None:
+        """Remove a state's forward hooks (a group's two handles are one _MultiHandle: removed once)."""
+        for handle in {id(h): h for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle)}.values():
+            handle.remove()
+
+    def hook(modules: list[FSDPModule], pre: Hook, post: Hook, state: FSDPState,
+             tracking: bool = True) -> tuple[RemovableHandle, RemovableHandle]:
         """A state's forward hooks as torch registers them (FSDPState.init), or as the tracker does."""
         if len(modules) == 1:
-            return (modules[0].register_forward_pre_hook(pre, prepend=True, with_kwargs=True),
-                    modules[0].register_forward_hook(post, prepend=False, always_call=tracking))
-        handle = _register_group_forward_hooks(modules, pre, post, state._modules_to_run_forward,
-                                               state._cast_output_dtype)
+            m: nn.Module = modules[0]  # type: ignore[assignment]  # an FSDPModule is an nn.Module subclass at run time
+            return (m.register_forward_pre_hook(pre, prepend=True, with_kwargs=True),
+                    m.register_forward_hook(post, prepend=False, always_call=tracking))
+        handle: RemovableHandle = _register_group_forward_hooks(modules, pre, post, state._modules_to_run_forward,  # type: ignore[arg-type]
+                                                                state._cast_output_dtype)
         return handle, handle
 
     class GroupedFSDPMemTracker(FSDPMemTracker):
         def _instrument_fsdp_module(self) -> None:
-            states = states_of(self._root_mod)
-            for state, _ in states:  # a group's two handles are one _MultiHandle: remove it once
-                for handle in {id(h): h for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle)}.values():
-                    handle.remove()
-            for state, modules in states:
-                first, group = modules[0], state._fsdp_param_group
+            units = units_of(self._root_mod)
+            for state, _, _ in units:
+                unhook(state)
+            for state, group, modules in units:
+                first = modules[0]
                 self._instrument_fsdp_sharded_params_grads(group)
                 state._pre_forward_hook_handle, state._post_forward_hook_handle = hook(
                     modules, self._fsdp_state_pre_forward(first, state._pre_forward),
                     self._fsdp_state_post_forward(first, state._post_forward), state)
                 self._fsdp_mod_to_saved_methods[first] = _SavedFSDPMethods(group.pre_backward, group.post_backward)
-                group.pre_backward = self._fsdp_param_group_pre_backward(first, group.pre_backward)
-                group.post_backward = self._fsdp_param_group_post_backward(first, group.post_backward)
+                group.pre_backward = self._fsdp_param_group_pre_backward(first, group.pre_backward)  # type: ignore[method-assign]
+                group.post_backward = self._fsdp_param_group_post_backward(first, group.post_backward)  # type: ignore[method-assign]
             for buffer in self._root_mod.buffers():
                 self._update_and_maybe_create_winfos(buffer, _FSDPRefType.BUFFER)
 
         def _deregister_module_and_optimizer_hooks(self) -> None:
-            modules_of = {id(s): ms for s, ms in states_of(self._root_mod)}
+            units = {id(state): (group, modules) for state, group, modules in units_of(self._root_mod)}
             for first, saved in self._fsdp_mod_to_saved_methods.items():
                 state = first._get_fsdp_state()
-                for handle in {id(h): h for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle)}.values():
-                    handle.remove()
+                group, modules = units[id(state)]
+                unhook(state)
                 state._pre_forward_hook_handle, state._post_forward_hook_handle = hook(
-                    modules_of.get(id(state), [first]), state._pre_forward, state._post_forward, state, tracking=False)
-                state._fsdp_param_group.pre_backward = saved.pre_backward
-                state._fsdp_param_group.post_backward = saved.post_backward
+                    modules, state._pre_forward, state._post_forward, state, tracking=False)
+                group.pre_backward = saved.pre_backward  # type: ignore[method-assign]
+                group.post_backward = saved.post_backward  # type: ignore[method-assign]
             self._fsdp_mod_to_saved_methods.clear()
             if self._optimizer_hook_handles is not None:
                 for handle in self._optimizer_hook_handles:

@@ -232,9 +232,12 @@ def wrap_fsdp(
 
 
 def unit_groups(stacks: list[list[nn.Module]], k: int) -> list[list[nn.Module]]:
-    """The blocks in FSDP units of ``k`` consecutive blocks, within each stack (``Family.stacks``):
-    a stack of n blocks gives ceil(n / k) units, and its last unit holds the remainder (n = 5,
-    k = 2: 2, 2, 1). A unit never spans two stacks: FLAVA's encoders run in different passes."""
+    """The blocks in FSDP units of ``k`` consecutive blocks, within each stack (``Family.stacks``,
+    the bare blocks, taken before AC and compile wrap them): a stack of n blocks gives ceil(n / k)
+    units, and its last unit holds the remainder (n = 5, k = 2: 2, 2, 1). A unit never spans two
+    stacks: FLAVA's encoders run in different passes. Each becomes ``fully_shard``'s list form,
+    one parameter group and one set of hooks for the k: the lever pytorch#173680 suggests against
+    FSDP's per-unit host cost."""
     return [stack[i:i + k] for stack in stacks for i in range(0, len(stack), k)]
 
 
@@ -249,11 +252,8 @@ def wrap_fsdp2(
 ) -> nn.Module:
     """FSDP2: ``fully_shard`` each block, FLAVA's codebook, then the root (bottom-up).
 
-    * Units of k blocks (``knobs.unit_layers`` > 1; ``groups``: :func:`unit_groups` of the bare
-      blocks, taken before AC and compile wrapped them): ``fully_shard([b_i, ..., b_{i+k-1}])``,
-      the list form, one parameter group and one set of hooks for the k (the lever
-      pytorch#173680 suggests against the per-unit host cost). The explicit prefetch (pf<n>)
-      then counts units.
+    * Units of k blocks (``groups``: :func:`unit_groups`, :func:`_shard_groups`): one
+      ``fully_shard([b_i, ..., b_{i+k-1}])`` each; the explicit prefetch (pf<n>) counts units.
 
     * Mesh: 1-D over the world (``full``, ``grad-op``), or HSDP's 2-D ``(world/g, g)``
       mesh ``("replicate", "shard")`` for ``hybrid<g>``: parameters are sharded over
@@ -323,7 +323,7 @@ def wrap_fsdp2(
 
 def _shard_groups(units: list[tuple[nn.Module, str, nn.Module]], groups: list[list[nn.Module]],
                   blocks: tuple[type[nn.Module], ...], materialize: Callable[[nn.Module], None],
-                  shard: Callable[[Any], Any]) -> list[list[nn.Module]]:
+                  shard: Callable[[nn.Module | list[nn.Module]], object]) -> list[list[nn.Module]]:
     """``fully_shard`` each group of blocks as one unit (the list form), every other unit alone, in
     module order; return each stack's units as their first modules, for the explicit prefetch
     (a grouped unit's modules share one state: any of them stands for the unit)."""
