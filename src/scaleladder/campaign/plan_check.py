@@ -733,9 +733,10 @@ def _no_hooks_on_frozen(tracker: Any, model: torch.nn.Module) -> None:
 
 def _tracker(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: RunSpec) -> Any:
     if spec.strategy.is_fsdp2:
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from scaleladder.campaign.unit_tracker import fsdp2_tracker
 
-        return FSDPMemTracker(wrapped, optimizer)
+        # torch's own re-hooks every module of a unit: a unit of k blocks would run as k (unit_tracker.py)
+        return fsdp2_tracker(wrapped, optimizer)
     from torch.distributed._tools.mem_tracker import MemTracker
 
     return MemTracker()
