@@ -21,10 +21,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "scaleladder"
 
-#: The count may fall; it may not rise above this (lower it when it falls). Raised from 368 to 445
+#: The count may fall; it may not rise above this (lower it when it falls). Raised from 368 to 444
 #: with the models-file sources and the traced planner: timm's and transformers' models, configs
 #: and outputs, and torch's trackers' internals, carry no types of their own to name.
-CEILING = 445
+CEILING = 444
 
 
 def holds_any(node: ast.AST | None) -> bool:
