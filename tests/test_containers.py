@@ -130,7 +130,7 @@ def test_pins_agree_with_each_other_and_pyproject(flavor: str) -> None:
         assert name in pins, f"{name} is a dependency but not pinned in constraints-{flavor}.txt"
         assert req.specifier.contains(Version(pins[name]), prereleases=True), f"{name}=={pins[name]} violates {req}"
     dockerfile = (C / f"Dockerfile.{flavor}").read_text()
-    assert f"lock=containers/constraints-{flavor}.txt" in dockerfile and '".[workflow,models]"' in dockerfile
+    assert f"lock=containers/constraints-{flavor}.txt" in dockerfile and '".[workflow,models,parquet,tensorboard,mlflow]"' in dockerfile
     env = (REPO / "workflow/envs/scaleladder.yaml").read_text()
     assert f"torch=={pins['torch']}" in env
 
