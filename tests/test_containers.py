@@ -191,7 +191,7 @@ def test_rocm_standin_replaces_only_the_rocm_index_pins(tmp_path: Path) -> None:
     assert used == "".join(ln + "\n" for ln in lock.splitlines() if ln not in dropped)  # the rest byte for byte
     assert "STAND-IN: ROCm torch NOT installed" in said
     # the project's own install and `pip check` take the same lock the step left
-    assert any('-c containers/lock-used.txt ".[workflow,models]" && pip check' in b for b in run_bodies("rocm"))
+    assert any('-c containers/lock-used.txt ".[workflow,models,parquet,tensorboard,mlflow]" && pip check' in b for b in run_bodies("rocm"))
     # wired: the make target, the build arg, the plain words in the output, a tag of its own
     script = (C / "image-check").read_text()
     assert re.search(r"^image-check-rocm:\n\tcontainers/image-check --rocm-standin$", (REPO / "Makefile").read_text(), re.M)
@@ -299,7 +299,7 @@ def test_images_carry_what_compile_rungs_build_with(flavor: str) -> None:
     assert 'os.path.join(sysconfig.get_paths()["include"], "Python.h")' in apt
     torch_layer = next(i for i, b in enumerate(bodies) if "--index-url" in b)
     assert bodies.index(apt) < torch_layer  # a missing header fails the build before the 3 GB layer
-    (own,) = [b.replace("\\ ", "") for b in bodies if '".[workflow,models]"' in b]
+    (own,) = [b.replace("\\ ", "") for b in bodies if '".[workflow,models,parquet,tensorboard,mlflow]"' in b]
     assert own.endswith("&& pip check && python3 -m scaleladder.campaign.toolchain"), own
     assert "    python3 -m scaleladder.campaign.toolchain\n" in (C / f"scaleladder-{flavor}.def").read_text()
     # the stand-in base make image-check builds from carries the headers the python image has
