@@ -37,7 +37,7 @@ RUNGS = [
     "results/rungs/vit-debug/fsdp-full/fp32/pre-lag/n1/b4.h5",
     "results/rungs/flava-debug/ddp/fp32/pre-lag/n1/b4.h5",
 ]
-OUTPUTS = ["results/ladder.h5", "results/report.html", "results/report.md", "results/plots/pareto.png",
+OUTPUTS = ["results/ladder.h5", "results/rungs.csv", "results/rungs.columns.csv", "results/report.html", "results/report.md", "results/plots/pareto.png",
            "results/plots/throughput_by_model.pdf"]
 
 

@@ -31,6 +31,8 @@ CAUSES = {
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
     errno.EIO: "input/output error",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a file stands where its folder should be",
 }
 
 

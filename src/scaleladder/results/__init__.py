@@ -6,6 +6,8 @@
 - ``aggregate``: ``scaleladder aggregate``: the per-rung files merged into one ladder file.
 - ``stats``: how sure a throughput is: its interval within one run and between runs.
 - ``model_entries``: a models-file model known to its reader from the entry its record carries.
+- ``export``: ``scaleladder export``: every rung of a ladder as one tidy table (and its steps).
+- ``outputs``: the table formats (CSV, JSON Lines, Parquet), one module per format.
 - ``compare``: ``scaleladder compare BASE NEW``: what changed between two ladders, with noise.
 
 Imports from: spec and models only, so every stage above can write or read results.

@@ -389,11 +389,11 @@ def plan_figures(site: Site) -> list[str]:
 
 
 def final_targets(ladder: Ladder) -> list[str]:
-    """The ladder file, report and figures: of the rungs ``select`` keeps, with one
+    """The ladder file, its table (results/rungs.csv), report and figures: of the rungs ``select`` keeps, with one
     (:attr:`Ladder.rung_files`)."""
     figures = FIGURES + plan_figures(ladder.settings.site)
     return (
-        ["results/ladder.h5", "results/report.html"]
+        ["results/ladder.h5", "results/rungs.csv", "results/report.html"]
         + [f"results/plots/{f}.png" for f in figures]
         + [f"results/plots/{f}.pdf" for f in figures]
     )
