@@ -23,7 +23,9 @@ def _contents(path: Path) -> dict[str, object]:
         out["/"] = {k: v for k, v in f.attrs.items() if k != "created_utc"}
 
         def visit(name: str, obj: object) -> None:
-            if isinstance(obj, h5py.Dataset):
+            if name == "index":  # every rung's attributes in one JSON text: each rung's entry apart
+                out.update({f"index:{spec}": entry for spec, entry in json.loads(obj[()]).items()})  # type: ignore[index]
+            elif isinstance(obj, h5py.Dataset):
                 out[name] = obj[()].tolist()
             else:
                 out[name] = dict(obj.attrs)  # type: ignore[attr-defined]
@@ -94,3 +96,44 @@ def test_cli_with_dir_and_provenance(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli(["aggregate", "--out", str(out), "--provenance", "not json", str(tmp_path)]) == 2
     assert cli(["aggregate", "--out", str(out)]) == 2
     assert np.isclose(r["items_per_s"], 100.0) and os.path.exists(out)
+
+
+def _mixed_ladder(root: Path) -> list[str]:
+    """ok rungs (one with two repeats, one without an interval yet), an OOM, a corrupt file, and
+    names that sort differently as text and as a tree (vit-base/... beside vit-base-... would)."""
+    files = [write_rung(root, f"vit-debug/ddp/fp32/pre-lag/n1/b{b}", items_per_s=float(b)) for b in (2, 4, 8)]
+    files.append(write_rung(root, "vit-debug-wide/ddp/fp32/pre-lag/n1/b4", items_per_s=5.0))
+    files.append(write_rung(root, "vit-debug/fsdp-full/fp32/pre-lag/n1/b4", status="oom"))
+    bad = write_rung(root, "vit-debug/fsdp-full/fp32/pre-lag/n1/b8")
+    bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
+    files.append(bad)
+    rep = Path(str(files[0]).replace(".h5", ".r1.h5"))
+    rep.write_bytes(files[0].read_bytes())
+    files.append(rep)
+    return [str(f) for f in files]
+
+
+def test_the_index_holds_what_the_groups_hold(tmp_path: Path) -> None:
+    files = _mixed_ladder(tmp_path)
+    out = tmp_path / "ladder.h5"
+    aggregate(files, str(out))
+    indexed, root = read_ladder(str(out))
+    walked, _ = read_ladder(str(out), walk=True)
+    assert [r["spec"] for r in indexed] == [r["spec"] for r in walked]
+    assert json.dumps(indexed, default=str, sort_keys=True) == json.dumps(walked, default=str, sort_keys=True)  # NaN equal as text
+    statuses = {r["status"] for r in indexed}
+    assert statuses == {"ok", "oom", "corrupt"} and any(r.get("repeats") == 2 for r in indexed)
+
+
+@pytest.mark.process
+def test_a_pool_of_readers_gives_the_same_ladder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import scaleladder.results.aggregate as agg
+
+    files = _mixed_ladder(tmp_path)
+    out = tmp_path / "ladder.h5"
+    aggregate(files, str(out))
+    indexed, _ = read_ladder(str(out))
+    monkeypatch.setattr(agg, "POOL_FROM", 2)  # from 2 files on: the fork pool's path
+    pooled = tmp_path / "pooled.h5"
+    aggregate(files, str(pooled))
+    assert json.dumps(read_ladder(str(pooled))[0], default=str, sort_keys=True) == json.dumps(indexed, default=str, sort_keys=True)

@@ -255,3 +255,32 @@ def test_a_change_under_other_conditions_is_never_a_bare_regression(tmp_path: Pa
     assert "measured under different conditions: steps" in out.err
     other = next(x for x in out.out.splitlines() if x.startswith(OTHER))
     assert "conditions" not in other
+
+
+def test_a_large_compare_stays_readable_and_its_table_holds_every_rung(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    a, b = [], []
+    for i in range(30):  # 30 rungs, each 10-39% slower: every one a regression
+        spec = f"vit-debug/ddp/fp32/pre-lag/n1/b{4 + i}"
+        a.append(rung(tmp_path / "a", spec, 0.100, 0.01, 2 * i))
+        b.append(rung(tmp_path / "b", spec, 0.100 / (1 - (10 + i) / 100), 0.01, 2 * i + 1))
+    monkeypatch.chdir(tmp_path)
+    table = tmp_path / "out" / "verdicts.csv"
+    assert cli(["compare", ladder(tmp_path / "a", *a), ladder(tmp_path / "b", *b), "--table", str(table)]) == 1
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    rows = [x for x in lines if x.startswith("vit-debug/")]
+    assert len(rows) == 20 and "30 slower; 30 REGRESSION" in lines[0]
+    assert rows[0].startswith("vit-debug/ddp/fp32/pre-lag/n1/b33")  # the largest change first (39%)
+    assert any("and 10 more rung(s): every rung in" in x for x in lines)
+    assert out.err.count("\n") == 1 and "and 20 more" in out.err  # the regressions' line names 10
+    df = pd.read_csv(table)
+    assert len(df) == 30 and df["regressed"].all() and pd.api.types.is_numeric_dtype(df["change"])
+    assert not list(tmp_path.glob("*.png"))  # no figure unless asked
+
+
+def test_compare_refuses_an_unknown_table_format_before_reading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["compare", str(tmp_path / "nothing-a.h5"), str(tmp_path / "nothing-b.h5"), "--table", str(tmp_path / "t.xlsx")]) == 2
+    assert "unknown table format '.xlsx'" in capsys.readouterr().err

@@ -6,6 +6,12 @@ The ladder is rebuilt in memory and renamed over the old one (idempotent; never 
 in-place appends). A file that is not readable HDF5, or whose ``spec`` names another rung,
 costs only that rung (status ``corrupt``); repeats are kept whole and the rung's headline is
 ``results.stats.between_runs``'s. :func:`read_ladder` is the one reader of the ladder file.
+
+The ladder also holds ``/index``: every rung group's attributes as one JSON text, so that a
+reader reads one dataset instead of ~90 HDF5 attributes per rung (h5py costs ~25 µs an
+attribute: 25 s at 10,000 rungs). It is written from the same values as the groups and with
+them; a ladder without one (older) is read by walking its groups. Each rung file is read once,
+by :func:`scan`, in a pool of processes when there are many (docs/performance.md).
 Why: docs/workflow.md, "Reruns and interruptions"; repeats: docs/metrics.md, "Uncertainty".
 """
 
@@ -20,6 +26,7 @@ import os
 import re
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -39,6 +46,7 @@ from scaleladder.spec import RunSpec, SpecError
 
 _log = get_logger(__name__)
 FORMAT = "scaleladder-ladder/1"
+INDEX = "index"  # the root dataset: every rung group's attributes as one JSON text
 CORRUPT = "corrupt"
 
 
@@ -115,23 +123,27 @@ def _own_spec(path: str) -> str | None:
         return None
 
 
-def _fill_within(g: h5py.Group) -> None:
-    """Give an ok record that lacks it the within-run interval, from its own step times."""
+def _fill_within(g: h5py.Group) -> dict[str, Any]:
+    """Give an ok record that lacks it the within-run interval, from its own step times; the
+    attributes set."""
     if _str(g.attrs.get(Record.status)) != "ok" or Interval.items_per_s_ci_low in g.attrs or "step_time_s" not in g:
-        return
+        return {}
     ips = float(g.attrs.get(Throughput.items_per_s, math.nan))
-    for k, v in within_run(g["step_time_s"][()], int(g.attrs.get(Settings.warmup, 0)), ips).items():
+    filled = within_run(g["step_time_s"][()], int(g.attrs.get(Settings.warmup, 0)), ips)
+    for k, v in filled.items():
         g.attrs[k] = v
+    return {k: _plain(v) for k, v in filled.items()}
 
 
-def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> None:
-    """The between-run summary of a rung's repeats, onto its own group ``g``."""
+def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> dict[str, Any]:
+    """The between-run summary of a rung's repeats, onto its own group ``g``; the attributes set."""
     statuses = [_str(repeats[k].attrs.get(Record.status, "unknown")) for k in sorted(repeats)]
     g.attrs[Repeats.repeats] = len(repeats)
     g.attrs[Repeats.repeat_statuses] = json.dumps(statuses)
+    done: dict[str, Any] = {Repeats.repeats: len(repeats), Repeats.repeat_statuses: json.dumps(statuses)}
     ok = [repeats[k] for k in sorted(repeats) if statuses[k] == "ok"]
     if _str(g.attrs.get(Record.status)) != "ok" or len(ok) < 2:
-        return
+        return done
     ips, lo, hi = Throughput.items_per_s, Interval.items_per_s_ci_low, Interval.items_per_s_ci_high
     values = [float(r.attrs.get(ips, math.nan)) for r in ok]
     within = [(float(r.attrs.get(ips, math.nan)), float(r.attrs.get(lo, math.nan)), float(r.attrs.get(hi, math.nan))) for r in ok]
@@ -144,10 +156,11 @@ def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> None:
             summary[k] = float(g.attrs[k]) * scale
     for name, v in summary.items():
         g.attrs[name] = v
+    return {**done, **{k: _plain(v) for k, v in summary.items()}}
 
 
-def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None = None) -> dict[str, int]:
-    """(Re)write ``out`` from ``rung_files``; return the count of rungs per status."""
+def _by_spec(rung_files: list[str]) -> dict[str, dict[int, str]]:
+    """spec -> repeat -> file, every repeat from 0 present (SpecError naming a clash or a gap)."""
     by_spec: dict[str, dict[int, str]] = {}
     for f in rung_files:
         spec, k = spec_of_file(f), split_repeat(f)[1]
@@ -160,50 +173,100 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
             missing = sorted(set(range(max(reps) + 1)) - set(reps))
             raise SpecError(f"rung {spec!r}: repeat(s) {missing} missing beside {[reps[k] for k in sorted(reps)]} "
                             "(repeat 0 is <spec>.h5, repeat k is <spec>.r<k>.h5)")
+    return by_spec
 
+
+@dataclass(frozen=True)
+class Scan:
+    """One read of a rung file: its attributes (plain Python), its SHA-256, and why it cannot
+    stand for a rung (None: every dataset read back)."""
+
+    attrs: dict[str, Any]
+    sha256: str
+    error: str | None
+
+
+def scan(path: str) -> Scan:
+    try:
+        with open_h5(path) as f:
+            attrs = {k: _plain(v) for k, v in f.attrs.items()}
+            f.visititems(_read_dataset)  # a file cut short can open and still lose its data
+    except UnreadableFile as e:
+        return Scan({}, "", str(e))
+    except (OSError, RuntimeError, KeyError) as e:
+        return Scan({}, "", f"{path}: not a readable HDF5 file ({h5_cause(e)})")
+    return Scan(attrs, _sha256(path), None)
+
+
+#: from this many files, :func:`scan_all` reads them in a pool (below, the pool's start costs more)
+POOL_FROM = 256
+
+
+def scan_all(paths: list[str]) -> dict[str, Scan]:
+    """Every file scanned once; in a pool of up to 4 processes (the CPUs this process may use)
+    from :data:`POOL_FROM` files: reading ~90 attributes a file is h5py's Python, CPU-bound."""
+    workers = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if len(paths) < POOL_FROM or workers < 2:
+        return {p: scan(p) for p in paths}
+    import multiprocessing
+
+    # fork: no HDF5 file is open here yet, and the children need no re-import
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return dict(zip(paths, pool.map(scan, paths, chunksize=64)))
+
+
+def _add_rung(rungs: h5py.Group, spec: str, reps: dict[int, str], scans: dict[str, Scan], site: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Copy one rung (and its repeats) into ``rungs``; its index entry (its group's attributes)
+    and its ``sources`` rows."""
+    bad = _unreadable(spec, reps, scans)
+    if bad:
+        path, error = bad
+        entry = _corrupt_group(rungs, spec, path, error, site)
+        return entry, [{"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]), "sha256": "", "status": CORRUPT} for k in sorted(reps)]
+    lead = _lead(reps, scans)
+    path = reps[lead]
+    with h5py.File(path, "r") as src:
+        parent = rungs.require_group(os.path.dirname(spec))
+        # Group.copy of the source's root: attributes and every dataset, as is.
+        src.copy(src["/"], parent, name=os.path.basename(spec))
+    g = rungs[spec]
+    source: dict[str, Any] = {Source.source_file: os.path.relpath(path), Source.source_sha256: scans[path].sha256}
+    g.attrs.update(source)
+    entry = {**scans[path].attrs, **source, **_fill_within(g)}
+    if len(reps) > 1:
+        copies = {}
+        for k in sorted(reps):
+            with h5py.File(reps[k], "r") as src:
+                src.copy(src["/"], g.require_group("repeats"), name=f"r{k}")
+            copies[k] = g[f"repeats/r{k}"]
+            copies[k].attrs[Source.source_file] = os.path.relpath(reps[k])
+            copies[k].attrs[Source.source_sha256] = scans[reps[k]].sha256
+            _fill_within(copies[k])
+        entry.update(_summarize_repeats(g, copies))
+    status = str(entry.get(Record.status, "unknown"))
+    return entry, [{"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]), "sha256": scans[reps[k]].sha256, "status": status}
+                   for k in sorted(reps)]
+
+
+def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None = None) -> dict[str, int]:
+    """(Re)write ``out`` from ``rung_files``; return the count of rungs per status."""
+    by_spec = _by_spec(rung_files)
     counts: Counter[str] = Counter()
     # a `<out>.<pid>.tmp` of an aggregate killed by SIGKILL before this fix, or by a dead node
     remove_dead_leftovers(Path(out).parent, re.escape(Path(out).name) + r"\.(?P<pid>[0-9]+)\.tmp")
     site = str((provenance or {}).get("site", "") or "")
+    scans = scan_all(sorted({f for reps in by_spec.values() for f in reps.values()}))
+    index: dict[str, dict[str, Any]] = {}
     with h5_in_memory(out) as dst:
         rungs = dst.create_group("rungs")
         sources = []
         for spec in sorted(by_spec):  # sorted: the same inputs give the same file
-            reps = by_spec[spec]
-            bad = _unreadable(spec, reps)
-            if bad:
-                path, error = bad
-                _corrupt_group(rungs, spec, path, error, site)
-                counts[CORRUPT] += 1
-                sources += [{"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]), "sha256": "", "status": CORRUPT}
-                            for k in sorted(reps)]
-                continue
-            lead = _lead(reps)
-            path = reps[lead]
-            with h5py.File(path, "r") as src:
-                parent = rungs.require_group(os.path.dirname(spec))
-                # Group.copy of the source's root: attributes and every dataset, as is.
-                src.copy(src["/"], parent, name=os.path.basename(spec))
-            g = rungs[spec]
-            digest = _sha256(path)
-            g.attrs[Source.source_file] = os.path.relpath(path)
-            g.attrs[Source.source_sha256] = digest
-            _fill_within(g)
-            if len(reps) > 1:
-                copies = {}
-                for k in sorted(reps):
-                    with h5py.File(reps[k], "r") as src:
-                        src.copy(src["/"], g.require_group("repeats"), name=f"r{k}")
-                    copies[k] = g[f"repeats/r{k}"]
-                    copies[k].attrs[Source.source_file] = os.path.relpath(reps[k])
-                    copies[k].attrs[Source.source_sha256] = _sha256(reps[k])
-                    _fill_within(copies[k])
-                _summarize_repeats(g, copies)
-            status = _str(g.attrs.get(Record.status, "unknown"))
-            counts[status] += 1
-            for k in sorted(reps):
-                sources.append({"spec": spec, "repeat": k, "file": os.path.relpath(reps[k]),
-                                "sha256": _sha256(reps[k]) if k != lead else digest, "status": status})
+            entry, rows = _add_rung(rungs, spec, by_spec[spec], scans, site)
+            index[spec] = entry
+            sources += rows
+            counts[str(entry.get(Record.status, "unknown"))] += 1
+        # TRAP: NaN is kept as JSON's NaN extension (json.loads reads it back), as the attributes hold it
+        dst.create_dataset(INDEX, data=json.dumps(index))
         dst.attrs[LadderFile.format] = FORMAT
         dst.attrs[LadderFile.created_utc] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         dst.attrs[LadderFile.scaleladder_version] = _version()
@@ -222,18 +285,14 @@ def redo_command(path: str, site: str) -> str:
     return f"snakemake {rel} --profile profiles/{site or '<site>'} --forcerun {rel}"
 
 
-def _unreadable(spec: str, reps: dict[int, str]) -> tuple[str, str] | None:
+def _unreadable(spec: str, reps: dict[int, str], scans: dict[str, Scan]) -> tuple[str, str] | None:
     """The first of a rung's files that cannot stand for it, and why: not readable HDF5, or
     a record whose own spec names another rung (None when every file is sound)."""
     for k in sorted(reps):
-        try:
-            with open_h5(reps[k]) as f:
-                own = _str(f.attrs.get(Spec.spec, ""))
-                f.visititems(_read_dataset)  # a file cut short can open and still lose its data
-        except UnreadableFile as e:
-            return reps[k], str(e)
-        except (OSError, RuntimeError, KeyError) as e:
-            return reps[k], f"{reps[k]}: not a readable HDF5 file ({h5_cause(e)})"
+        sc = scans[reps[k]]
+        if sc.error:
+            return reps[k], sc.error
+        own = sc.attrs.get(Spec.spec, "")
         if own:
             try:
                 own_path = RunSpec.from_path(str(own)).path
@@ -251,26 +310,19 @@ def _read_dataset(_name: str, obj: Any) -> None:
     # TRAP: visititems stops at the first callback that returns anything but None
 
 
-def _corrupt_group(rungs: h5py.Group, spec: str, path: str, error: str, site: str) -> None:
-    """The group of a rung whose file cannot be used: says so, why, and how to redo it."""
-    g = rungs.require_group(spec)
+def _corrupt_group(rungs: h5py.Group, spec: str, path: str, error: str, site: str) -> dict[str, Any]:
+    """The group of a rung whose file cannot be used: says so, why, and how to redo it; its attributes."""
     redo = redo_command(path, site)
-    g.attrs[Record.status] = CORRUPT
-    g.attrs[Spec.spec] = spec
-    g.attrs[Oom.error] = error
-    g.attrs[Corrupt.redo] = redo
-    g.attrs[Source.source_file] = os.path.relpath(path)
+    attrs = {Record.status: CORRUPT, Spec.spec: spec, Oom.error: error, Corrupt.redo: redo, Source.source_file: os.path.relpath(path)}
+    rungs.require_group(spec).attrs.update(attrs)
     _log.warning(f"scaleladder aggregate: {error}; rung {spec} recorded as '{CORRUPT}'; redo it with: {redo}")
+    return {str(k): v for k, v in attrs.items()}
 
 
-def _lead(reps: dict[int, str]) -> int:
+def _lead(reps: dict[int, str], scans: dict[str, Scan]) -> int:
     """The repeat whose record the rung's group is: repeat 0, unless a repeat ran out of
     memory (then the first that did: a batch that fits only sometimes does not fit)."""
-    for k in sorted(reps):
-        with open_h5(reps[k]) as f:
-            if _str(f.attrs.get(Record.status, "")) != "ok":
-                return k
-    return 0
+    return next((k for k in sorted(reps) if scans[reps[k]].attrs.get(Record.status, "") != "ok"), 0)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -308,26 +360,33 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def read_ladder(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every rung of a ladder file as a flat dict of its attributes (plus ``spec``, the
-    group's spec path, and ``step_time_s``/``loss`` arrays when present), and the root's
-    attributes."""
+def _walk(f: h5py.File) -> list[dict[str, Any]]:
+    """Every rung group's attributes, by walking /rungs (a ladder without an index)."""
     rungs: list[dict[str, Any]] = []
+
+    def visit(name: str, obj: Any) -> None:
+        # a rung's repeats (<spec>/repeats/r<k>) are read through the rung, not as rungs
+        if isinstance(obj, h5py.Group) and Record.status in obj.attrs and "/repeats/r" not in f"/{name}":
+            rungs.append({**{k: _plain(v) for k, v in obj.attrs.items()}, Spec.spec: name})
+
+    if "rungs" in f:
+        f["rungs"].visititems(visit)
+    return rungs
+
+
+def read_ladder(path: str, walk: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every rung of a ladder file as a flat dict of its attributes (plus ``spec``, the
+    group's spec path, and ``spec_batch``), in the groups' order, and the root's attributes.
+    From the ladder's index when it has one (``walk``: from its groups, as an older ladder is
+    read); never a per-step dataset (``export --steps`` streams those, one rung at a time)."""
     with open_h5(path) as f:
         root = {k: _plain(v) for k, v in f.attrs.items()}
-
-        def visit(name: str, obj: Any) -> None:
-            # a rung's repeats (<spec>/repeats/r<k>) are read through the rung, not as rungs
-            if isinstance(obj, h5py.Group) and Record.status in obj.attrs and "/repeats/r" not in f"/{name}":
-                r = {k: _plain(v) for k, v in obj.attrs.items()}
-                r[Spec.spec] = name
-                for ds in (Read.step_time_s, Read.loss):
-                    if ds in obj and isinstance(obj[ds], h5py.Dataset):
-                        r[ds] = obj[ds][()]
-                rungs.append(r)
-
-        if "rungs" in f:
-            f["rungs"].visititems(visit)
+        if INDEX in f and not walk:
+            index = json.loads(_str(f[INDEX][()]))
+            # the groups' order: component by component ('vit-base' before 'vit-base-x/...')
+            rungs = [{**index[s], Spec.spec: s} for s in sorted(index, key=lambda s: s.split("/"))]
+        else:
+            rungs = _walk(f)
     for r in rungs:  # fill the spec fields from the path when a record lacks them
         register_recorded(r)  # a models-file model: known from the entry its record carries
         try:

@@ -26,6 +26,7 @@ import yaml
 
 from scaleladder.errors import SpecError
 from scaleladder.files import atomic_file
+from scaleladder.results import outputs
 from scaleladder.results.aggregate import CORRUPT, FORMAT, aggregate, read_ladder
 from scaleladder.results.record import (
     OOM_STATUSES,
@@ -72,7 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-provenance-change", action="store_true",
                    help="compare rungs whose device, world or data differ (the table says so)")
     p.add_argument("--reference", help="per-site reference values (profiles/<site>/references.yaml) to check NEW against")
-    p.add_argument("--figure", default="compare.png", help="where to write the figure (PNG; default compare.png)")
+    p.add_argument("--figure", default=None, metavar="PNG",
+                   help="also draw the change of every rung with its interval, to this PNG (none unless asked)")
+    p.add_argument("--table", default=None, metavar="FILE",
+                   help=f"every rung's verdict as a table ({', '.join(outputs.FORMATS)}, by the suffix); the console "
+                        f"shows the {SHOWN} largest changes and the counts per verdict")
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -367,6 +372,54 @@ def _pct(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:+.1%}"
 
 
+#: rungs the console lists, largest change first (the rest: counted, and in --table)
+SHOWN = 20
+FIGURE_RUNGS = 40  # rungs the --figure draws
+
+
+def _interest(r: Row) -> tuple[bool, bool, float]:
+    """Sort key: regressions, then any verdict but `same`, each by the size of its change."""
+    return (not r.regressed, r.verdict == "same", -abs(r.change) if math.isfinite(r.change) else 0.0)
+
+
+def counts(rows: Sequence[Row]) -> str:
+    """'841 slower (800 REGRESSION), 12 faster, 3 same': every verdict with its count."""
+    by: dict[str, int] = {}
+    for r in rows:
+        by[r.verdict] = by.get(r.verdict, 0) + 1
+    regressed = sum(r.regressed for r in rows)
+    parts = [f"{n} {v}" for v, n in sorted(by.items(), key=lambda kv: -kv[1])]
+    return ", ".join(parts) + (f"; {regressed} REGRESSION" if regressed else "")
+
+
+def shown(rows: Sequence[Row], limit: int = SHOWN) -> tuple[list[Row], int]:
+    """The ``limit`` rows most worth reading (:func:`_interest`), and how many are left out."""
+    ordered = sorted(rows, key=_interest)
+    return ordered[:limit], max(0, len(rows) - limit)
+
+
+TABLE_COLUMNS = ("spec", "verdict", "regressed", "base_items_per_s", "new_items_per_s", "change", "ci_low", "ci_high",
+                 "memory_change", "max_batch", "conditions", "notes")
+
+
+def table_rows(rows: Sequence[Row]) -> list[dict[str, outputs.Cell]]:
+    """Every verdict as a row of ``--table`` (changes as fractions: NEW/BASE − 1)."""
+    def num(x: float) -> float | None:
+        return None if math.isnan(x) else x
+
+    return [{"spec": r.spec, "verdict": r.verdict, "regressed": r.regressed, "base_items_per_s": num(r.base),
+             "new_items_per_s": num(r.new), "change": num(r.change), "ci_low": num(r.low), "ci_high": num(r.high),
+             "memory_change": num(r.memory), "max_batch": r.max_batch, "conditions": "; ".join(r.conditions),
+             "notes": "; ".join(r.notes)} for r in rows]
+
+
+def bounded(rows: Sequence[Row], where: str) -> str:
+    """The console's table: the rows most worth reading, and a line for the rest."""
+    top, left = shown(rows)
+    more = f"\n... and {left} more rung(s): every rung in {where}" if left else ""
+    return table(top) + more
+
+
 def table(rows: Sequence[Row]) -> str:
     head = ("rung", "base items/s", "new items/s", "change", f"{CONFIDENCE:.0%} interval", "verdict", "memory", "max batch", "notes")
     lines = [head]
@@ -383,21 +436,26 @@ COLORS = {"faster": "#2e86c1", "slower": "#c0392b", "same": "#7f8c8d", "oom-chan
 
 
 def figure(rows: Sequence[Row], out: str, tolerance: float, title: str) -> str:
-    """Throughput change per rung with its interval, coloured by verdict; ±tolerance shaded."""
+    """Throughput change per rung with its interval, coloured by verdict; ±tolerance shaded. At
+    most :data:`FIGURE_RUNGS` rungs, the most worth reading (:func:`shown`): a bar per rung of
+    10,000 would be a figure 3,000 inches tall."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on cluster nodes and CI
     import matplotlib.pyplot as plt
 
-    shown = [r for r in rows if not math.isnan(r.change)]
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(shown))))
+    drawn, left = shown([r for r in rows if not math.isnan(r.change)], FIGURE_RUNGS)
+    if left:
+        title += f" ({len(drawn)} largest changes of {len(drawn) + left})"
+    shown_rows = drawn
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(shown_rows))))
     ax.axvspan(-100 * tolerance, 100 * tolerance, color="#eeeeee", zorder=0)
     ax.axvline(0, color="black", linewidth=0.8)
-    for i, r in enumerate(shown):
+    for i, r in enumerate(shown_rows):
         err = None if math.isnan(r.low) else [[100 * (r.change - r.low)], [100 * min(r.high - r.change, 10.0)]]
         ax.errorbar(100 * r.change, i, xerr=err, fmt="o", color=COLORS.get(r.verdict, "black"), capsize=3)
-    ax.set_yticks(range(len(shown)))
-    ax.set_yticklabels([r.spec for r in shown], fontsize=7)
+    ax.set_yticks(range(len(shown_rows)))
+    ax.set_yticklabels([r.spec for r in shown_rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(f"throughput change NEW/BASE − 1 (%), {CONFIDENCE:.0%} interval where known")
     from matplotlib.lines import Line2D
@@ -415,39 +473,54 @@ def figure(rows: Sequence[Row], out: str, tolerance: float, title: str) -> str:
     return out
 
 
+def _report_pair(args: argparse.Namespace, base: dict[str, RungAttrs], new: dict[str, RungAttrs], rows: list[Row]) -> None:
+    where = args.table or "--table FILE"
+    print(f"scaleladder compare: {args.runs[0]} -> {args.runs[1]} (tolerance {args.tolerance:.0%}): {counts(rows)}")
+    for line in what_changed(base, new) or ["no software change recorded (torch, CUDA/HIP, python, image, commit)"]:
+        print(f"  changed: {line}")
+    print(bounded(rows, where))
+    if differ := [r for r in rows if r.conditions]:
+        keys = sorted({c.split(" ", 1)[0] for r in differ for c in r.conditions})
+        print(f"scaleladder compare: {len(differ)} of {len(rows)} rung(s) were measured under different conditions "
+              f"({', '.join(keys)}): a change there may be the conditions', not the code's")
+    blind = [r for r in rows if any(n.startswith("judged on tolerance alone") for n in r.notes)]
+    if blind:
+        print(f"scaleladder compare: {len(blind)} of {len(rows)} rung(s) have no {CONFIDENCE:.0%} interval and were judged "
+              f"on the ±{args.tolerance:.0%} tolerance alone (an interval needs at least 9 measured steps: "
+              "raise steps - warmup, or run repeats)")
+    if args.figure:
+        figure(rows, args.figure, args.tolerance, f"{args.runs[0]} → {args.runs[1]}")
+        print(f"scaleladder compare: figure -> {args.figure}")
+
+
 def main(args: argparse.Namespace) -> int:
     if len(args.runs) > 2 or (len(args.runs) == 1 and not args.reference):
         raise SpecError("give BASE and NEW (two ladder files or rung folders), or NEW with --reference")
+    if args.table:  # a bad suffix or folder: one line before any reading
+        outputs.check(args.table)
+    if args.figure:
+        outputs.check_folder(args.figure)
     new = load(args.runs[-1])
     rows: list[Row] = []
     if len(args.runs) == 2:
         base = load(args.runs[0])
         rows = compare(base, new, args.tolerance, args.memory_tolerance, args.allow_provenance_change)
-        print(f"scaleladder compare: {args.runs[0]} -> {args.runs[1]} (tolerance {args.tolerance:.0%})")
-        for line in what_changed(base, new) or ["no software change recorded (torch, CUDA/HIP, python, image, commit)"]:
-            print(f"  changed: {line}")
-        print(table(rows))
-        if differ := [r for r in rows if r.conditions]:
-            keys = sorted({c.split(" ", 1)[0] for r in differ for c in r.conditions})
-            print(f"scaleladder compare: {len(differ)} of {len(rows)} rung(s) were measured under different conditions "
-                  f"({', '.join(keys)}): a change there may be the conditions', not the code's")
-        blind = [r for r in rows if any(n.startswith("judged on tolerance alone") for n in r.notes)]
-        if blind:
-            print(f"scaleladder compare: {len(blind)} of {len(rows)} rung(s) have no {CONFIDENCE:.0%} interval and were judged "
-                  f"on the ±{args.tolerance:.0%} tolerance alone (an interval needs at least 9 measured steps: "
-                  "raise steps - warmup, or run repeats)")
-        figure(rows, args.figure, args.tolerance, f"{args.runs[0]} → {args.runs[1]}")
-        print(f"scaleladder compare: figure -> {args.figure}")
+        _report_pair(args, base, new, rows)
     if args.reference:
         ref_rows = check_references(args.reference, new)
-        print(f"scaleladder compare: {args.runs[-1]} against {args.reference}")
-        print(table(ref_rows))
+        print(f"scaleladder compare: {args.runs[-1]} against {args.reference}: {counts(ref_rows)}")
+        print(bounded(ref_rows, args.table or "--table FILE"))
         rows += ref_rows
+    if args.table:
+        outputs.write_table(args.table, TABLE_COLUMNS, table_rows(rows))
+        print(f"scaleladder compare: every rung ({len(rows)}) -> {args.table}")
     bad = [r for r in rows if r.regressed]
     if bad:
         conditions = sorted({c.split(" ", 1)[0] for r in bad for c in r.conditions})
         note = (f" ({sum(bool(r.conditions) for r in bad)} of them measured under different conditions: {', '.join(conditions)}; "
                 "rerun under the same ones before calling it the code's)") if conditions else ""
-        print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(sorted({r.spec for r in bad}))}{note}", file=sys.stderr)
+        names = sorted({r.spec for r in bad})
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(names[:10])}{more}{note}", file=sys.stderr)
         return 1
     return 0

@@ -107,7 +107,9 @@ def cell(v: object) -> Cell:
     if isinstance(v, np.generic):
         v = v.item()
     if isinstance(v, np.ndarray):
-        return json.dumps(v.tolist())
+        v = v.tolist()
+    if isinstance(v, list | dict):
+        return json.dumps(v)
     if v is None or isinstance(v, bool | int | float | str):
         return v
     return str(v)
@@ -151,19 +153,22 @@ def rung_groups(f: h5py.File) -> Iterator[tuple[str, h5py.Group]]:
         yield from walk(f["rungs"], "")
 
 
-def check_ladder(f: h5py.File, path: str) -> None:
+def check_ladder(root: Mapping[str, object], path: str) -> None:
     from scaleladder.results.aggregate import FORMAT
 
-    got = cell(f.attrs.get("format"))
+    got = cell(root.get("format"))
     if got != FORMAT:
         raise SpecError(f"{path}: not a scaleladder ladder file (format {got!r}, expected {FORMAT!r}; "
                         "`scaleladder aggregate` writes one)")
 
 
 def ladder_rows(path: str) -> list[dict[str, Cell]]:
-    with open_h5(path) as f:
-        check_ladder(f, path)
-        return [with_spec(spec, {k: cell(v) for k, v in g.attrs.items()}) for spec, g in rung_groups(f)]
+    """Every rung's attributes as cells (aggregate.read_ladder: the ladder's index, one read)."""
+    from scaleladder.results.aggregate import read_ladder
+
+    rungs, root = read_ladder(path)
+    check_ladder(root, path)
+    return [with_spec(str(r[Spec.spec]), {k: cell(v) for k, v in r.items()}) for r in rungs]
 
 
 def failure_notes(folder: str) -> dict[str, list[dict[str, Cell]]]:
@@ -199,7 +204,7 @@ def with_failures(rows: list[dict[str, Cell]], notes: Mapping[str, list[dict[str
 def step_rows(path: str) -> Iterator[dict[str, Cell]]:
     """The long per-step table, one rung's arrays at a time."""
     with open_h5(path) as f:
-        check_ladder(f, path)
+        check_ladder({k: cell(v) for k, v in f.attrs.items()}, path)
         for spec, g in rung_groups(f):
             if Read.step_time_s not in g:
                 continue

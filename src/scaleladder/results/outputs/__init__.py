@@ -57,14 +57,18 @@ def format_of(path: str | Path) -> ModuleType:
     return module
 
 
-def check(path: str | Path) -> ModuleType:
-    """:func:`format_of` ``path``, with its folder made now (a file in its way, a read-only
-    filesystem: one line naming ``path``)."""
-    module = format_of(path)
+def check_folder(path: str | Path) -> None:
+    """``path``'s folder made now (a file in its way, a read-only filesystem: one line naming ``path``)."""
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(path, e) from None
+
+
+def check(path: str | Path) -> ModuleType:
+    """:func:`format_of` ``path``, with its folder made now (:func:`check_folder`)."""
+    module = format_of(path)
+    check_folder(path)
     return module
 
 
