@@ -123,7 +123,7 @@ def _own_spec(path: str) -> str | None:
         return None
 
 
-def _fill_within(g: h5py.Group) -> dict[str, Any]:
+def _fill_within(g: h5py.Group) -> dict[str, object]:
     """Give an ok record that lacks it the within-run interval, from its own step times; the
     attributes set."""
     if _str(g.attrs.get(Record.status)) != "ok" or Interval.items_per_s_ci_low in g.attrs or "step_time_s" not in g:
@@ -135,12 +135,12 @@ def _fill_within(g: h5py.Group) -> dict[str, Any]:
     return {k: _plain(v) for k, v in filled.items()}
 
 
-def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> dict[str, Any]:
+def _summarize_repeats(g: h5py.Group, repeats: dict[int, h5py.Group]) -> dict[str, object]:
     """The between-run summary of a rung's repeats, onto its own group ``g``; the attributes set."""
     statuses = [_str(repeats[k].attrs.get(Record.status, "unknown")) for k in sorted(repeats)]
     g.attrs[Repeats.repeats] = len(repeats)
     g.attrs[Repeats.repeat_statuses] = json.dumps(statuses)
-    done: dict[str, Any] = {Repeats.repeats: len(repeats), Repeats.repeat_statuses: json.dumps(statuses)}
+    done: dict[str, object] = {Repeats.repeats: len(repeats), Repeats.repeat_statuses: json.dumps(statuses)}
     ok = [repeats[k] for k in sorted(repeats) if statuses[k] == "ok"]
     if _str(g.attrs.get(Record.status)) != "ok" or len(ok) < 2:
         return done
@@ -181,7 +181,7 @@ class Scan:
     """One read of a rung file: its attributes (plain Python), its SHA-256, and why it cannot
     stand for a rung (None: every dataset read back)."""
 
-    attrs: dict[str, Any]
+    attrs: dict[str, object]
     sha256: str
     error: str | None
 
@@ -215,7 +215,7 @@ def scan_all(paths: list[str]) -> dict[str, Scan]:
         return dict(zip(paths, pool.map(scan, paths, chunksize=64)))
 
 
-def _add_rung(rungs: h5py.Group, spec: str, reps: dict[int, str], scans: dict[str, Scan], site: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _add_rung(rungs: h5py.Group, spec: str, reps: dict[int, str], scans: dict[str, Scan], site: str) -> tuple[dict[str, object], list[dict[str, object]]]:
     """Copy one rung (and its repeats) into ``rungs``; its index entry (its group's attributes)
     and its ``sources`` rows."""
     bad = _unreadable(spec, reps, scans)
@@ -230,7 +230,7 @@ def _add_rung(rungs: h5py.Group, spec: str, reps: dict[int, str], scans: dict[st
         # Group.copy of the source's root: attributes and every dataset, as is.
         src.copy(src["/"], parent, name=os.path.basename(spec))
     g = rungs[spec]
-    source: dict[str, Any] = {Source.source_file: os.path.relpath(path), Source.source_sha256: scans[path].sha256}
+    source: dict[str, object] = {Source.source_file: os.path.relpath(path), Source.source_sha256: scans[path].sha256}
     g.attrs.update(source)
     entry = {**scans[path].attrs, **source, **_fill_within(g)}
     if len(reps) > 1:
@@ -256,7 +256,7 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
     remove_dead_leftovers(Path(out).parent, re.escape(Path(out).name) + r"\.(?P<pid>[0-9]+)\.tmp")
     site = str((provenance or {}).get("site", "") or "")
     scans = scan_all(sorted({f for reps in by_spec.values() for f in reps.values()}))
-    index: dict[str, dict[str, Any]] = {}
+    index: dict[str, dict[str, object]] = {}
     with h5_in_memory(out) as dst:
         rungs = dst.create_group("rungs")
         sources = []
@@ -310,7 +310,7 @@ def _read_dataset(_name: str, obj: Any) -> None:
     # TRAP: visititems stops at the first callback that returns anything but None
 
 
-def _corrupt_group(rungs: h5py.Group, spec: str, path: str, error: str, site: str) -> dict[str, Any]:
+def _corrupt_group(rungs: h5py.Group, spec: str, path: str, error: str, site: str) -> dict[str, object]:
     """The group of a rung whose file cannot be used: says so, why, and how to redo it; its attributes."""
     redo = redo_command(path, site)
     attrs = {Record.status: CORRUPT, Spec.spec: spec, Oom.error: error, Corrupt.redo: redo, Source.source_file: os.path.relpath(path)}
@@ -364,7 +364,7 @@ def _walk(f: h5py.File) -> list[dict[str, Any]]:
     """Every rung group's attributes, by walking /rungs (a ladder without an index)."""
     rungs: list[dict[str, Any]] = []
 
-    def visit(name: str, obj: Any) -> None:
+    def visit(name: str, obj: object) -> None:
         # a rung's repeats (<spec>/repeats/r<k>) are read through the rung, not as rungs
         if isinstance(obj, h5py.Group) and Record.status in obj.attrs and "/repeats/r" not in f"/{name}":
             rungs.append({**{k: _plain(v) for k, v in obj.attrs.items()}, Spec.spec: name})
