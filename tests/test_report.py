@@ -150,3 +150,30 @@ def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
 
     pixels = matplotlib.image.imread(str(shot))
     assert pixels.shape[:2] == (900, 1280) and pixels.std() > 0.05  # text and tables, not a blank page
+
+
+def test_a_long_ladder_is_summarised_per_model_and_links_the_table(seed_ladder: tuple[Path, list[Path]],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    root, files = seed_ladder
+    out = root / "ladder.h5"
+    aggregate([str(f) for f in files], str(out))
+    rungs, meta = read_ladder(str(out))
+    every = report.render_html(rungs, meta, "plots")
+    assert every.count("<tr class='oom'>") > 0 and all(f"<td>{r['spec']}" in every or r["spec"] in every for r in rungs)
+    monkeypatch.setattr(report, "EVERY_RUNG_MAX", len(rungs) - 1)
+    page, text = report.render_html(rungs, meta, "plots"), report.render_markdown(rungs, meta, "plots")
+    assert "<a href='rungs.csv'>rungs.csv</a>" in page and "[rungs.csv](rungs.csv)" in text
+    assert f"{len(rungs)} rungs are too many to list here" in page
+    section = page[page.index("<h2>Every rung</h2>"):]
+    models = sorted({r["model"] for r in rungs})
+    assert section.count("<tr>") == 1 + len(models)  # the header and a row per model
+    vit3b = [line for line in text.splitlines() if line.startswith("| vit-3b ")][-1]  # the last section's
+    assert f"| {sum(r['model'] == 'vit-3b' for r in rungs)} |" in vit3b
+    assert len(page) < len(every)
+
+
+def test_a_long_list_section_counts_what_it_leaves_out() -> None:
+    lines = [f"rung {i}" for i in range(report.LIST_MAX + 7)]
+    shown = report.capped(lines)
+    assert len(shown) == report.LIST_MAX + 1 and shown[-1].startswith("... and 7 more")
+    assert report.capped(lines[:3]) == lines[:3]

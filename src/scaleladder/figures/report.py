@@ -355,6 +355,43 @@ def _sorted_rungs(rungs: list[RungAttrs]) -> list[RungAttrs]:
     return sorted(rungs, key=lambda r: (order.index(r[Spec.model]), int(r.get(Spec.nodes, 1)), r[Spec.spec]))
 
 
+#: above this many rungs the report summarises them per model and links the table (results/rungs.csv)
+EVERY_RUNG_MAX = 500
+#: a list section (within noise, input- or host-bound) shows this many lines, then counts the rest
+LIST_MAX = 50
+TABLE_LINK = "rungs.csv"  # beside the report: the workflow's `export` rule writes it
+EVERY_RUNG_NOTE = "An OOM rung is a result: its metrics are absent, not zero."
+
+
+def capped(lines: list[str], limit: int = LIST_MAX) -> list[str]:
+    """``lines``, at most ``limit`` of them, then one counting the rest."""
+    return lines if len(lines) <= limit else [*lines[:limit], f"... and {len(lines) - limit} more (every rung: {TABLE_LINK})"]
+
+
+def per_model(rungs: list[RungAttrs]) -> tuple[list[str], list[list[str]]]:
+    """A ladder too long to list: per model, its rungs by status and its fastest rung."""
+    statuses = sorted({str(r.get(Record.status)) for r in rungs})
+    rows = []
+    for model in sorted({str(r.get(Spec.model)) for r in rungs}):
+        mine = [r for r in rungs if str(r.get(Spec.model)) == model]
+        ok = [r for r in mine if str(r.get(Record.status)) == "ok" and isinstance(r.get(Throughput.items_per_s), int | float)]
+        best = max(ok, key=lambda r: float(r[Throughput.items_per_s]), default=None)
+        fastest = f"{float(best[Throughput.items_per_s]):.1f} ({best[Spec.spec]})" if best else "-"
+        rows.append([model, str(len(mine)), *[str(sum(str(r.get(Record.status)) == st for r in mine)) for st in statuses], fastest])
+    return ["model", "rungs", *statuses, "fastest items/s (rung)"], rows
+
+
+def every_rung(rungs: list[RungAttrs]) -> tuple[str, list[str], list[list[str]], bool]:
+    """The "Every rung" section: (note, header, rows, per-rung): every rung, or past
+    :data:`EVERY_RUNG_MAX` a summary per model and the link to the table of every rung."""
+    if len(rungs) <= EVERY_RUNG_MAX:
+        return EVERY_RUNG_NOTE, [h for _, h in COLUMNS], [[_cell(r, k) for k, _ in COLUMNS] for r in _sorted_rungs(rungs)], True
+    note = (f"{len(rungs)} rungs are too many to list here: below, per model; every rung, with every figure of its "
+            f"record, is in {TABLE_LINK} (`scaleladder export --ladder results/ladder.h5 --out rungs.csv`). " + EVERY_RUNG_NOTE)
+    header, rows = per_model(rungs)
+    return note, header, rows, False
+
+
 def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, figures: Sequence[str] | None = None) -> str:
     """``figures``: the names to show (default: the ladder's, registry.names("plots"))."""
     out = ["# scaleladder report", ""]
@@ -368,16 +405,17 @@ def render_markdown(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str,
     out += [""]
     noise = within_noise(rungs)
     if noise:
-        out += ["## Differences within noise", "", NOISE_NOTE, ""] + [f"- {line}" for line in noise] + [""]
+        out += ["## Differences within noise", "", NOISE_NOTE, ""] + [f"- {line}" for line in capped(noise)] + [""]
     if slow := input_bound(rungs):
-        out += ["## Input-bound rungs", "", *([input_note(rungs), ""] if input_note(rungs) else [])] + [f"- {line}" for line in slow] + [""]
+        out += ["## Input-bound rungs", "", *([input_note(rungs), ""] if input_note(rungs) else [])] + [f"- {line}" for line in capped(slow)] + [""]
     if busy := host_bound(rungs):
-        out += ["## Host-bound rungs", "", HOST_NOTE, ""] + [f"- {line}" for line in busy] + [""]
+        out += ["## Host-bound rungs", "", HOST_NOTE, ""] + [f"- {line}" for line in capped(busy)] + [""]
     for name in registry.names("plots") if figures is None else figures:
         title = registry.title(name)
         out += [f"## {title}", "", f"![{title}]({plot_rel}/{name}.png)", f"([PDF]({plot_rel}/{name}.pdf))", ""]
-    out += ["## Every rung", "", "An OOM rung is a result: its metrics are absent, not zero.", ""]
-    out += md.table([h for _, h in COLUMNS], [[_cell(r, k) for k, _ in COLUMNS] for r in _sorted_rungs(rungs)])
+    note, header, rows, _each = every_rung(rungs)
+    out += ["## Every rung", "", note.replace(TABLE_LINK, f"[{TABLE_LINK}]({TABLE_LINK})", 1), ""]
+    out += md.table(header, rows)
     return "\n".join(out) + "\n"
 
 
@@ -408,26 +446,27 @@ def render_html(rungs: list[RungAttrs], root: dict[str, Any], plot_rel: str, fig
     noise = within_noise(rungs)
     if noise:
         parts.append(f"<h2>Differences within noise</h2><p>{e(NOISE_NOTE)}</p><ul>")
-        parts += [f"<li>{e(line)}</li>" for line in noise]
+        parts += [f"<li>{e(line)}</li>" for line in capped(noise)]
         parts.append("</ul>")
     if slow := input_bound(rungs):
         parts.append(f"<h2>Input-bound rungs</h2><p>{e(input_note(rungs))}</p><ul>")
-        parts += [f"<li>{e(line)}</li>" for line in slow]
+        parts += [f"<li>{e(line)}</li>" for line in capped(slow)]
         parts.append("</ul>")
     if busy := host_bound(rungs):
         parts.append(f"<h2>Host-bound rungs</h2><p>{e(HOST_NOTE)}</p><ul>")
-        parts += [f"<li>{e(line)}</li>" for line in busy]
+        parts += [f"<li>{e(line)}</li>" for line in capped(busy)]
         parts.append("</ul>")
     for name in registry.names("plots") if figures is None else figures:
         src, title = f"{plot_rel}/{name}.png", registry.title(name)
         parts.append(f"<figure><h2>{e(title)}</h2><img src='{e(src)}' alt='{e(title)}'>"
                      f"<figcaption><a href='{e(plot_rel)}/{name}.pdf'>PDF</a></figcaption></figure>")
-    parts.append("<h2>Every rung</h2><p>An OOM rung is a result: its metrics are absent, not zero.</p><table><tr>")
-    parts += [f"<th>{e(h)}</th>" for _, h in COLUMNS]
+    note, header, rows, each = every_rung(rungs)
+    link = f"<a href='{e(TABLE_LINK)}'>{e(TABLE_LINK)}</a>"
+    parts.append(f"<h2>Every rung</h2><p>{e(note).replace(e(TABLE_LINK), link, 1)}</p><table><tr>")
+    parts += [f"<th>{e(h)}</th>" for h in header]
     parts.append("</tr>")
-    for r in _sorted_rungs(rungs):
-        cls = " class='oom'" if is_oom(r) else ""
-        parts.append(f"<tr{cls}>" + "".join(f"<td>{e(_cell(r, k))}</td>" for k, _ in COLUMNS) + "</tr>")
+    classes = [" class='oom'" if is_oom(r) else "" for r in _sorted_rungs(rungs)] if each else [""] * len(rows)
+    parts += [f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for cls, row in zip(classes, rows)]
     parts.append("</table>")
     knob_note = ", ".join(sorted({f"{k} = {knobs_label(k)}" for k in {str(r.get(Spec.knobs)) for r in rungs} if "-" in k}))
     if knob_note:
