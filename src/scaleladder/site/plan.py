@@ -99,7 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --spec: hold the planner against torch's own MemTracker/FSDPMemTracker, two runner steps on "
                         "fake CPU tensors (no GPU; every wrapper on the fake process group at --check-world ranks); both figures "
                         "side by side (campaign/plan_check.py)")
-    p.add_argument("--check-world", default="1", help="the world size --check builds at, as rank 0 of it (every wrapper: DDP, FSDP1 and HYBRID's 2-D mesh, FSDP2; default 1)")
+    p.add_argument("--check-world", default="1",
+                   help="the world size --check builds at, as rank 0 of it (every wrapper: DDP, FSDP1 and HYBRID's 2-D mesh, "
+                        "FSDP2; default 1)")
     p.add_argument("--traced", action="store_true",
                    help="with --spec: the traced memory model even where an analytic one exists (what a model without "
                         "one always gets: torch's tracker on fake tensors at two batches, extrapolated; "
