@@ -29,6 +29,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/ladder.smk"
 include: "workflow/rules/converge.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/trackers.smk"
 
 
 rule all:

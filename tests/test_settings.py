@@ -85,7 +85,8 @@ def test_an_unknown_or_missing_key_is_an_error_naming_it(cfg: dict[str, Any], ke
 def test_every_setting_of_every_rung_is_a_run_argument_with_the_rungs_own_default() -> None:
     rows = site_config.run_arg_rows()
     defaults = flag_defaults()
-    assert {flag for _, flag, _ in rows} == {"--decode", "--transport", "--trace-steps", "--memory-snapshot", "--progress-s", "--models"}
+    assert {flag for _, flag, _ in rows} == {"--decode", "--transport", "--trace-steps", "--memory-snapshot", "--progress-s", "--models",
+                                             "--tensorboard"}
     for path, flag, default in rows:
         assert flag in defaults, f"{'.'.join(path)}: run_arg {flag} is no RunConfig flag"
         assert defaults[flag] == default, f"{'.'.join(path)}: the schema's default {default!r} is not the rung's {defaults[flag]!r}"

@@ -109,7 +109,7 @@ def test_without_a_profile_the_workstation_ladder_lints_and_plans(wf: Path) -> N
 
 def test_select_narrows_the_rungs_and_ends_with_their_ladder_and_report(wf: Path) -> None:
     out = snakemake(wf, "-n", *small(wf), "--config", "select={models: [flava-debug]}").stdout
-    assert jobs(out) == {"shard": 1, "rung": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert jobs(out) == {"shard": 1, "rung": 1, "aggregate": 1, "export": 1, "plots": 1, "report": 1, "all": 1}
     assert RUNGS[2] in out and RUNGS[0] not in out
 
 
@@ -160,7 +160,7 @@ def test_rerun_one_rung_by_path_then_reaggregate(done: Path) -> None:
     assert after[RUNGS[1]] > before[RUNGS[1]]
     assert after[RUNGS[0]] == before[RUNGS[0]] and after[RUNGS[2]] == before[RUNGS[2]]
     # the ladder is now older than one of its rungs: a plain run re-aggregates, and only that
-    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "export": 1, "plots": 1, "report": 1, "all": 1}
     snakemake(done, *small(done))
     now = {r["spec"]: r["source_sha256"] for r in read_ladder(str(done / "results/ladder.h5"))[0]}
     changed = {s for s in now if now[s] != digest[s]}
@@ -179,7 +179,7 @@ def test_rerun_one_model_by_config_selection(done: Path) -> None:
     assert [r["spec"] for r in rungs] == ["flava-debug/ddp/fp32/pre-lag/n1/b4"]
     assert "flava-debug" in (done / "results/report.md").read_text() and (done / "results/plots/pareto.png").exists()
     assert "select kept 1 of 3 rungs: results/ladder.h5, results/plots/ and results/report.html hold those only" in out.stderr
-    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "export": 1, "plots": 1, "report": 1, "all": 1}
     snakemake(done, *small(done))  # a plain run puts every rung back, running none
     rungs, _ = read_ladder(str(done / "results/ladder.h5"))
     assert len(rungs) == 3 and mtimes(done) == after
@@ -253,7 +253,7 @@ def test_rung_killed_mid_run_leaves_nothing_and_is_rerun(done: Path) -> None:
     assert not list((done / "results/rungs").rglob("*.oom-rank*"))
     # the next run does exactly what is missing: that rung, then the aggregate and its products
     plan = jobs(snakemake(done, "-n", *small(done)).stdout)
-    assert plan == {"rung": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert plan == {"rung": 1, "aggregate": 1, "export": 1, "plots": 1, "report": 1, "all": 1}
     # and the rung runs again to a whole record (the aggregate and its products: every rerun
     # test here runs them; not again, for CI time)
     others = {r: (done / r).stat().st_mtime_ns for r in RUNGS[1:]}
@@ -271,7 +271,7 @@ def test_an_oom_rung_is_a_result_and_the_ladder_goes_on(done: Path) -> None:
     # the rung by its path (targets first), forced: rank 1 runs out of memory at step 2
     snakemake(done, oom_rung, "--forcerun", oom_rung, *small(done), SCALELADDER_INJECT_OOM="1:2")  # exit 0: a result
     # and the ladder goes on: the next plain run aggregates, plots and reports it
-    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert jobs(snakemake(done, "-n", *small(done)).stdout) == {"aggregate": 1, "export": 1, "plots": 1, "report": 1, "all": 1}
     snakemake(done, *small(done))
     status = {r["spec"]: r["status"] for r in read_ladder(str(done / "results/ladder.h5"))[0]}
     spec = oom_rung.removeprefix("results/rungs/").removesuffix(".h5")
@@ -301,7 +301,7 @@ ladders:
 """)
     args = (*PROFILE, "--configfile", "profiles/local/site.yaml", "planned.yaml")
     plan = jobs(snakemake(wf, "-n", *args).stdout)
-    assert plan == {"rung": 1, "predicted_oom": 1, "aggregate": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1}
+    assert plan == {"rung": 1, "predicted_oom": 1, "aggregate": 1, "export": 1, "plots": 1, "plan_plots": 1, "report": 1, "all": 1}
     snakemake(wf, *args)
     rungs = {r["spec"]: r for r in read_ladder(str(wf / "results/ladder.h5"))[0]}
     assert rungs["vit-debug/ddp/fp32/pre-lag/n1/b4"]["status"] == "ok"

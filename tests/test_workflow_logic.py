@@ -610,7 +610,7 @@ def test_repeats_multiply_the_rung_jobs_of_a_dry_run(wf_copy: Path) -> None:
     (wf_copy / "repeats.yaml").write_text("ladders: [{models: [vit-debug], strategies: [ddp], batches: [4, max]}]\n")
     out = snakemake(wf_copy, "--profile", "profiles/local", "-n", "--configfile", "profiles/local/site.yaml",
                     "repeats.yaml", "--config", "data={source: synthetic}", "repeats=3").stdout
-    assert job_counts(out) == {"rung": 3, "rung_max": 3, "aggregate": 1, "plots": 1, "report": 1, "all": 1, "total": 10}
+    assert job_counts(out) == {"rung": 3, "rung_max": 3, "aggregate": 1, "export": 1, "plots": 1, "report": 1, "all": 1, "total": 11}
     assert "results/rungs/vit-debug/ddp/fp32/pre-lag/n1/bmax.r2.h5" in out
 
 
@@ -670,3 +670,16 @@ def test_shards_are_settled_only_when_written_with_todays_data_settings(tmp_path
         assert not site_ladder.shards_settled(str(manifest), settings(**{key: value})), key
     manifest.write_text("{not json")
     assert not site_ladder.shards_settled(str(manifest), cfg)
+
+
+@pytest.mark.process
+def test_trackers_on_add_the_mlflow_rule_and_each_rungs_tensorboard_folder(wf_copy: Path) -> None:
+    """trackers: the rung commands carry --tensorboard; one `mlflow` job after aggregate."""
+    (wf_copy / "trackers.yaml").write_text(
+        "ladders: [{models: [vit-debug], strategies: [ddp], batches: [4]}]\n"
+        "trackers: {tensorboard: results/tensorboard, mlflow_uri: 'sqlite:///results/mlflow.db'}\n")
+    out = snakemake(wf_copy, "--profile", "profiles/local", "-n", "-p", "--configfile", "profiles/local/site.yaml",
+                    "trackers.yaml", "--config", "data={source: synthetic}").stdout
+    assert job_counts(out)["mlflow"] == 1
+    assert "--tensorboard results/tensorboard" in out
+    assert "mlflow --ladder results/ladder.h5 --uri sqlite:///results/mlflow.db --experiment scaleladder" in out

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "rehearse": ("scaleladder.site.doctor", "add_rehearse_arguments", "rehearse_main", "build and wrap every rung on fake tensors at its world size"),
     "budget": ("scaleladder.site.budget", "add_arguments", "main", "the campaign's cost in node-hours, before submission"),
     "export": ("scaleladder.results.export", "add_arguments", "main", "every rung of a ladder as one table: CSV, Parquet or JSON Lines"),
+    "mlflow": ("scaleladder.results.trackers.mlflow_runs", "add_arguments", "main", "log every rung of a ladder to MLflow, one run each"),
     "compare": ("scaleladder.results.compare", "add_arguments", "main", "compare two ladders (or one with references): verdicts within noise"),
     "digits": ("scaleladder.data.digits", "add_arguments", "main", "export scikit-learn's handwritten digits as image folders"),
     "converge": ("scaleladder.campaign.converge", "add_arguments", "main", "train a rung to a held-out accuracy; record time-to-train"),

@@ -8,6 +8,7 @@
 - ``model_entries``: a models-file model known to its reader from the entry its record carries.
 - ``export``: ``scaleladder export``: every rung of a ladder as one tidy table (and its steps).
 - ``outputs``: the table formats (CSV, JSON Lines, Parquet), one module per format.
+- ``trackers``: the opt-in trackers (TensorBoard events per rung, ``scaleladder mlflow``).
 - ``compare``: ``scaleladder compare BASE NEW``: what changed between two ladders, with noise.
 
 Imports from: spec and models only, so every stage above can write or read results.

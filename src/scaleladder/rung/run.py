@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,10 @@ def _main(args: argparse.Namespace, env: DistEnv) -> int:
     if cfg.spec.batch == "max":
         raise SpecError("batch 'max' is searched by `scaleladder maxbatch`, not `run`")
     check_world(cfg, env.world, env.nodes)
+    if cfg.tensorboard:  # a missing package: one line now, not after training
+        from scaleladder.results.trackers import require
+
+        require("tensorboard", "tensorboard", "--tensorboard")
     family = family_of(cfg.flavor)
     startup.import_rank_modules(family)
     CLOCK.mark("imports")
@@ -359,6 +364,19 @@ def ok_attrs(ctx: RankContext, built: Built, m: Measurement, where: dict[str, An
     return attrs
 
 
+def _tensorboard(cfg: RunConfig, attrs: Mapping[str, object], datasets: Mapping[str, np.ndarray]) -> None:
+    """The record's per-step scalars as TensorBoard events (results/trackers/tensorboard_events.py),
+    after the record is written: a tracker that fails (a full disk) costs one warning line, never the result."""
+    from scaleladder.results.trackers import tensorboard_events
+
+    try:
+        where = tensorboard_events.write(str(cfg.tensorboard), cfg.spec.path, attrs, datasets)
+    except Exception as e:  # any failure of the tracker: the record is already safe
+        print(f"scaleladder run: warning: TensorBoard events not written ({type(e).__name__}: {e}); the record is written", file=sys.stderr)
+        return
+    print(f"scaleladder run: TensorBoard events -> {where}", file=sys.stderr)
+
+
 def _record(ctx: RankContext, built: Built, m: Measurement, profiled: dict[str, Any], where: dict[str, Any], steps_done: float) -> int:
     """Rank 0: the ok record (attributes and per-step datasets), written atomically, and its line."""
     from scaleladder.results.record import Memory, Throughput
@@ -384,6 +402,8 @@ def _record(ctx: RankContext, built: Built, m: Measurement, profiled: dict[str, 
         attrs.update(built.source.record_attrs(m.step_time_s[cfg.warmup:], cfg.warmup))  # loader rate, input_bound
     attrs.update(CLOCK.attrs(teardown_s=time.monotonic() - steps_done))  # docs/metrics.md, "Start-up"
     write_record(cfg.out, attrs, datasets)
+    if cfg.tensorboard:
+        _tensorboard(cfg, attrs, datasets)
     print(
         f"{cfg.spec.path}: {attrs[Throughput.items_per_s]:.1f} items/s, step {attrs[Throughput.step_time_mean_s] * 1e3:.1f} ms, "
         f"MFU {attrs[Throughput.mfu]:.3f}, peak active {attrs[Memory.peak_active_gib]:.2f} GiB, "

@@ -148,6 +148,10 @@ class RunConfig:
     models: str | None = field(default=None, metadata=arg(
         "--models", "a models file: YAML, a model name -> a timm, transformers or python entry, whose names --spec may "
         "use (docs/your-model.md; a profile's models_file)"))
+    tensorboard: str | None = field(default=None, metadata=arg(
+        "--tensorboard", "a folder for this rung's per-step TensorBoard scalars, DIR/<spec>/: loss, step time, items/s, "
+        "memory, written by rank 0 from its record after the timed window (a profile's trackers.tensorboard; needs "
+        "the tensorboard extra)"))
     # The spec's flavor, resolved once here (RunSpec has checked the name): not an argument,
     # so argv and the constructor are unchanged, and dataclasses.replace resolves it again.
     flavor: Flavor = field(init=False, repr=False, compare=False)

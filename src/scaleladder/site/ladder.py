@@ -396,6 +396,7 @@ def final_targets(ladder: Ladder) -> list[str]:
         ["results/ladder.h5", "results/rungs.csv", "results/report.html"]
         + [f"results/plots/{f}.png" for f in figures]
         + [f"results/plots/{f}.pdf" for f in figures]
+        + (["results/mlflow.json"] if ladder.settings.trackers.mlflow_uri else [])
     )
 
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from scaleladder.site import settings_read as read
 
-__all__ = ['Budget', 'Converge', 'Data', 'LadderBlock', 'Link', 'LinkFigures', 'Links', 'Loader', 'MaxBatch', 'Profiling', 'Select', 'Site', 'SiteConfig', 'Timing']
+__all__ = ['Budget', 'Converge', 'Data', 'LadderBlock', 'Link', 'LinkFigures', 'Links', 'Loader', 'MaxBatch', 'Profiling', 'Select', 'Site', 'SiteConfig', 'Timing', 'Trackers']
 
 
 
@@ -130,6 +130,25 @@ class Profiling:
             trace_steps=m['trace_steps'] if 'trace_steps' in m else 0,
             memory_snapshot=m['memory_snapshot'] if 'memory_snapshot' in m else False,
             progress_s=m['progress_s'] if 'progress_s' in m else 30.0,
+        )
+
+
+@dataclass(frozen=True)
+class Trackers:
+    """opt-in trackers (docs/metrics.md, "Trackers"): each rung's per-step scalars for TensorBoard, and one MLflow run per rung, logged after aggregate by one process; neither can cost a result"""
+
+    tensorboard: str | None = None  #: a folder for each rung's TensorBoard events, <folder>/<spec>/ (e.g. results/tensorboard); needs the tensorboard extra
+    mlflow_uri: str | None = None  #: an MLflow tracking URI (sqlite:///results/mlflow.db: a local store, offline; http(s)://host:port: a tracking server); the rule `mlflow` logs one run per rung after aggregate; needs the mlflow extra
+    mlflow_experiment: str = 'scaleladder'  #: the MLflow experiment the runs go to
+
+    @classmethod
+    def of(cls, section: object, key: str) -> Trackers:
+        """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
+        m = read.section(section, key, ('tensorboard', 'mlflow_uri', 'mlflow_experiment'))
+        return cls(
+            tensorboard=m['tensorboard'] if 'tensorboard' in m else None,
+            mlflow_uri=m['mlflow_uri'] if 'mlflow_uri' in m else None,
+            mlflow_experiment=m['mlflow_experiment'] if 'mlflow_experiment' in m else 'scaleladder',
         )
 
 
@@ -356,6 +375,7 @@ class SiteConfig:
     workers: int = 0  #: data-loader workers per rank
     loader: Loader = field(default_factory=lambda: Loader.of({}, 'loader'))  #: the site's input pipeline for --data rungs (set in profiles/<site>/site.yaml): workers per rank (overrides 'workers'), where JPEGs are decoded and how images cross from the workers to the rank; see docs/data.md
     profiling: Profiling = field(default_factory=lambda: Profiling.of({}, 'profiling'))  #: when a number surprises, one run explains it (rung/profiling.py): every rung of the ladder writes a torch.profiler trace of trace_steps steps after its warm-up and/or a CUDA allocator memory snapshot next to its record (off by default; both slow the rung); and how often rank 0 says it is alive
+    trackers: Trackers = field(default_factory=lambda: Trackers.of({}, 'trackers'))  #: opt-in trackers (docs/metrics.md, "Trackers"): each rung's per-step scalars for TensorBoard, and one MLflow run per rung, logged after aggregate by one process; neither can cost a result
     models_file: str | None = None  #: DATA (quoted; must exist): a models file (YAML: model name -> a timm, transformers or python entry; docs/your-model.md) whose names a ladder block's models may use; checked when the DAG is made (its syntax) and in the first job that builds a model (what the libraries say); every rung gets it as --models
     run_predicted_oom: bool = False  #: run rungs the planner predicts cannot fit
     repeats: int = 1  #: run every measured rung this many times, each in fresh processes (repeat k >= 1 writes results/rungs/<spec>.r<k>.h5); the ladder keeps every repeat and gives each rung the spread between its runs beside the spread within one (docs/metrics.md)
@@ -369,7 +389,7 @@ class SiteConfig:
     @classmethod
     def of(cls, section: object, key: str) -> SiteConfig:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = read.section(section, key, ('site', 'ladders', 'steps', 'warmup', 'seed', 'workers', 'loader', 'profiling', 'models_file', 'run_predicted_oom', 'repeats', 'timing', 'budget', 'maxbatch', 'converge', 'data', 'select'))
+        m = read.section(section, key, ('site', 'ladders', 'steps', 'warmup', 'seed', 'workers', 'loader', 'profiling', 'trackers', 'models_file', 'run_predicted_oom', 'repeats', 'timing', 'budget', 'maxbatch', 'converge', 'data', 'select'))
         return cls(
             site=Site.of(read.required(m, 'site', key), read.key_of(key, 'site')),
             ladders=tuple(LadderBlock.of(x, f"{read.key_of(key, 'ladders')}[{i}]") for i, x in enumerate(read.required(m, 'ladders', key))),
@@ -379,6 +399,7 @@ class SiteConfig:
             workers=m['workers'] if 'workers' in m else 0,
             loader=Loader.of(m['loader'], read.key_of(key, 'loader')) if m.get('loader') is not None else Loader.of({}, read.key_of(key, 'loader')),
             profiling=Profiling.of(m['profiling'], read.key_of(key, 'profiling')) if m.get('profiling') is not None else Profiling.of({}, read.key_of(key, 'profiling')),
+            trackers=Trackers.of(m['trackers'], read.key_of(key, 'trackers')) if m.get('trackers') is not None else Trackers.of({}, read.key_of(key, 'trackers')),
             models_file=m['models_file'] if 'models_file' in m else None,
             run_predicted_oom=m['run_predicted_oom'] if 'run_predicted_oom' in m else False,
             repeats=m['repeats'] if 'repeats' in m else 1,
