@@ -20,12 +20,15 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import itertools
 import json
 import math
 import os
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -198,21 +201,24 @@ def scan(path: str) -> Scan:
     return Scan(attrs, _sha256(path), None)
 
 
-#: from this many files, :func:`scan_all` reads them in a pool (below, the pool's start costs more)
+#: from this many files, :func:`scanning` reads them in a pool (below, the pool's start costs more)
 POOL_FROM = 256
 
 
-def scan_all(paths: list[str]) -> dict[str, Scan]:
-    """Every file scanned once; in a pool of up to 4 processes (the CPUs this process may use)
-    from :data:`POOL_FROM` files: reading ~90 attributes a file is h5py's Python, CPU-bound."""
+@contextmanager
+def scanning(paths: list[str]) -> Iterator[Iterator[Scan]]:
+    """Every file scanned once, in order, as each is ready: in a pool of up to 4 processes (the
+    CPUs this process may use) from :data:`POOL_FROM` files, so that the copying of one rung
+    overlaps the reading of the next (reading ~90 attributes a file is h5py's Python: CPU-bound).
+    Enter it before any HDF5 file is open: the pool forks on entry."""
     workers = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if len(paths) < POOL_FROM or workers < 2:
-        return {p: scan(p) for p in paths}
+        yield map(scan, paths)
+        return
     import multiprocessing
 
-    # fork: no HDF5 file is open here yet, and the children need no re-import
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return dict(zip(paths, pool.map(scan, paths, chunksize=64)))
+    with multiprocessing.get_context("fork").Pool(workers) as pool:  # fork: the children need no re-import
+        yield pool.imap(scan, paths, chunksize=32)
 
 
 def _add_rung(rungs: h5py.Group, spec: str, reps: dict[int, str], scans: dict[str, Scan], site: str) -> tuple[dict[str, object], list[dict[str, object]]]:
@@ -255,13 +261,16 @@ def aggregate(rung_files: list[str], out: str, provenance: dict[str, Any] | None
     # a `<out>.<pid>.tmp` of an aggregate killed by SIGKILL before this fix, or by a dead node
     remove_dead_leftovers(Path(out).parent, re.escape(Path(out).name) + r"\.(?P<pid>[0-9]+)\.tmp")
     site = str((provenance or {}).get("site", "") or "")
-    scans = scan_all(sorted({f for reps in by_spec.values() for f in reps.values()}))
+    order = sorted(by_spec)  # sorted: the same inputs give the same file
+    files = [by_spec[spec][k] for spec in order for k in sorted(by_spec[spec])]
     index: dict[str, dict[str, object]] = {}
-    with h5_in_memory(out) as dst:
+    with scanning(files) as scanned_in_order, h5_in_memory(out) as dst:
+        ready = zip(files, scanned_in_order)
         rungs = dst.create_group("rungs")
         sources = []
-        for spec in sorted(by_spec):  # sorted: the same inputs give the same file
-            entry, rows = _add_rung(rungs, spec, by_spec[spec], scans, site)
+        for spec in order:
+            scanned = dict(itertools.islice(ready, len(by_spec[spec])))  # this rung's files, in the order asked
+            entry, rows = _add_rung(rungs, spec, by_spec[spec], scanned, site)
             index[spec] = entry
             sources += rows
             counts[str(entry.get(Record.status, "unknown"))] += 1
