@@ -9,7 +9,6 @@ embeds nothing; it opens from the results folder in any browser).
 from __future__ import annotations
 
 import argparse
-import glob
 import html
 import json
 import math
@@ -491,18 +490,13 @@ def with_budget(text: str, ladder: str, html_page: bool) -> str:
 def failed_attempts(ladder: str) -> list[dict[str, Any]]:
     """Every failed attempt noted in ``failed/`` beside the ladder (campaign.supervise.note_failure),
     oldest first, each with whether the rung has a result now."""
+    from scaleladder.results.export import failure_notes
+
     root = os.path.dirname(os.path.abspath(ladder))
-    failed = os.path.join(root, "failed")
     out: list[dict[str, Any]] = []
-    for note in sorted(glob.glob(os.path.join(failed, "**", "*.h5.json"), recursive=True)):
-        try:
-            with open(note) as f:
-                entries = json.load(f)
-        except (OSError, ValueError):
-            continue
-        result = os.path.join(root, "rungs", os.path.relpath(note, failed)[: -len(".json")])
-        for e in entries if isinstance(entries, list) else []:
-            out.append({**e, "redone": os.path.isfile(result)})
+    for spec, notes in failure_notes(os.path.join(root, "failed")).items():
+        redone = os.path.isfile(os.path.join(root, "rungs", f"{spec}.h5"))
+        out += [{**e, "redone": redone} for e in notes]
     return sorted(out, key=lambda e: str(e.get(FailedAttempt.when, "")))
 
 
