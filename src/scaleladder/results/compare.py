@@ -519,8 +519,8 @@ def main(args: argparse.Namespace) -> int:
         conditions = sorted({c.split(" ", 1)[0] for r in bad for c in r.conditions})
         note = (f" ({sum(bool(r.conditions) for r in bad)} of them measured under different conditions: {', '.join(conditions)}; "
                 "rerun under the same ones before calling it the code's)") if conditions else ""
-        names = sorted({r.spec for r in bad})
-        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
-        print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(names[:10])}{more}{note}", file=sys.stderr)
+        top, left = shown(bad, 10)  # the largest first
+        more = f" and {left} more" if left else ""
+        print(f"scaleladder compare: {len(bad)} regression(s): {', '.join(r.spec for r in top)}{more}{note}", file=sys.stderr)
         return 1
     return 0
