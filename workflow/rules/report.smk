@@ -38,7 +38,7 @@ rule export:
     input:
         "results/ladder.h5",
     output:
-        table=report("results/rungs.csv", caption="../report/rungs.rst", category="Tables"),
+        table=report("results/rungs.csv", caption="../report/tables/rungs.rst", category="Tables"),
         columns="results/rungs.columns.csv",
     log:
         "results/logs/export.log",
