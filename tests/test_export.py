@@ -93,7 +93,8 @@ def test_steps_table_streams_every_step(ladder: Path) -> None:
     assert r.returncode == 0, r.stderr
     df = pd.read_parquet(steps)
     ok = (pd.read_csv(out)["status"] == "ok").sum()
-    assert list(df.columns) == list(export.STEP_COLUMNS[:-1]) or list(df.columns) == list(export.STEP_COLUMNS)
+    assert list(df.columns) == list(export.STEP_COLUMNS)
+    assert df["step"].dtype == "int64" and df["warmup"].dtype == bool and df["host_issue_s"].dtype == "float64"
     assert df["spec"].nunique() == ok and len(df) == 6 * ok  # write_rung: 6 steps, 2 of them warm-up
     assert df.groupby("spec")["warmup"].sum().eq(2).all()
     assert df["step_time_s"].eq(0.1).all()
@@ -128,8 +129,34 @@ def test_bad_input_is_one_line_and_no_file(ladder: Path, tmp_path: Path, case: s
 def test_unwritable_output_is_one_line(ladder: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("a file where a folder should be")
-    r = in_process("export", "--ladder", str(ladder), "--out", str(blocker / "rungs.csv"))
-    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "rungs.csv" in r.stderr, r.stderr
+    steps = tmp_path / "steps.csv"
+    r = in_process("export", "--ladder", str(ladder), "--out", str(steps), "--steps", str(blocker / "rungs.csv"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "rungs.csv" in r.stderr, r.stderr
+    assert not steps.exists()  # every output checked before any is written
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_rows_stream_in_row_groups_with_the_kinds_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        suffix: str) -> None:
+    from scaleladder.results.outputs import parquet_out
+
+    monkeypatch.setattr(parquet_out, "CHUNK", 3)
+    pulled = []
+
+    def rows():  # a generator: no format may need the whole table first
+        for i in range(10):
+            pulled.append(i)
+            yield {"n": i, "x": None if i < 5 else i / 2, "flag": i % 2 == 0}
+
+    out = tmp_path / f"t{suffix}"
+    outputs.write_table(out, ("n", "x", "flag"), rows(), {"x": "double"})
+    df = {".csv": pd.read_csv, ".jsonl": lambda p: pd.read_json(p, lines=True), ".parquet": pd.read_parquet}[suffix](out)
+    assert pulled == list(range(10)) and df["n"].tolist() == list(range(10))
+    assert df["x"].isna().sum() == 5 and df["x"].iloc[9] == 4.5 and df["flag"].dtype == bool
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        assert pq.ParquetFile(out).num_row_groups == 4 and df["x"].dtype == "float64"
 
 
 def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

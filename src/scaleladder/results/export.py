@@ -47,6 +47,8 @@ AC_DOC = "activation checkpointing form: none | full | reentrant | selective (fr
 FAILED_COLUMNS = ("failed_attempts", FailedAttempt.when, FailedAttempt.rc, FailedAttempt.reason)
 FAILED_DOCS = {"failed_attempts": ("count", "failure notes of this spec under failed/ (campaign/supervise.note_failure)")}
 STEP_COLUMNS = ("spec", "step", "warmup", Read.step_time_s, Read.loss, "host_issue_s")
+STEP_KINDS = {"spec": "string", "step": "int64", "warmup": "bool", Read.step_time_s: "double", Read.loss: "double",
+              "host_issue_s": "double"}
 STEP_DOCS = {"spec": ("", "the rung's spec path"), "step": ("index", "step number, from 0"),
              "warmup": ("bool", "a warm-up step, excluded from every statistic"),
              Read.step_time_s: ("s", Read.step_time_s.doc), Read.loss: ("", Read.loss.doc),
@@ -235,7 +237,7 @@ def main(args: argparse.Namespace) -> int:
     outputs.write_table(sidecar(args.out), ("column", "unit", "meaning"), docs_rows(columns, column_docs()))
     wrote = [f"{args.out} ({len(rows)} rungs, {len(columns)} columns)"]
     if args.steps:
-        outputs.write_table(args.steps, STEP_COLUMNS, step_rows(args.ladder))
+        outputs.write_table(args.steps, STEP_COLUMNS, step_rows(args.ladder), STEP_KINDS)
         outputs.write_table(sidecar(args.steps), ("column", "unit", "meaning"), docs_rows(list(STEP_COLUMNS), STEP_DOCS))
         wrote.append(args.steps)
     print(f"scaleladder export: {' and '.join(wrote)}")

@@ -22,7 +22,9 @@ def cell(v: object) -> object:
     return v
 
 
-def write(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, object]]) -> None:
+def write(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, object]],
+          kinds: Mapping[str, str] | None = None) -> None:
+    del kinds  # CSV has no column types
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(columns)

@@ -15,7 +15,9 @@ def _cell(v: object) -> object:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def write(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, object]]) -> None:
+def write(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, object]],
+          kinds: Mapping[str, str] | None = None) -> None:
+    del kinds  # JSON has no column types beyond its values'
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps({c: _cell(r.get(c)) for c in columns}, allow_nan=False) + "\n")
