@@ -29,6 +29,8 @@ def ladder(tmp_path: Path) -> Path:
     note.parent.mkdir(parents=True)
     note.write_text(json.dumps([{"spec": FAILED_SPEC, "when": "2026-01-01T00:00:00", "rc": 1, "reason": "first"},
                                 {"spec": FAILED_SPEC, "when": "2026-01-02T00:00:00", "rc": 137, "reason": "killed, second"}]))
+    repeat = failed / f"{FAILED_SPEC}.r1.h5.json"  # a repeat's note counts for its rung
+    repeat.write_text(json.dumps([{"when": "2026-01-01T12:00:00", "rc": 1, "reason": "repeat 1"}]))
     redone = failed / "vit-base/ddp/bf16-mixed/pre-lag/n1/b32.h5.json"
     redone.parent.mkdir(parents=True)
     redone.write_text(json.dumps([{"when": "2026-01-01T00:00:00", "rc": 1, "reason": "node died"}]))
@@ -46,7 +48,8 @@ def test_csv_has_one_row_per_rung_of_every_status(ladder: Path) -> None:
     assert df["spec"].is_unique
     assert set(df["status"]) == {"ok", "oom", "predicted-oom", "corrupt", "failed"}
     failed = df.set_index("spec").loc[FAILED_SPEC]
-    assert (failed["status"], failed["failed_attempts"], failed["rc"], failed["reason"]) == ("failed", 2, 137, "killed, second")
+    assert (failed["status"], failed["failed_attempts"], failed["rc"], failed["reason"]) == ("failed", 3, 137, "killed, second")
+    assert not df["spec"].str.contains(r"\.r1$").any()
     assert failed["model"] == "vit-huge" and failed["nodes"] == 2 and failed["wrapper"] == "ddp"
     assert df.set_index("spec").loc["vit-base/ddp/bf16-mixed/pre-lag/n1/b32", "failed_attempts"] == 1
     # the spec's fields come first, apart, as the docs list them

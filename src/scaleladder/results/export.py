@@ -26,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -46,6 +47,7 @@ SPEC_COLUMNS: tuple[str, ...] = (Spec.spec, Record.status, Spec.model, Spec.stra
 AC_DOC = "activation checkpointing form: none | full | reentrant | selective (from the spec)"
 FAILED_COLUMNS = ("failed_attempts", FailedAttempt.when, FailedAttempt.rc, FailedAttempt.reason)
 FAILED_DOCS = {"failed_attempts": ("count", "failure notes of this spec under failed/ (campaign/supervise.note_failure)")}
+REPEAT = re.compile(r"\.r[1-9][0-9]*$")  # a repeat's file stem: <spec>.r<k>
 STEP_COLUMNS = ("spec", "step", "warmup", Read.step_time_s, Read.loss, "host_issue_s")
 STEP_KINDS = {"spec": "string", "step": "int64", "warmup": "bool", Read.step_time_s: "double", Read.loss: "double",
               "host_issue_s": "double"}
@@ -193,7 +195,11 @@ def with_failures(rows: list[dict[str, Cell]], notes: Mapping[str, list[dict[str
     failed and has no result (its last note's when, rc and reason)."""
     by_spec = {r[Spec.spec]: r for r in rows}
     out = list(rows)
-    for spec, es in sorted(notes.items()):
+    rungs: dict[str, list[dict[str, Cell]]] = {}
+    for name, es in notes.items():  # a repeat's notes (<spec>.r<k>) count for its rung
+        rungs.setdefault(REPEAT.sub("", name), []).extend(es)
+    for spec, es in sorted(rungs.items()):
+        es = sorted(es, key=lambda e: str(e.get(FailedAttempt.when, "")))
         if spec in by_spec:
             by_spec[spec]["failed_attempts"] = len(es)
             continue
