@@ -188,3 +188,14 @@ def test_writers_need_no_third_party_package_for_csv_and_jsonl() -> None:
 def test_docs_column_table_is_generated_from_record() -> None:
     text = (Path(__file__).parents[1] / "docs" / "results.md").read_text()
     assert export.markdown() in text
+
+
+def test_the_workflow_writes_the_table_and_its_report_carries_it() -> None:
+    repo = Path(__file__).parents[1]
+    rules = repo / "workflow" / "rules"
+    text = (rules / "report.smk").read_text()
+    m = re.search(r'report\("results/rungs\.csv", caption="([^"]+)", category="([^"]+)"\)', text)
+    assert m, "rule export's table is not in Snakemake's report"
+    caption = (rules / m.group(1)).resolve()
+    assert caption.is_file() and "rungs.columns.csv" in caption.read_text()
+    assert re.search(r"localrules:[^#]*\bexport,", text)
