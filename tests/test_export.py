@@ -108,6 +108,7 @@ def test_steps_table_streams_every_step(ladder: Path) -> None:
     ("not-a-ladder", r"not a scaleladder ladder file"),
     ("missing", r"no such file"),
     ("garbage", r"not a readable HDF5 file"),
+    ("failed", r"nowhere: no such folder \(--failed"),
 ])
 def test_bad_input_is_one_line_and_no_file(ladder: Path, tmp_path: Path, case: str, want: str) -> None:
     import h5py
@@ -124,7 +125,7 @@ def test_bad_input_is_one_line_and_no_file(ladder: Path, tmp_path: Path, case: s
     else:
         src = tmp_path / "garbage.h5"
         src.write_bytes(b"garbage")
-    r = in_process("export", "--ladder", str(src), "--out", str(out))
+    r = in_process("export", "--ladder", str(src), "--out", str(out), *(["--failed", "nowhere"] if case == "failed" else []))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and re.search(want, r.stderr), r.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 

@@ -237,7 +237,10 @@ def main(args: argparse.Namespace) -> int:
     targets = [args.out, *([args.steps] if args.steps else [])]
     for t in targets:  # every format and folder checked before any work (a bad one: one line, exit 2)
         outputs.check(t)
-    rows = with_failures(ladder_rows(args.ladder), failure_notes(args.failed or os.path.join(os.path.dirname(os.path.abspath(args.ladder)), "failed")))
+    if args.failed is not None and not os.path.isdir(args.failed):  # the default, failed/ beside the ladder, may be absent
+        raise SpecError(f"{args.failed}: no such folder (--failed: the failure notes)")
+    failed = args.failed or os.path.join(os.path.dirname(os.path.abspath(args.ladder)), "failed")
+    rows = with_failures(ladder_rows(args.ladder), failure_notes(failed))
     columns = columns_of(rows)
     outputs.write_table(args.out, columns, rows)
     outputs.write_table(sidecar(args.out), ("column", "unit", "meaning"), docs_rows(columns, column_docs()))
