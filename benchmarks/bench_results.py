@@ -128,6 +128,11 @@ def measure(stage: str, root: Path, other: Path, repeats: int) -> tuple[float, f
     return best, rss, rc
 
 
+def available(stage: str) -> bool:
+    """Whether this checkout has the command (a stage added later is skipped, not failed)."""
+    return subprocess.run([sys.executable, "-m", "scaleladder", stage, "--help"], capture_output=True).returncode == 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[2000, 10000])
@@ -148,6 +153,9 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "scaleladder", "aggregate", "--out", str(other / "results" / "ladder.h5"),
                             *[str(p) for p in sorted((other / "results" / "rungs").rglob("*.h5"))]], check=True, capture_output=True)
         for stage in args.stages:
+            if not available(stage):
+                print(f"{n:>6} {stage:<9} not available (no `scaleladder {stage}` command here)", flush=True)
+                continue
             wall, rss, rc = measure(stage, root, other, args.repeats)
             html = root / "results" / "report.html"
             size = f"{html.stat().st_size / 1e3:.0f} KB HTML" if stage == "report" and html.is_file() else ""
