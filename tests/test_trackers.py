@@ -124,3 +124,35 @@ def test_a_malformed_uri_is_refused_when_the_config_is_read(uri: str) -> None:
     with pytest.raises(site_config.ConfigError, match=r"trackers\.mlflow_uri"):
         site_config.validate_config({**minimal(), "trackers": {"mlflow_uri": uri}}, site_config.SCHEMA)
     site_config.validate_config({**minimal(), "trackers": {"mlflow_uri": "sqlite:///results/mlflow.db"}}, site_config.SCHEMA)
+
+
+def test_a_run_left_unfinished_is_logged_again_not_skipped(ladder: Path, tmp_path: Path) -> None:
+    """A call cut off mid-rung (the server went away) leaves a RUNNING run: the next call replaces it."""
+    from mlflow.tracking import MlflowClient
+
+    from scaleladder.results.aggregate import read_ladder
+    from scaleladder.results.trackers import mlflow_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    first = read_ladder(str(ladder))[0][0]
+    exp = mlflow_runs.experiment(client, "scaleladder", uri)
+    cut = client.create_run(exp, tags={mlflow_runs.SPEC_TAG: str(first["spec"]), mlflow_runs.SHA_TAG: str(first["source_sha256"])})
+    r = in_process("mlflow", "--ladder", str(ladder), "--uri", uri, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    runs = client.search_runs([exp], max_results=100)
+    assert len(runs) == 6 and {x.info.status for x in runs} == {"FINISHED"}
+    assert cut.info.run_id not in {x.info.run_id for x in runs}
+
+
+def test_the_command_refuses_a_malformed_uri_as_the_schema_does(ladder: Path, tmp_path: Path) -> None:
+    import yaml
+
+    from scaleladder.results.trackers import mlflow_runs
+    from scaleladder.site import config as site_config
+
+    schema = yaml.safe_load(site_config.SCHEMA.read_text())
+    assert schema["properties"]["trackers"]["properties"]["mlflow_uri"]["pattern"] == mlflow_runs.URI_PATTERN
+    r = in_process("mlflow", "--ladder", str(ladder), "--uri", "results/mlflow.db", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "results/mlflow.db" in r.stderr
+    assert not (tmp_path / "results" / "mlflow.db").exists()

@@ -10,13 +10,15 @@ Each run is named by its spec and holds:
 - **artifact**: the rung file itself, where it can be read.
 
 Logging a ladder twice logs each rung once: a rung whose spec and source SHA-256 are already in
-the experiment is skipped (a rerun rung, with a new file, is a new run). Called after
+the experiment as a finished run is skipped (a rerun rung, with a new file, is a new run); a run
+that an earlier call left unfinished (the server went away mid-rung) is deleted and logged again. Called after
 ``aggregate``, from one process: since MLflow 3.7 the default store is SQLite, and many rung
 jobs writing one SQLite file on Lustre would meet its locks.
 
 A tracker never costs a result: a store that cannot be reached or written is ONE warning line
 and exit 0 (the ladder is as it was); the stamp file (``--stamp``) says what happened, so the
-workflow goes on. A malformed URI is refused when the config is read (the schema's pattern).
+workflow goes on. A malformed URI is refused when the config is read (the schema's pattern, the
+same as :data:`URI_PATTERN`, which ``--uri`` is checked against too: exit 2).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from scaleladder.errors import SpecError
 from scaleladder.files import atomic_write_text
 from scaleladder.results.record import Record, Settings, Source, Spec
 
@@ -38,6 +42,9 @@ SHA_TAG = "scaleladder.source_sha256"
 SPEC_TAG = "scaleladder.spec"
 #: MLflow's own retries and timeouts, unless the user set them: an unreachable server is a
 #: warning in seconds, not after MLflow's default back-off of minutes
+#: a tracking URI: a local SQLite store, a file store, a server, Databricks (the schema's
+#: trackers.mlflow_uri pattern is this one; tests/test_trackers.py holds them equal)
+URI_PATTERN = r"^(sqlite:///.+|file:.+|https?://[^/\s]+.*|databricks(://.*)?)$"
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
@@ -60,16 +67,22 @@ def split(r: Mapping[str, object]) -> tuple[dict[str, str], dict[str, float]]:
     return params, metrics
 
 
-def logged(client: object, experiment_id: str) -> set[tuple[str, str]]:
-    """(spec, source SHA-256) of every run already in the experiment."""
+def logged(client: object, experiment_id: str) -> tuple[set[tuple[str, str]], list[str]]:
+    """(spec, source SHA-256) of every finished run in the experiment, and the ids of the runs an
+    earlier call left unfinished (logged again)."""
     seen: set[tuple[str, str]] = set()
+    unfinished: list[str] = []
     token = None
     while True:
         page = client.search_runs([experiment_id], max_results=1000, page_token=token)  # type: ignore[attr-defined]
-        seen |= {(r.data.tags.get(SPEC_TAG, ""), r.data.tags.get(SHA_TAG, "")) for r in page}
+        for r in page:
+            if r.info.status == "FINISHED":
+                seen.add((r.data.tags.get(SPEC_TAG, ""), r.data.tags.get(SHA_TAG, "")))
+            elif SPEC_TAG in r.data.tags:
+                unfinished.append(r.info.run_id)
         token = page.token
         if not token:
-            return seen
+            return seen, unfinished
 
 
 def experiment(client: object, name: str, uri: str) -> str:
@@ -99,7 +112,9 @@ def log_rungs(uri: str, name: str, rungs: Iterable[Mapping[str, object]], ladder
 
     client = MlflowClient(tracking_uri=uri)
     exp = experiment(client, name, uri)
-    seen = logged(client, exp)
+    seen, unfinished = logged(client, exp)
+    for run_id in unfinished:
+        client.delete_run(run_id)
     done = skipped = 0
     now = int(time.time() * 1000)
     for r in rungs:
@@ -125,6 +140,8 @@ def main(args: argparse.Namespace) -> int:
     from scaleladder.results.trackers import require
 
     require("mlflow", "mlflow", "scaleladder mlflow")
+    if not re.match(URI_PATTERN, args.uri):
+        raise SpecError(f"--uri {args.uri!r}: not a tracking URI (sqlite:///path.db, file:/path, http(s)://host:port)")
     rungs, _root = read_ladder(args.ladder)  # an unreadable ladder is bad input: one line, exit 2
     for k, v in HTTP_ENV.items():
         os.environ.setdefault(k, v)
