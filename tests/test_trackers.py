@@ -40,7 +40,6 @@ def test_a_rung_writes_its_record_as_tensorboard_events(tmp_path: Path) -> None:
     assert np.allclose([v for _, v in got["step_time_s"]], times, rtol=1e-6)
     assert [s for s, _ in got["items_per_s"]] == list(range(2, 8))  # warm-up excluded, as from every statistic
     assert np.allclose([v for _, v in got["items_per_s"]], 4 * world / times[2:], rtol=1e-5)
-    assert float(np.mean(4 * world / times[2:])) == pytest.approx(ips, rel=0.5)  # the same order as the headline
     assert got["memory/peak_active_gib"] == [(7, pytest.approx(peak))]
 
 
