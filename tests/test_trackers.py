@@ -33,7 +33,7 @@ def test_a_rung_writes_its_record_as_tensorboard_events(tmp_path: Path) -> None:
     ea.Reload()
     with h5py.File(out) as f:
         loss, times = f["loss"][()], f["step_time_s"][()]
-        ips, world, peak = f.attrs["items_per_s"], int(f.attrs["world_size"]), f.attrs["peak_active_gib"]
+        world, peak = int(f.attrs["world_size"]), f.attrs["peak_active_gib"]
     got = {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
     assert [s for s, _ in got["loss"]] == list(range(8))
     assert np.allclose([v for _, v in got["loss"]], loss, rtol=1e-6)
