@@ -34,6 +34,6 @@ include: "workflow/rules/trackers.smk"
 
 rule all:
     input:
-        site_ladder.final_targets(LADDER),
         CONVERGE_TARGETS,
+        **LADDER_TARGETS,  # the ladder's files; with packs still to run, the packs first (workflow/rules/ladder.smk)
     default_target: True

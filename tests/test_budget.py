@@ -172,10 +172,10 @@ def test_the_report_shows_the_budget_beside_the_ladder(tmp_path: Path) -> None:
 
 def test_start_up_is_priced_from_finished_rungs_and_scales_with_nodes(tmp_path: Path) -> None:
     """Measured start-up (startup_s + teardown_s of finished rungs) replaces the stated
-    budget.startup_s, at the same node count, else on the line through the node counts measured."""
+    budget.rung_startup_s, at the same node count, else on the line through the node counts measured."""
     spec1 = RunSpec.from_path("vit-base/ddp/bf16-mixed/pre-lag/n1/b32")
     stated = cost.estimate(spec1, 8, True, None, time_model(), {})
-    assert stated.startup_s == 60.0 and stated.startup_source.startswith("stated start-up 60 s")
+    assert stated.startup_s == 60.0 and stated.startup_source.startswith("stated rung start-up 60 s")
     plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n1/b16", startup_s=10.0, teardown_s=1.0)
     plant(tmp_path, "vit-huge/ddp/bf16-mixed/pre-lag/n1/b16", startup_s=12.0, teardown_s=1.0)
     plant(tmp_path, "vit-huge/fsdp-full/bf16-mixed/pre-lag/n4/b16", startup_s=19.0, teardown_s=1.0)

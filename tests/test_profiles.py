@@ -13,6 +13,9 @@ import pytest
 import yaml
 
 from conftest import REPO, VENV_BIN, snakemake, snakemake_env, workflow_copy
+from scaleladder.site import schedule as site_schedule
+from scaleladder.site.profiles import load_profile
+from scaleladder.spec import RunSpec
 
 ARGS = "--steps {steps} --warmup {warmup} --data {data} --workers {workers} --seed 0 --out {out}"
 
@@ -95,7 +98,7 @@ FRONTIER_RUNGS = (18 + 6 * 7 * 4 - 3) + 3 * 4 + (9 + 6 * 6 * 4 - 3)
 
 @pytest.mark.process
 def test_frontier_ladder_is_the_vit_seed(wf: Path) -> None:
-    out = dry_run(wf, "frontier")
+    out = dry_run(wf, "frontier", "--config", "site={pack: false}")  # a job per rung (packed: test_workflow_logic's PACKED)
     counts = job_counts(out)
     # Figure 1: 3 strategies x 6 knob sets at 8 nodes; Figures 2-3: 6 models x 7 strategies
     # x nodes 1/2/4/8; 3 rungs are in both. Beside them, FSDP2's prefetch block
@@ -126,7 +129,7 @@ def test_predicted_oom_rungs_are_recorded_on_the_login_node(wf: Path) -> None:
     assert "srun" not in cmd  # a local rule: no allocation for a certain OOM
     assert re.search(r"localrules:\s+predicted_oom,", (REPO / "workflow/rules/ladder.smk").read_text())
     # the switch runs them all for real instead
-    out = dry_run(wf, "frontier", "--config", "run_predicted_oom=true")
+    out = dry_run(wf, "frontier", "--config", "run_predicted_oom=true", "site={pack: false}")
     assert "predicted_oom" not in job_counts(out) and job_counts(out)["rung"] == FRONTIER_RUNGS
 
 
@@ -142,17 +145,19 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
                 "\"$SLURM_JOB_ID\" -o %N)}\" | head -n1):29500\" --rdzv-id \"$SLURM_JOB_ID\" -m scaleladder'")
     env = ('export NCCL_DEBUG="WARN"; export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"; export OMP_NUM_THREADS="1"; '
            'export HDF5_USE_FILE_LOCKING="FALSE"; ')
-    for rule, verb, plan, target, spec in (
-            ("rung", "launch", "--ranks-per-node 8 --device cuda", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8"),
+    # the max-batch rung runs fewer steps: 1000 of them are predicted past the site's 240 min (site/schedule.py)
+    for rule, verb, plan, target, spec, steps in (
+            ("rung", "launch", "--ranks-per-node 8 --device cuda", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8", 1000),
             ("rung_max", "maxbatch", "--plan-device a100-40gb --ranks-per-node 8 --device cuda", mx,
-             "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax")):
-        args = ARGS.format(steps=1000, warmup=100, data="results/shards/224px/manifest.json", workers=7, out=target)
+             "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax", _steps(wf, "a100", "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax"))):
+        assert (steps < 1000) == (rule == "rung_max")
+        args = ARGS.format(steps=steps, warmup=100, data="results/shards/224px/manifest.json", workers=7, out=target)
         log = target.replace("results/rungs/", "results/logs/rungs/").replace(".h5", ".log")
         assert shell_of(out, rule, target) == f"{env}{sl} {verb} --launcher {launcher} {plan} --spec {spec} {args} > {log} 2>&1"
         res = resources_of(out, rule, target)
         assert res["nodes"] == "1" and res["gres"] == "gpu:8" and res["slurm_extra"] == "--exclusive"
         assert res["tasks_per_node"] == "8" and res["mpi"] == "srun"  # the launcher's srun: one torchrun per node
-    whole = dry_run(wf, "a100")
+    whole = dry_run(wf, "a100", "--config", "site={pack: false}")  # a job per rung (packed: test_workflow_logic's PACKED)
     full = job_counts(whole)
     # the seed's 6 FLAVA sizes x 3 strategies x {8, max}; beside it the same sizes under the
     # seed's reentrant AC and FSDP2 (3 strategies), and 4 ViT sizes x 8 FSDP1/FSDP2/compile rungs at 32,
@@ -287,6 +292,23 @@ def _submit_lines(wf: Path, tmp: Path, profile: str, *targets: str) -> subproces
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
+def _schedule(wf: Path, profile: str) -> site_schedule.Schedule:
+    prof = load_profile(profile, wf, plan=True, overrides={"data": {"source": "synthetic"}})
+    assert prof.ladder is not None
+    sched = site_schedule.attach(prof.ladder, profile, wf)[1]
+    assert sched is not None
+    return sched
+
+
+def _runtime(wf: Path, profile: str, target: str) -> int:
+    """The minutes the rung's job asks for (site/schedule.py, as the rule's `runtime`)."""
+    return _schedule(wf, profile).runtime_min(RunSpec.from_path(target.removeprefix("results/rungs/").removesuffix(".h5")))
+
+
+def _steps(wf: Path, profile: str, spec: str) -> int:
+    return _schedule(wf, profile).steps(RunSpec.from_path(spec))
+
+
 def _sbatch_log(tmp: Path, profile: str) -> str:
     log = tmp / f"sbatch-{profile}.log"
     if not log.exists():  # say why instead of a bare FileNotFoundError
@@ -304,16 +326,24 @@ def test_sbatch_lines_ask_for_whole_nodes_not_snakemakes_default_memory(tmp_path
     plugin turns it into `sbatch --mem 1000`: 8 ranks of a 10B model killed for host
     memory. The GPU profiles ask for no --mem (the whole node, with --exclusive)."""
     wf = workflow_copy(tmp_path / "wf")
-    frontier = "results/rungs/vit-5b/fsdp-hybrid2/bf16-mixed/pre-lag/n2/b32.h5"
+    frontier = "results/rungs/vit-5b/fsdp-hybrid8/bf16-mixed/pre-lag/n2/b32.h5"  # predicted to fit: priced
     a100 = "results/rungs/flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8.h5"
-    procs = [_submit_lines(wf, tmp_path, "frontier", frontier), _submit_lines(wf, tmp_path, "a100", a100)]
+    pack = "results/packs/n8-p1.json"  # a pack: one job for the rungs of one node count
+    procs = [_submit_lines(wf, tmp_path, "frontier", frontier, pack), _submit_lines(wf, tmp_path, "a100", a100)]
     for p in procs:
         assert p.wait(timeout=300) != 0  # every submission was refused
     lines = {p: _sbatch_log(tmp_path, p) for p in ("frontier", "a100")}
-    assert " -A abc123 -p batch -t 60 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --exclusive --network=disable_rdzv_get " \
-        in lines["frontier"]
-    assert " -A abc123 -p gpu -t 120 --nodes=1 --ntasks-per-node=8 --cpus-per-task=8 --exclusive " in lines["a100"]
+    # each rung's job asks for its own time from the time model (-t), under the site's limit
+    t_frontier, t_a100 = _runtime(wf, "frontier", frontier), _runtime(wf, "a100", a100)
+    assert 5 < t_frontier < 120 and 5 < t_a100 < 240
+    assert f" -A abc123 -p batch -t {t_frontier} --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --exclusive " \
+           "--network=disable_rdzv_get " in lines["frontier"]
+    assert f" -A abc123 -p gpu -t {t_a100} --nodes=1 --ntasks-per-node=8 --cpus-per-task=8 --exclusive " in lines["a100"]
     assert " --gres=gpu:8 " in lines["a100"]  # per node (--gpus=8 would be 8 for the whole job)
+    # ... and a pack asks for its rungs' time with the margin, in one job of its node count
+    assert re.search(r" -A abc123 -p batch -t (\d+) --nodes=8 --ntasks-per-node=8 --cpus-per-task=7 --exclusive "
+                     r"--network=disable_rdzv_get ", lines["frontier"])
+    assert lines["frontier"].count("\n") == 2
     for line in lines.values():
         assert "--mem" not in line, line
 

@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "doctor": ("scaleladder.site.doctor", "add_arguments", "main", "preflight a profile: what would make the campaign fail or lie"),
     "rehearse": ("scaleladder.site.doctor", "add_rehearse_arguments", "rehearse_main", "build and wrap every rung on fake tensors at its world size"),
     "budget": ("scaleladder.site.budget", "add_arguments", "main", "the campaign's cost in node-hours, before submission"),
+    "pack": ("scaleladder.campaign.pack", "add_arguments", "main", "run a pack's rungs one after another inside its batch job"),
     "export": ("scaleladder.results.export", "add_arguments", "main", "every rung of a ladder as one table: CSV, Parquet or JSON Lines"),
     "mlflow": ("scaleladder.results.trackers.mlflow_runs", "add_arguments", "main", "log every rung of a ladder to MLflow, one run each"),
     "compare": ("scaleladder.results.compare", "add_arguments", "main", "compare two ladders (or one with references): verdicts within noise"),

@@ -18,6 +18,7 @@ import scaleladder.site.config as site_config
 import scaleladder.site.ladder as site_ladder
 import scaleladder.site.site_check as site_check
 import scaleladder.site.failures as failures
+import scaleladder.site.schedule as site_schedule
 
 SCHEMA = os.path.normpath(os.path.join(workflow.current_basedir, "..", "schemas", "config.schema.yaml"))
 
@@ -31,6 +32,10 @@ swf.export_repo(os.path.join(workflow.current_basedir, "..", ".."))
 # re-quoting of --config into cluster jobs (site_config.check_data_values says why).
 try:
     LADDER = site_ladder.prepare(config, SCHEMA, cli_config=workflow.config_settings.config)
+    # Where the site has a batch system (site.time_limit_min): each rung's job time from the time model,
+    # the rungs predicted past the limit shortened or refused, and with site.pack the packs
+    # (scaleladder.site.schedule; None on a workstation). A refused rung leaves LADDER.rung_files.
+    LADDER, SCHEDULE = site_schedule.attach(LADDER)
 except site_config.ConfigError as e:
     raise WorkflowError(str(e)) from None
 
@@ -42,6 +47,10 @@ SETTINGS = LADDER.settings
 if workflow.is_main_process and (_missing := site_check.announce(SETTINGS.site)):
     print(_missing, file=sys.stderr)
 RPN = LADDER.ranks_per_node
+# The dry run says which rungs run fewer steps or are refused for the time limit, and the packs; once,
+# from the Snakemake the user started (not from each job's, nor a pack's own for one rung).
+if workflow.is_main_process and SCHEDULE and not site_schedule.in_pack():
+    print(site_schedule.announce(SCHEDULE), file=sys.stderr)
 
 
 # A failed job: its cause on the console, under the rule's name (scaleladder.site.failures). Snakemake
@@ -123,10 +132,39 @@ RUNG_OPTIONS = swf.rung_options(SETTINGS, site_config.load_schema(SCHEMA))
 
 # The params every ladder rule's command reads for the rung's own arguments (swf.RUNG_ARGS),
 # once: each rule adds those of its own command (env, launcher, ...).
+# A rung's steps: the config's, fewer where the time limit shortened it (site_schedule; the same number
+# in every process, so a finished rung's parameters never change under it).
+def rung_steps(wildcards):
+    return SCHEDULE.steps(swf.spec_of(wildcards)) if SCHEDULE else SETTINGS.steps
+
+
+# The time a rung's job asks for, minutes (ladder.smk's RUNG_TIME, where the site has a batch system).
+def rung_runtime(wildcards):
+    return SCHEDULE.runtime_min(swf.spec_of(wildcards))
+
+
+# -- the pack rule's (ladder.smk, site.pack): its rungs' shards, its time, its rungs, the inner Snakemake --
+def pack_data(wildcards):
+    return site_schedule.pack_inputs(SCHEDULE, site_schedule.pack_of(wildcards))
+
+
+def pack_runtime(wildcards):
+    return SCHEDULE.pack_runtime_min(SCHEDULE.pack(site_schedule.pack_of(wildcards)))
+
+
+def pack_rungs(wildcards):
+    return site_schedule.pack_rung_args(SCHEDULE, site_schedule.pack_of(wildcards))
+
+
+# the process that runs the pack's job reads the workflow with the same files and --config
+def pack_inner(wildcards):
+    return site_schedule.inner_snakemake(workflow.main_snakefile, workflow.overwrite_configfiles, workflow.config_settings.config_args)
+
+
 RUNG_PARAMS = dict(
     spec=spec_path,
     data=data_arg,
-    steps=SETTINGS.steps,
+    steps=rung_steps,
     warmup=SETTINGS.warmup,
     workers=swf.rung_workers(SETTINGS),
     seed=SETTINGS.seed,

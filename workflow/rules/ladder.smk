@@ -29,6 +29,13 @@ RUNG = "{model}/{strategy}/{precision}/{knobs}/n{nodes}/b{batch}"
 # Every repeat runs the same command with the same seed: what differs is only the run.
 REP = "{rep}"
 
+# Each rung's job asks for its own time (`runtime`, minutes) where the site has a batch system
+# (site.time_limit_min): the time model's prediction for that rung with budget.margin and
+# budget.slack_s, at most the limit (scaleladder.site.schedule; common.smk's rung_runtime). A
+# profile's set-resources `runtime` for these rules would override it: the shipped profiles give
+# none. A workstation asks for no time.
+RUNG_TIME = {"runtime": rung_runtime} if SCHEDULE else {}
+
 
 if SETTINGS.site.supervise == "launch":
 
@@ -52,6 +59,7 @@ if SETTINGS.site.supervise == "launch":
             **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
+            **RUNG_TIME,
         conda:
             "../envs/scaleladder.yaml"
         shell:
@@ -84,6 +92,7 @@ else:
             **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
+            **RUNG_TIME,
         conda:
             "../envs/scaleladder.yaml"
         shell:
@@ -113,6 +122,7 @@ rule rung_max:
         **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
     resources:
         bench_slot=1,
+        **RUNG_TIME,
     conda:
         "../envs/scaleladder.yaml"
     shell:
@@ -144,3 +154,44 @@ rule predicted_oom:
         "../envs/scaleladder.yaml"
     shell:
         swf.rung_shell("plan-only")
+
+
+# Packs (site.pack): the rungs of one node count in one batch job each, filled up to the site's time
+# limit (scaleladder.site.schedule, campaign/packing.py). The job runs `scaleladder pack`, which runs
+# each of the pack's rungs still missing as its own inner `snakemake <rung file>` on the local
+# executor, under a timeout of its own: each rung is the rung rule's job above, its command, its
+# record and Snakemake's metadata for it, so no finished rung runs again when packing is turned on
+# or off. Its output, the pack's record, exists once every rung of the pack has a result; it is a
+# checkpoint: `rule all` asks for the packs first and for the ladder's files once they are done
+# (LADDER_TARGETS), so that no rung of a pack is also asked for as a job of its own. Why not
+# Snakemake's group jobs: docs/workflow.md, "Packs". The params are common.smk's pack_* functions.
+if SCHEDULE and SCHEDULE.packs:
+
+    checkpoint pack:
+        input:
+            data=pack_data,
+        output:
+            temp("results/packs/n{nodes}-p{k}.json"),
+        log:
+            "results/logs/packs/n{nodes}-p{k}.log",
+        wildcard_constraints:
+            nodes=r"\d+",
+            k=r"\d+",
+        params:
+            python=sys.executable,  # the Python that runs Snakemake (and imports scaleladder) on the job's node
+            rungs=pack_rungs,
+            inner=pack_inner,
+        resources:
+            bench_slot=1,
+            runtime=pack_runtime,
+        shell:
+            "{params.python:q} -m scaleladder pack --pack n{wildcards.nodes}-p{wildcards.k} --limit-min {resources.runtime} "
+            "{params.rungs} --out {output:q} -- {params.inner} > {log:q} 2>&1"
+
+
+# What `rule all` asks for (the Snakefile): the ladder's files; with packs still to run, each pack
+# first (in parallel), every rung outside the packs at once, and the ladder's files after the packs
+# (a pack's output is a checkpoint's: asking for it waits until its job has finished).
+LADDER_TARGETS = site_schedule.ladder_targets(
+    LADDER, SCHEDULE, lambda pack: checkpoints.pack.get(nodes=pack.nodes, k=pack.k).output
+)

@@ -4,6 +4,9 @@
 - ``maxbatch``: ``scaleladder maxbatch``: the largest local batch that trains, then the rung at it.
 - ``converge``: ``scaleladder converge``: a rung trained to a held-out accuracy (time-to-train).
 - ``cost``: what a ladder costs before submission: a time model per rung, and node-hours.
+- ``timelimit``: the time a rung's batch job asks for, and a rung predicted past the site's limit shortened or refused.
+- ``packing``: packs: the rungs of one node count in one batch job, filled up to the site's time limit.
+- ``pack``: ``scaleladder pack``: a pack's rungs one after another inside its batch job, each under its own timeout.
 - ``plan_check``: the planner held against torch's memory trackers on fake CPU tensors (``plan --check``).
 - ``plan_trace``: the traced memory model: what ``plan`` predicts for a model without an analytic one (``plan --traced``).
 - ``rehearse``: ``scaleladder rehearse``: every rung built and wrapped at its world size on fake tensors, one of each kind traced.

@@ -1,9 +1,12 @@
 """What a ladder will cost, before anything is submitted: a time model per rung, and node-hours.
 
-A rung's job runs ``steps`` steps plus a start-up: measured, from the records of finished
-rungs (rung/startup.py; :func:`measured_startup`), else the profile's stated
-``budget.startup_s`` (container, process group, loader warm-up), plus the site's stated
-``timing.compile_s`` for a ``-compile`` rung. One step is PREDICTED by the planner's step-time
+A rung's job runs ``steps`` steps plus two start-ups: the one a batch job pays once (the
+profile's stated ``budget.job_startup_s``: the allocation, the container image read on every node,
+first imports from cold caches), and the one each rung pays again, in a pack too (measured, from
+the records of finished rungs (rung/startup.py; :func:`measured_startup`), else the stated
+``budget.rung_startup_s``: the launcher's step, the ranks' processes, the process group, the first
+batch), plus the site's stated ``timing.compile_s`` for a ``-compile`` rung. A rung in a pack
+(campaign/packing.py) pays only its own part: :attr:`Estimate.rung_s`. One step is PREDICTED by the planner's step-time
 model (``planner/steptime.py``: compute from the rung's hardware FLOPs at the device's measured
 or datasheet rate, host work, and the collectives over the site's links, with what overlaps),
 for the rung's own world and ranks per node. Where the planner has no rates for the device, or
@@ -38,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,16 +133,30 @@ class Estimate:
     measured: bool = False
     priced: bool = True  # False: nothing to price it with (no predicted max batch); counted apart
     fallback: bool = False  # a models-file model priced without its trace (its source says by what)
-    startup_s: float = 0.0  # of job_s, the part outside the steps (per job; the max search pays it per probe too)
+    startup_s: float = 0.0  # of job_s, the part outside the steps (the job's and the rung's; the max search pays the rung's per probe too)
     startup_source: str = ""
+    job_startup_s: float = 0.0  # of startup_s, what the batch job pays once: a pack pays it once for all its rungs
+    packed: bool = False  # runs in a pack, whose job start-up is priced once with the pack (campaign/packing.py)
+    refused: str = ""  # predicted past the site's time limit and not run: why, in one line (campaign/timelimit.py)
+    steps: int | None = None  # the steps it runs where a time limit shortened it (job_s is at them)
+
+    @property
+    def rung_s(self) -> float:
+        """The rung's time inside a pack: its job's without the job's own start-up."""
+        return self.job_s - self.job_startup_s
+
+    @property
+    def own_s(self) -> float:
+        """What this rung adds to the campaign: its whole job, or in a pack its own part."""
+        return self.rung_s if self.packed else self.job_s
 
     @property
     def startup_node_hours(self) -> float:
-        return self.nodes * self.startup_s / 3600
+        return self.nodes * (self.startup_s - (self.job_startup_s if self.packed else 0.0)) / 3600
 
     @property
     def node_hours(self) -> float:
-        return self.nodes * self.job_s / 3600
+        return self.nodes * self.own_s / 3600
 
 
 @dataclass
@@ -149,13 +166,14 @@ class TimeModel:
     plan_device: str
     steps: int
     mfu: Mapping[str, float] = field(default_factory=dict)
-    startup_s: float = DEFAULT_STARTUP_S
+    startup_s: float = DEFAULT_STARTUP_S  # what each rung pays outside its steps (budget.rung_startup_s), stated
     probe_steps: int = 5
     site: Site = field(default_factory=Site)  # the profile's timing: links, cpu_factor, compile_s
     ranks_per_node: int = 1
     predicted: bool = True  # False: the stated-MFU model (budget.mfu) instead of planner/steptime.py
     trace_cache: str | None = None  # where a models-file model's traces are read (None: plan_trace's default)
     limits_s: Mapping[str, float] = field(default_factory=dict)  # rule (rung, rung_max) -> its time limit: an untraced model's bound
+    job_startup_s: float = 0.0  # what a batch job pays once, outside its rungs (budget.job_startup_s), stated
 
 
 def calibrated_mfu(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float, list[str]] | None:
@@ -173,8 +191,9 @@ def measured_startup(spec: RunSpec, measured: Sequence[Measured]) -> tuple[float
     The median at the same node count; where there is none but two or more node counts were
     measured and the start-up grows with nodes, the least-squares line through their medians
     (a, b in a + b x nodes) at ``spec.nodes``; else the median of all. It counts from each
-    rank's process start (rung/startup.py): what a job spends before that (the batch script,
-    the container's start) is in the stated ``budget.startup_s``, not in a measurement."""
+    rank's process start (rung/startup.py), so it stands for the rung's own start-up: what a job
+    spends before that (the allocation, the batch script, the container's first start) is the
+    stated ``budget.job_startup_s``, never in a measurement."""
     ok = [m for m in measured if m.status == "ok" and m.startup_s is not None]
     if not ok:
         return None
@@ -210,17 +229,19 @@ def estimate(spec: RunSpec, world: int, fits: bool, max_batch: int | None, timin
             return unpriced(spec, world, timing, source, batch)
         step, done = priced, False
     start = measured_startup(spec, list(measured.values()))
-    startup, startup_source = start if start else (timing.startup_s, f"stated start-up {timing.startup_s:.0f} s (budget.startup_s)")
+    startup, startup_source = start if start else (timing.startup_s, f"stated rung start-up {timing.startup_s:.0f} s (budget.rung_startup_s)")
+    if timing.job_startup_s:
+        startup_source = f"stated job start-up {timing.job_startup_s:.0f} s (budget.job_startup_s) + {startup_source}"
     if spec.strategy.compile and timing.site.compile_s:
         startup += timing.site.compile_s
         startup_source += f" + stated compile {timing.site.compile_s:.0f} s (timing.compile_s)"
-    job, paid = timing.steps * step + startup, startup
-    if spec.batch == "max":  # the search's probes, one per doubling up to the batch (an estimate)
+    job, paid = timing.job_startup_s + timing.steps * step + startup, timing.job_startup_s + startup
+    if spec.batch == "max":  # the search's probes, one per doubling up to the batch (an estimate), each a launch of its own
         probes = max(1, math.ceil(math.log2(max(batch, 2))))
         job += probes * (timing.probe_steps * step + startup)
         paid += probes * startup
     return Estimate(spec, world, spec.nodes, batch, True, step, job, source, done, startup_s=paid, startup_source=startup_source,
-                    fallback=not done and fallback)
+                    fallback=not done and fallback, job_startup_s=timing.job_startup_s)
 
 
 def unpriced(spec: RunSpec, world: int, timing: TimeModel, why: str, batch: int | None = None) -> Estimate:
@@ -298,21 +319,28 @@ def _step(spec: RunSpec, world: int, batch: int, timing: TimeModel,
     return batch * flops[0] / (peak * mfu), f"{source}; {flops[1]}" + (f" ({why})" if tr is None else ""), tr is None
 
 
-def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Mapping[str, float]) -> list[dict[str, str]]:
+def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Mapping[str, float],
+                asks: Callable[[float], float] | None = None) -> list[dict[str, str]]:
     """Per ladder block and in total: rungs, rungs to run, won't fit, node-hours, the longest job
-    against the time limit of its rule (``rung`` or ``rung_max``, minutes); where models-file models
-    were priced without a trace, how many (each one's source says by what)."""
+    against the time limit of its rule (``rung`` or ``rung_max``, minutes: over when ``asks`` of its
+    predicted seconds, the minutes its job asks for, is past it; without ``asks``, its prediction);
+    where models-file models were priced without a trace, how many (each one's source says by what);
+    where a time limit shortened or refused rungs, how many. A packed rung's node-hours are its own
+    part; its pack's job start-up is the caller's to add, once per pack."""
     rows = []
     everything: list[Estimate] = []
     fallback = any(e.fallback for _, ests in blocks for e in ests)  # a column only where a models-file model has one
+    limited = any(e.refused or e.steps is not None for _, ests in blocks for e in ests)
+    ask = asks or (lambda s: s / 60)
     for name, ests in list(blocks) + [("total", [])]:
         ests = list(ests) if name != "total" else everything
         if name != "total":
             everything += ests
-        todo = [e for e in ests if e.fits and not e.measured and e.priced]
-        longest = max(todo, key=lambda e: e.job_s, default=None)
+        todo = [e for e in ests if e.fits and not e.measured and e.priced and not e.refused]
+        own = [e for e in todo if not e.packed]  # a job of its own: its time limit is its own
+        longest = max(own, key=lambda e: e.job_s, default=None)
         limit = limits_min.get("rung_max" if longest and longest.spec.batch == "max" else "rung")
-        over = [e for e in todo if e.job_s / 60 > limits_min.get("rung_max" if e.spec.batch == "max" else "rung", math.inf)]
+        over = [e for e in own if ask(e.job_s) > limits_min.get("rung_max" if e.spec.batch == "max" else "rung", math.inf)]
         rows.append({
             "ladder block": name,
             "rungs": str(len(ests)),
@@ -320,10 +348,13 @@ def block_table(blocks: Sequence[tuple[str, Sequence[Estimate]]], limits_min: Ma
             "won't fit": str(sum(not e.fits for e in ests)),
             "measured": str(sum(e.measured for e in ests)),
             "not priced": str(sum(not e.priced for e in ests)),
+            **({"shortened": str(sum(e.steps is not None and not e.refused for e in ests)),
+                "refused": str(sum(bool(e.refused) for e in ests))} if limited else {}),
             **({"untraced, priced by fallback": str(sum(e.fallback for e in ests))} if fallback else {}),
             "node-hours to run": f"{sum(e.node_hours for e in todo):.1f}",
             "of which start-up": f"{sum(e.startup_node_hours for e in todo):.1f}",
-            "longest job": (f"{longest.job_s / 60:.0f} min ({longest.spec.path})" if longest else "-"),
+            "longest job": (f"{longest.job_s / 60:.0f} min ({longest.spec.path})" if longest else
+                            "- (every rung in a pack)" if todo else "-"),
             "time limit": (f"{limit:.0f} min" + (f", {len(over)} over" if over else "") if limit else "-"),
         })
     return rows

@@ -13,6 +13,7 @@
 - ``doctor``: ``scaleladder doctor``, a profile's preflight on the login node.
 - ``doctor_checks``: the doctor's checks, one unit each, registered with ``@check``.
 - ``budget``: ``scaleladder budget``, the campaign's cost in node-hours before submission.
+- ``schedule``: the ladder's batch jobs while the DAG is built: each rung's time and verdict under the limit, the packs.
 - ``plan``: ``scaleladder plan``, per-GPU memory and max batch from the analytic planner.
 - ``plan_time``: ``plan``'s step time: the site's figures, the calibration, the weak-scaling chart.
 - ``failures``: a failed workflow job's one-line cause on the console (the Snakefile's ``onerror``).

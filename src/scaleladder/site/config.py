@@ -86,7 +86,7 @@ def as_number(value: Any) -> Any:
 
 
 #: What a CLI string becomes where the schema declares the type, and no string besides.
-_COERCE: dict[str, Callable[[Any], Any]] = {"integer": as_int, "number": as_number, "boolean": as_bool}
+_COERCE: dict[str, Callable[[Any], Any]] = {"boolean": as_bool, "integer": as_int, "number": as_number}
 
 #: The schema the workflow validates against (what :func:`coerce_config_strings` reads when given none).
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
@@ -102,23 +102,25 @@ def _resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, A
     return node
 
 
-def _scalar_type(node: Mapping[str, Any], root: Mapping[str, Any]) -> str | None:
-    """'integer', 'number' or 'boolean' where a string at ``node`` must become one; None where the
-    schema allows a string too (a model name made of digits stays a string) or declares no type."""
+def _scalar_types(node: Mapping[str, Any], root: Mapping[str, Any]) -> list[str]:
+    """'boolean', 'integer' and/or 'number', in that order, where a string at ``node`` must become
+    one of them (``site.pack``: a boolean or an integer); none where the schema allows a string too
+    (a model name made of digits stays a string) or declares no type."""
     types: set[str] = set()
     for alt in [node, *(node.get("anyOf") or []), *(node.get("oneOf") or [])]:
         declared = _resolve(alt, root).get("type")
         types |= set(declared) if isinstance(declared, list) else {declared} if declared else set()
-    scalar = types & set(_COERCE)
-    return None if "string" in types or len(scalar) != 1 else scalar.pop()
+    return [] if "string" in types else [t for t in _COERCE if t in types]
 
 
 def _coerce(value: Any, node: Mapping[str, Any], root: Mapping[str, Any]) -> Any:
     """``value`` with every string the schema wants as a number or boolean made one (dicts in place)."""
     node = _resolve(node, root)
-    kind = _scalar_type(node, root)
-    if kind and isinstance(value, str):
-        return _COERCE[kind](value)
+    if isinstance(value, str):
+        for kind in _scalar_types(node, root):
+            if not isinstance(made := _COERCE[kind](value), str):
+                return made
+        return value
     if isinstance(value, dict):
         props, extra = node.get("properties") or {}, node.get("additionalProperties")
         for key in list(value):

@@ -45,7 +45,7 @@ from scaleladder.spec import (
 
 __all__ = [
     "torch_gpu_count", "resolve_ranks_per_node", "ranks_of", "rank_args", "knobs_for", "expand_ladder",
-    "is_selected", "check_select", "data_source", "rung_path", "repeats", "rung_data_path",
+    "is_selected", "check_select", "data_source", "spec_of_file", "rung_path", "repeats", "rung_data_path",
     "shards_settled", "rung_shards", "rung_inputs", "planned_not_to_fit", "unjudged_note", "result_path", "result_paths",
     "Ladder", "prepare", "wildcard_constraints", "FIGURES", "plan_figures", "final_targets",
     "select_note",
@@ -167,6 +167,12 @@ def check_select(select: Mapping[str, Any], rungs: Sequence[RunSpec]) -> None:
 
 def data_source(cfg: SiteConfig) -> str:
     return cfg.data.source
+
+
+def spec_of_file(path: str) -> RunSpec:
+    """The run spec of a rung's result file (:func:`rung_path`, a repeat's too)."""
+    tail = path.split("results/rungs/", 1)[-1].removesuffix(".h5")
+    return RunSpec.from_path(re.sub(r"\.r[1-9][0-9]*$", "", tail))
 
 
 def rung_path(spec: RunSpec, repeat: int = 0) -> str:
@@ -317,13 +323,16 @@ class Ladder:
     skipped: tuple[str, ...]  # "model/strategy/.../b<batch>: why" for each combination that does not exist
     selected: tuple[RunSpec, ...]  # the rungs `select` keeps (all of them without one)
     predicted_oom: frozenset[str]  # spec paths the planner routes to the predicted_oom rule
+    refused: frozenset[str] = frozenset()  # spec paths predicted past the site's time limit, not run (site/schedule.py)
 
     @property
     def rung_files(self) -> list[str]:
         """What the aggregate reads: each selected rung's measurements (every repeat) or predicted-oom
         record; every rung without ``select``. So a ``select`` run ends with the ladder, figures and
-        report of what it selected, and the next plain run (its input set changed) re-aggregates all."""
-        return [f for s in self.selected for f in result_paths(s, self.predicted_oom, repeats(self.settings))]
+        report of what it selected, and the next plain run (its input set changed) re-aggregates all.
+        A rung refused for the site's time limit has none (site/schedule.py says why, once)."""
+        return [f for s in self.selected if s.path not in self.refused
+                for f in result_paths(s, self.predicted_oom, repeats(self.settings))]
 
 
 def prepare(cfg: dict[str, Any], schema: str | Path | Mapping[str, Any], log: TextIO | None = None,

@@ -43,11 +43,13 @@ class Site:
     supervisor_can_launch: bool = True  #: whether `site.scaleladder` can run `site.launcher` (the max-batch search needs it)
     env: tuple[tuple[str, str | int], ...] = ()  #: SHELL: exported before every job's command as export K="V"; values may use $VARS, ${VAR:?why} and $(...)
     prologue: str = ''  #: SHELL: run before a rung's launcher (e.g. a cache directory on every node); placeholders as in launcher
+    time_limit_min: int | None = None  #: the batch system's wall-time limit for one job at this site's node counts, in minutes (Slurm: the partition's MaxTime). Each rung's job then asks for its own time, the time model's prediction with budget.margin and budget.slack_s, under this limit; a rung predicted past it runs fewer steps where its interval still holds, else is refused; packs are filled up to it. Absent: no batch system (a workstation), and no time is asked
+    pack: bool | int = False  #: pack the rungs of one node count into one batch job each, run one after another by `scaleladder pack` inside the allocation (docs/workflow.md, "Packs"): true fills each job up to time_limit_min from the time model; N puts N rungs in each (a pack predicted past the limit is refused); false: one job per rung. Needs a batch system (time_limit_min)
 
     @classmethod
     def of(cls, section: object, key: str) -> Site:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = read.section(section, key, ('name', 'requires', 'ranks_per_node', 'cpu_ranks', 'device', 'max_nodes', 'plan_device', 'image', 'scaleladder', 'launcher', 'supervise', 'max_batch_cap', 'local_data', 'supervisor_can_launch', 'env', 'prologue'))
+        m = read.section(section, key, ('name', 'requires', 'ranks_per_node', 'cpu_ranks', 'device', 'max_nodes', 'plan_device', 'image', 'scaleladder', 'launcher', 'supervise', 'max_batch_cap', 'local_data', 'supervisor_can_launch', 'env', 'prologue', 'time_limit_min', 'pack'))
         return cls(
             name=read.required(m, 'name', key),
             requires=read.pairs(m['requires']) if m.get('requires') is not None else None,
@@ -65,6 +67,8 @@ class Site:
             supervisor_can_launch=m['supervisor_can_launch'] if 'supervisor_can_launch' in m else True,
             env=read.pairs(m['env']) if m.get('env') is not None else read.pairs({}),
             prologue=m['prologue'] if 'prologue' in m else '',
+            time_limit_min=m['time_limit_min'] if 'time_limit_min' in m else None,
+            pack=m['pack'] if 'pack' in m else False,
         )
 
 
@@ -236,18 +240,26 @@ class Timing:
 
 @dataclass(frozen=True)
 class Budget:
-    """`scaleladder budget`'s time model (campaign/cost.py): a rung's step time is local batch x model FLOPs per sample / (the plan_device's peak x MFU), until finished rungs of the same model and strategy calibrate it"""
+    """the time model of `scaleladder budget` and of the time each rung's job asks for (campaign/cost.py, campaign/timelimit.py): a step predicted by the planner (else local batch x model FLOPs per sample / (the device's peak x MFU)), until finished rungs of the same model and strategy calibrate it; the start-up a job pays once and the one each rung pays; the margin on the time asked"""
 
     mfu: tuple[tuple[str, float], ...] | None = None  #: stated MFU per strategy name, else per wrapper (ddp, fsdp, fsdp2, single), else 'default'
-    startup_s: float | None = None  #: seconds per job outside the steps (container, process group, loader)
+    job_startup_s: float | None = None  #: seconds a batch job pays once, outside its rungs (allocation, container image read on every node, first imports from cold caches)
+    rung_startup_s: float | None = None  #: seconds each rung pays outside its steps, in a pack too (the launcher's step, the ranks' processes and imports, the process group, the first batch); finished rungs' records replace it
+    margin: float = 1.5  #: a job's time asked = margin x predicted + slack_s (1.5: the step-time model's worst under-prediction against the H100 was 23%, docs/planner.md)
+    slack_s: float = 300  #: seconds added to every time asked, on top of the margin (start-up and file-system jitter)
+    device: str | None = None  #: the device the time model prices a step on, where it is not site.plan_device (a site of CPU ranks: cpu)
 
     @classmethod
     def of(cls, section: object, key: str) -> Budget:
         """The validated section at config key ``key``, typed (an unknown key, a missing required one: :class:`ConfigError`)."""
-        m = read.section(section, key, ('mfu', 'startup_s'))
+        m = read.section(section, key, ('mfu', 'job_startup_s', 'rung_startup_s', 'margin', 'slack_s', 'device'))
         return cls(
             mfu=read.pairs(m['mfu']) if m.get('mfu') is not None else None,
-            startup_s=m['startup_s'] if 'startup_s' in m else None,
+            job_startup_s=m['job_startup_s'] if 'job_startup_s' in m else None,
+            rung_startup_s=m['rung_startup_s'] if 'rung_startup_s' in m else None,
+            margin=m['margin'] if 'margin' in m else 1.5,
+            slack_s=m['slack_s'] if 'slack_s' in m else 300,
+            device=m['device'] if 'device' in m else None,
         )
 
 
@@ -380,7 +392,7 @@ class SiteConfig:
     run_predicted_oom: bool = False  #: run rungs the planner predicts cannot fit
     repeats: int = 1  #: run every measured rung this many times, each in fresh processes (repeat k >= 1 writes results/rungs/<spec>.r<k>.h5); the ladder keeps every repeat and gives each rung the spread between its runs beside the spread within one (docs/metrics.md)
     timing: Timing = field(default_factory=lambda: Timing.of({}, 'timing'))  #: the step time's site figures (`scaleladder plan --profile`, `budget`; planner/steptime.py, docs/planner.md "Step time"): the links collectives cross (alpha-beta, per direction), the host's speed against the calibration host, the compile time of a -compile rung
-    budget: Budget = field(default_factory=lambda: Budget.of({}, 'budget'))  #: `scaleladder budget`'s time model (campaign/cost.py): a rung's step time is local batch x model FLOPs per sample / (the plan_device's peak x MFU), until finished rungs of the same model and strategy calibrate it
+    budget: Budget = field(default_factory=lambda: Budget.of({}, 'budget'))  #: the time model of `scaleladder budget` and of the time each rung's job asks for (campaign/cost.py, campaign/timelimit.py): a step predicted by the planner (else local batch x model FLOPs per sample / (the device's peak x MFU)), until finished rungs of the same model and strategy calibrate it; the start-up a job pays once and the one each rung pays; the margin on the time asked
     maxbatch: MaxBatch = field(default_factory=lambda: MaxBatch.of({}, 'maxbatch'))  #: the max-batch search of `max` rungs (scaleladder maxbatch)
     converge: Converge = field(default_factory=lambda: Converge.of({}, 'converge'))  #: the convergence rungs (workflow/rules/converge.smk, `scaleladder converge`): train `model` per strategy x precision x seed to `target` held-out accuracy within `steps`; a rung that misses is a failing result in the report (docs/metrics.md, "Convergence rungs")
     data: Data = field(default_factory=lambda: Data.of({}, 'data'))

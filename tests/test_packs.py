@@ -1,0 +1,182 @@
+"""Each rung's job time from the time model, rungs past the site's limit shortened or refused, and
+packs: the rungs of one node count in one batch job (campaign/timelimit.py, campaign/packing.py,
+site/schedule.py, `scaleladder budget`)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, in_process
+from scaleladder.campaign import cost
+from scaleladder.campaign.packing import Member, PackError, pack_rungs
+from scaleladder.campaign.timelimit import MIN_MEASURED, Limits, interval_growth, judge
+from scaleladder.results.stats import MIN_STEPS
+from scaleladder.site import budget
+from scaleladder.site import schedule as site_schedule
+from scaleladder.site.profiles import load_profile
+from scaleladder.spec import RunSpec
+
+SPEC = RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32")
+
+
+def est(step_s: float, steps: int, fixed_s: float = 100.0) -> cost.Estimate:
+    return cost.Estimate(SPEC, 8, 1, 32, True, step_s, fixed_s + steps * step_s, "test", job_startup_s=40.0)
+
+
+def test_a_job_asks_for_its_prediction_with_the_margin_in_whole_minutes() -> None:
+    lim = Limits(limit_s=3600.0, margin=1.5, slack_s=300.0)
+    assert lim.ask_min(600.0) == math.ceil((1.5 * 600 + 300) / 60) == 20
+    assert lim.ask_min(10_000.0) == 60  # never past the limit
+    assert lim.fits(2200.0) and not lim.fits(2201.0) and lim.most_s == 2200.0
+    assert judge("a", est(1.0, 1000), 1000, 100, lim).kind == "runs"
+
+
+def test_a_rung_past_the_limit_runs_fewer_steps_while_its_interval_holds() -> None:
+    lim = Limits(limit_s=3600.0, margin=1.5, slack_s=300.0)  # at most 2200 s predicted
+    v = judge("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32", est(3.0, 1000), 1000, 100, lim)
+    # (2200 - 100) / 3 = 700 steps, a multiple of 1000 // 20 = 50: 700; 600 measured of 900
+    assert v.kind == "shortened" and v.steps == 700 and v.predicted_s == pytest.approx(100 + 700 * 3)
+    assert lim.fits(v.predicted_s) and v.configured_s == pytest.approx(3100)
+    assert v.line.startswith("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32: predicted 52 min at 1000 steps")
+    assert f"600 measured of 900, its interval about {interval_growth(600, 900):.2f}x as wide" in v.line
+    # too few steps fit to keep MIN_MEASURED measured: refused in one line naming the rung, its prediction and the limit
+    r = judge("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32", est(30.0, 1000), 1000, 100, lim)
+    assert r.kind == "refused" and r.steps == 1000
+    assert r.line == ("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32: predicted 502 min at 1000 steps; a job asks 1.5 x predicted "
+                      "+ 300 s under the 60 min limit: refused (the 50 steps that fit are no more than its 100 of warm-up)")
+    r2 = judge("x", est(10.0, 1000), 1000, 100, lim)  # 200 steps fit: 100 measured would do, 150 fit
+    assert r2.kind == "shortened" and r2.steps == 200
+    r3 = judge("x", est(12.0, 1000), 1000, 100, lim)  # 175 fit, 150 after rounding: 50 measured, under 100
+    assert r3.kind == "refused" and r3.line.endswith("(the 150 steps that fit leave 50 measured, under the 100 its interval needs)")
+    # a rung configured with fewer measured steps than MIN_MEASURED keeps all of them, or is refused
+    assert judge("x", est(100.0, 40), 40, 10, lim).kind == "refused"
+    assert MIN_STEPS < MIN_MEASURED
+
+
+def test_the_interval_grows_as_t_over_the_root_of_the_steps() -> None:
+    assert interval_growth(900, 900) == 1.0
+    assert 1.41 < interval_growth(450, 900) < 1.5  # half the steps: sqrt(2), and t(20) over t(29)
+    assert interval_growth(8, 900) == math.inf  # under MIN_STEPS: no interval at all
+
+
+def test_packs_fill_jobs_up_to_the_limit_per_node_count() -> None:
+    lim = Limits(limit_s=3600.0, margin=1.0, slack_s=0.0)
+    members = [Member(f"r{i}.h5", 1 if i % 2 else 2, 1000.0) for i in range(7)]
+    packs = pack_rungs(members, lim, 500.0, True)
+    assert [p.name for p in packs] == ["n2-p1", "n2-p2", "n1-p1"]  # node counts in order of appearance
+    assert [[m.file for m in p.members] for p in packs] == [["r0.h5", "r2.h5", "r4.h5"], ["r6.h5"], ["r1.h5", "r3.h5", "r5.h5"]]
+    assert all(lim.fits(p.predicted_s(500.0)) for p in packs) and packs[0].predicted_s(500.0) == 3500.0
+    # N rungs each: a pack of N past the limit is bad input, naming the pack, its prediction and the limit
+    assert [len(p.members) for p in pack_rungs(members, lim, 500.0, 2)] == [2, 2, 2, 1]
+    with pytest.raises(PackError, match=r"^pack n2-p1: 4 rungs on 2 node\(s\), predicted 75 min; a job asks 1 x predicted "
+                                        r"\+ 0 s under the 60 min limit: too large \(site.pack 4"):
+        pack_rungs(members, lim, 500.0, 4)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    wf = tmp_path / "wf"
+    for part in ("profiles", "config", "workflow"):
+        shutil.copytree(REPO / part, wf / part)
+    return wf
+
+
+def _budget(repo: Path, profile: str, *config: str) -> str:
+    r = in_process("budget", "--profile", profile, "--repo", str(repo), "--rungs", *(["--config", *config] if config else []))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _totals(text: str) -> dict[str, str]:
+    """The budget table's total row, by column."""
+    row = next(line for line in text.splitlines() if line.startswith("| total |"))
+    header = next(line for line in text.splitlines() if line.startswith("| ladder block |"))
+    return dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
+
+
+def _total(text: str) -> float:
+    return float(_totals(text)["node-hours to run"])
+
+
+def test_no_job_of_a_shipped_profile_asks_past_its_limit(repo: Path) -> None:
+    """The A100 profile's FLAVA max-batch rungs past its 240 min run fewer steps (each says so), none
+    is refused, and no job of any cluster profile is over its limit."""
+    for profile in ("a100", "frontier"):
+        text = _budget(repo, profile)
+        assert not re.search(r"\d+ over", text), text
+        assert _totals(text).get("refused", "0") == "0"
+    a100 = _budget(repo, "a100")
+    shortened = re.findall(r"^(flava-[^:]+/bmax): predicted (\d+) min at 1000 steps; a job asks 1.5 x predicted \+ 300 s "
+                           r"under the 240 min limit: runs (\d+) steps", a100, re.M)
+    assert len(shortened) >= 9 and all(int(m) > 240 or int(s) < 1000 for _, m, s in shortened)
+    over = {p for p, m, _ in shortened if int(m) > 240}
+    assert len(over) == 9  # the nine the budget said were over before: each now runs fewer steps
+    assert all(p.startswith(("flava-2.7b", "flava-4.8b", "flava-10b")) for p in over)
+
+
+def test_packs_cut_frontiers_jobs_and_save_exactly_their_start_ups(repo: Path) -> None:
+    before = _budget(repo, "frontier", "site={pack: false}")
+    after = _budget(repo, "frontier")
+    jobs_before = int(re.search(r"^Priced \d+ rung\(s\): (\d+) rung job\(s\) to run", before, re.M)[1])  # type: ignore[index]
+    jobs_after = int(re.search(r"^Priced \d+ rung\(s\): (\d+) batch job\(s\) to run \((\d+) pack", after, re.M)[1])  # type: ignore[index]
+    assert jobs_before >= 238 and jobs_after <= 40
+    prof = load_profile("frontier", repo, plan=True)
+    assert prof.ladder is not None
+    sched = site_schedule.schedule(prof.ladder, "frontier", repo)
+    assert sched is not None and sched.packs
+    job = prof.ladder.settings.budget.job_startup_s
+    saved = sum((len(p.members) - 1) * p.nodes for p in sched.packs) * (job or 0) / 3600
+    assert _total(before) - _total(after) == pytest.approx(saved, abs=0.11)  # the table's 0.1 node-hour
+    assert f"{saved:.1f} node-hours more" in after
+    # per rung, the same rung costs its own part in a pack and its whole job alone
+    blocks, _, _, _ = budget.estimates("frontier", repo)
+    e = blocks[0][1][0]
+    assert e.packed and e.node_hours == pytest.approx(e.nodes * (e.job_s - e.job_startup_s) / 3600) and e.job_startup_s == job
+
+
+def test_packing_needs_a_batch_system_and_a_pack_the_limit_allows(repo: Path) -> None:
+    r = in_process("budget", "--profile", "local", "--repo", str(repo), "--config", "site={pack: true, plan_device: a100-40gb}")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "config key 'site.pack': site 'local' has no batch system to pack rungs into" in r.stderr
+    r = in_process("budget", "--profile", "frontier", "--repo", str(repo), "--config", "site={pack: 50}")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "too large (site.pack 50" in r.stderr and "the 120 min limit" in r.stderr
+
+
+def test_the_workflow_reads_the_same_schedule(repo: Path) -> None:
+    """What a rung's job asks for and its steps, as the rules read them (common.smk, ladder.smk)."""
+    prof = load_profile("a100", repo, plan=True)
+    assert prof.ladder is not None
+    ladder, sched = site_schedule.attach(prof.ladder, "a100", repo)
+    assert sched is not None and not ladder.refused
+    short = next(v for v in sched.verdicts.values() if v.kind == "shortened")
+    spec = RunSpec.from_path(short.path)
+    assert sched.steps(spec) == short.steps < 1000 and sched.runtime_min(spec) <= 240
+    plain = RunSpec.from_path("flava-350m/ddp/bf16-mixed/pre-lag/n1/b8")
+    assert sched.steps(plain) == 1000 and 5 <= sched.runtime_min(plain) < 240
+    # a pack's arguments: each rung still to run, its own timeout and its prediction
+    p = sched.packed[f"results/rungs/{plain.path}.h5"]
+    args = site_schedule.pack_rung_args(sched, p.name)
+    assert f"--rung results/rungs/{plain.path}.h5=" in args and args.count("--rung ") == len(p.members)
+    assert sched.pack_runtime_min(p) <= 240
+    # without a batch system there is no schedule, and a workstation's rungs ask for no time
+    local = load_profile("local", repo, plan=True)
+    assert local.ladder is not None and site_schedule.attach(local.ladder)[1] is None
+
+
+def test_inner_snakemake_options_carry_the_config() -> None:
+    line = site_schedule.inner_snakemake("/w/Snakefile", [Path("/w/profiles/x/site.yaml")], ["select={'models': ['a b']}"])
+    assert line.startswith("--snakefile /w/Snakefile --cores 1 --nolock --rerun-incomplete")
+    assert "--executor local --configfiles /w/profiles/x/site.yaml --config 'select={'\"'\"'models'\"'\"': ['\"'\"'a b'\"'\"']}'" in line
+
+
+def test_a_budget_without_packs_is_as_before(repo: Path) -> None:
+    """The local profile has no batch system: no time asked, no packs, no new columns."""
+    blocks, limits, _, sched = budget.estimates("local", repo, overrides={"site": {"plan_device": "a100-40gb"}})
+    assert sched is None and limits == {} and not any(e.packed or e.refused for _, ests in blocks for e in ests)
+    text = _budget(repo, "local", "site={plan_device: a100-40gb}")
+    assert "shortened" not in text and "pack" not in text
