@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -60,7 +61,8 @@ class Rung:
     timeout_s: float
     predicted_s: float
     status: str = "to run"
-    seconds: float = 0.0
+    started: float | None = None  # epoch seconds: its inner Snakemake's start and end (None: not started)
+    ended: float | None = None
 
 
 def parse_rung(text: str) -> Rung:
@@ -93,43 +95,69 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
     raise _Ended(signal.Signals(signum).name)
 
 
-def end_time(limit_s: float, started: float) -> float:
-    """When the allocation ends (epoch seconds): Slurm's own end time for this job, else the limit from ``started``."""
+def job_times(limit_s: float, started: float) -> tuple[float, float]:
+    """When this batch job started and when it ends (epoch seconds), from Slurm (``squeue``'s start
+    and end time); where Slurm does not say, the driver's own start and the limit from it."""
     job = os.environ.get("SLURM_JOB_ID")
     if job:
         try:
-            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True, timeout=30)
-            return datetime.datetime.fromisoformat(out.stdout.strip()).timestamp()
+            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%S %e"], capture_output=True, text=True, timeout=30)
+            start, end = (datetime.datetime.fromisoformat(t).timestamp() for t in out.stdout.split())
+            return start, end
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
-    return started + limit_s
+    return started, started + limit_s
 
 
-def run_rung(argv: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, str]:
-    """The rung's inner Snakemake under its timeout: (exit code, '' or why it was stopped). When the
-    allocation ends meanwhile, the rung is stopped and :class:`_Ended` raised again."""
+def run_rung(argv: list[str], timeout_s: float, env: dict[str, str], why_timeout: str,
+             on_end: Callable[[str], None]) -> tuple[int, str]:
+    """The rung's inner Snakemake under its timeout: (exit code, '' or ``why_timeout`` where it was
+    stopped there). When the allocation ends meanwhile (SIGTERM), ``on_end(why)`` notes it FIRST
+    (Slurm's KillWait, 30 s by default, is all the time left), then the rung is stopped and
+    :class:`_Ended` raised again."""
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=timeout_s), ""
     except subprocess.TimeoutExpired:
         _stop(proc)
-        return proc.returncode, f"stopped at its timeout, {timeout_s:.0f} s"
+        return proc.returncode, why_timeout
     except _Ended as e:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one ending is enough
+        why = f"stopped: the allocation is ending ({e})"
+        on_end(why)
         _stop(proc)
-        raise _Ended(f"stopped: the allocation is ending ({e})") from None
+        raise _Ended(why) from None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the rung's process group (its Snakemake, shell and srun), SIGKILL after GRACE_S."""
+    """SIGTERM to the rung's process group (its Snakemake, shell and srun), SIGKILL after GRACE_S;
+    then every job step still running is cancelled. TRAP: a hung rank (a collective that never
+    returns) is slurmstepd's child, not ours: killing srun can leave its step holding the
+    allocation's CPUs and GPUs, and the next rung's srun would wait for them."""
     for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
             proc.wait(timeout=wait)
-            return
+            break
         except ProcessLookupError:
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    cancel_steps()
+
+
+def cancel_steps() -> None:
+    """``scancel`` every step of this job but its batch script and the extern step (ours is the batch)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return
+    try:
+        out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True, timeout=30)
+        steps = [s for s in out.stdout.split() if s.split(".")[-1].isdigit()]
+        if steps:
+            subprocess.run(["scancel", "--signal=KILL", *steps], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        _log.warning(f"scaleladder pack: could not cancel the stopped rung's job steps: {e}")
 
 
 def note_stopped(file: str, why: str, pack: str) -> None:
@@ -170,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
     started = time.time()
     rungs = [parse_rung(r) for r in args.rung]
     inner = check(args, rungs)
-    ends = end_time(args.limit_min * 60, started)
+    job_started, ends = job_times(args.limit_min * 60, started)
     env = dict(os.environ, SCALELADDER_PACK=args.pack)
     previous = signal.signal(signal.SIGTERM, _on_term)
     try:
@@ -180,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"scaleladder pack: {args.pack}: {e}", file=sys.stderr)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return _finish(args, rungs, started)
+    return _finish(args, rungs, job_started, started)
 
 
 def _run_one(r: Rung, inner: list[str], ends: float, env: dict[str, str], pack: str) -> None:
@@ -192,29 +220,35 @@ def _run_one(r: Rung, inner: list[str], ends: float, env: dict[str, str], pack: 
         r.status = f"not started: {left:.0f} s left of the allocation, predicted {r.predicted_s:.0f} s"
         print(f"scaleladder pack: {pack}: {r.file}: {r.status}", file=sys.stderr)
         return
+    # its own timeout, or the allocation's end less GRACE_S, whichever comes first: a rung stopped by
+    # us leaves its note; one that Slurm kills might not
     timeout = min(r.timeout_s, left - GRACE_S)
+    why = (f"stopped at its timeout, {timeout:.0f} s" if timeout == r.timeout_s else
+           f"stopped {GRACE_S:.0f} s before the allocation ends, after {timeout:.0f} s")
     argv = [sys.executable, "-m", "snakemake", r.file, *inner]
     print(f"scaleladder pack: {pack}: {r.file} (timeout {timeout:.0f} s, predicted {r.predicted_s:.0f} s): "
           f"{shlex.join(argv)}", file=sys.stderr, flush=True)
-    t0 = time.monotonic()
+    r.started = time.time()
     try:
-        rc, why = run_rung(argv, timeout, env)
+        rc, stopped = run_rung(argv, timeout, env, why, lambda w: note_stopped(r.file, w, pack))
     except _Ended as e:
-        r.status, r.seconds = str(e), time.monotonic() - t0
-        note_stopped(r.file, str(e), pack)
+        r.status, r.ended = str(e), time.time()
         raise
-    r.seconds = time.monotonic() - t0
-    if why:
-        note_stopped(r.file, why, pack)
-    r.status = ("recorded" if Path(r.file).is_file() else why or f"failed (exit code {rc})")
-    print(f"scaleladder pack: {pack}: {r.file}: {r.status} in {r.seconds:.0f} s", file=sys.stderr, flush=True)
+    r.ended = time.time()
+    if stopped:
+        note_stopped(r.file, stopped, pack)
+    r.status = ("recorded" if Path(r.file).is_file() else stopped or f"failed (exit code {rc})")
+    print(f"scaleladder pack: {pack}: {r.file}: {r.status} in {r.ended - r.started:.0f} s", file=sys.stderr, flush=True)
 
 
-def _finish(args: argparse.Namespace, rungs: list[Rung], started: float) -> int:
-    """The pack's record when every rung has a result; else one line naming what is missing, exit 1."""
+def _finish(args: argparse.Namespace, rungs: list[Rung], job_started: float, started: float) -> int:
+    """The pack's record when every rung has a result; else one line naming what is missing, exit 1.
+    Either way the record goes to the log: it times the job's own start-up (Slurm's start to the
+    driver's) and each rung's, inner Snakemake included (benchmarks/bench_pack_startup.py)."""
     missing = [r for r in rungs if not Path(r.file).is_file()]
-    record = {"pack": args.pack, "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "seconds": round(time.time() - started, 1),
-              "rungs": [{"file": r.file, "status": r.status, "seconds": round(r.seconds, 1), "timeout_s": r.timeout_s,
+    record = {"pack": args.pack, "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "job_started": job_started,
+              "driver_started": started, "ended": time.time(),
+              "rungs": [{"file": r.file, "status": r.status, "started": r.started, "ended": r.ended, "timeout_s": r.timeout_s,
                          "predicted_s": r.predicted_s} for r in rungs]}
     print(json.dumps(record, indent=1), file=sys.stderr)
     if missing:
