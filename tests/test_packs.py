@@ -4,9 +4,15 @@ site/schedule.py, `scaleladder budget`)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +186,78 @@ def test_a_budget_without_packs_is_as_before(repo: Path) -> None:
     assert sched is None and limits == {} and not any(e.packed or e.refused for _, ests in blocks for e in ests)
     text = _budget(repo, "local", "site={plan_device: a100-40gb}")
     assert "shortened" not in text and "pack" not in text
+
+
+# -- the driver, `scaleladder pack`, with a real inner Snakemake on a workflow of its own --------
+
+TINY = """
+rule rung:
+    output: "results/rungs/{name}.h5"
+    params: wait=lambda w: {"slow": 60}.get(w.name, 0)
+    shell: "sleep {params.wait}; touch {output}"
+"""
+
+
+def _pack(wf: Path, *rungs: str, limit_min: float = 10, snakefile: str = TINY, **env: str) -> subprocess.Popen[str]:
+    (wf / "Snakefile").write_text(snakefile)
+    argv = [sys.executable, "-m", "scaleladder", "pack", "--pack", "n1-p1", "--limit-min", str(limit_min),
+            *(a for r in rungs for a in ("--rung", r)), "--out", "results/packs/n1-p1.json", "--",
+            "--snakefile", "Snakefile", "--cores", "1", "--nolock", "--executor", "local", "--quiet"]
+    # no squeue here: the driver takes its start and the limit from it as the allocation's
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.Popen(argv, cwd=wf, env={**base, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+RUNGS = ("results/rungs/a.h5=30:1", "results/rungs/slow.h5=3:1", "results/rungs/c.h5=30:1")  # FILE=TIMEOUT_S:PREDICTED_S
+
+
+def _statuses(err: str) -> list[str]:
+    record = json.loads(err[err.index('\n{\n "pack"') + 1:err.rindex("\n}") + 2])
+    return [r["status"] for r in record["rungs"]]
+
+
+@pytest.mark.process
+def test_a_hung_rung_stops_at_its_own_timeout_and_the_pack_goes_on(tmp_path: Path) -> None:
+    p = _pack(tmp_path, *RUNGS, SLURM_JOB_ID="7")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert _statuses(err) == ["recorded", "stopped at its timeout, 3 s", "recorded"]
+    assert err.strip().splitlines()[-1] == ("scaleladder pack: error: pack n1-p1: 2 of 3 rung(s) recorded; no result: "
+                                            "results/rungs/slow.h5 (stopped at its timeout, 3 s)")
+    notes = json.loads((tmp_path / "results/failed/slow.h5.json").read_text())
+    assert notes[-1]["reason"] == "stopped at its timeout, 3 s in pack n1-p1; no result written"
+    assert not (tmp_path / "results/packs/n1-p1.json").exists()  # the checkpoint waits for every rung
+    # the rerun runs only the missing rung, and the pack's record is written once all are there
+    again = _pack(tmp_path, *RUNGS, snakefile=TINY.replace('"slow": 60', '"slow": 0'), SLURM_JOB_ID="7")
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert _statuses(err) == ["recorded already", "recorded", "recorded already"]
+    assert json.loads((tmp_path / "results/packs/n1-p1.json").read_text())["pack"] == "n1-p1"
+
+
+@pytest.mark.process
+def test_the_allocations_end_keeps_every_finished_rung(tmp_path: Path) -> None:
+    """SIGTERM (Slurm at the time limit, scancel, a node failure) while the second rung runs."""
+    p = _pack(tmp_path, "results/rungs/a.h5=60:1", "results/rungs/slow.h5=90:1", "results/rungs/c.h5=60:1", SLURM_JOB_ID="7")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "results/rungs/a.h5").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # the second rung's Snakemake is running its sleep
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1
+    assert _statuses(err) == ["recorded", "stopped: the allocation is ending (SIGTERM)", "to run"]
+    notes = json.loads((tmp_path / "results/failed/slow.h5.json").read_text())
+    assert notes[-1]["reason"].startswith("stopped: the allocation is ending (SIGTERM) in pack n1-p1")
+    assert sorted(p.name for p in (tmp_path / "results/rungs").iterdir()) == ["a.h5"]
+
+
+@pytest.mark.process
+def test_the_driver_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    for env, want in (({}, "pack n1-p1: no batch job here (no SLURM_JOB_ID): packing needs a batch system"),
+                      ({"SLURM_JOB_ID": "7"}, "pack n1-p1: its 2 rungs are predicted at 13 min, past the job's 10 min limit")):
+        p = _pack(tmp_path, "results/rungs/a.h5=900:400", "results/rungs/c.h5=900:400", **env)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 2 and err.count("\n") == 1 and want in err, err
+        assert not (tmp_path / "results/rungs").exists()

@@ -95,18 +95,19 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
     raise _Ended(signal.Signals(signum).name)
 
 
-def job_times(limit_s: float, started: float) -> tuple[float, float]:
-    """When this batch job started and when it ends (epoch seconds), from Slurm (``squeue``'s start
-    and end time); where Slurm does not say, the driver's own start and the limit from it."""
+def job_times(limit_s: float, started: float) -> tuple[float, float, float]:
+    """When this batch job was submitted, when it started and when it ends (epoch seconds), from
+    Slurm (``squeue``, to the second); where Slurm does not say, the driver's own start for the first
+    two and the limit from it for the end."""
     job = os.environ.get("SLURM_JOB_ID")
     if job:
         try:
-            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%S %e"], capture_output=True, text=True, timeout=30)
-            start, end = (datetime.datetime.fromisoformat(t).timestamp() for t in out.stdout.split())
-            return start, end
+            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%V %S %e"], capture_output=True, text=True, timeout=30)
+            submitted, start, end = (datetime.datetime.fromisoformat(t).timestamp() for t in out.stdout.split())
+            return submitted, start, end
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
-    return started, started + limit_s
+    return started, started, started + limit_s
 
 
 def run_rung(argv: list[str], timeout_s: float, env: dict[str, str], why_timeout: str,
@@ -198,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     started = time.time()
     rungs = [parse_rung(r) for r in args.rung]
     inner = check(args, rungs)
-    job_started, ends = job_times(args.limit_min * 60, started)
+    submitted, job_started, ends = job_times(args.limit_min * 60, started)
     env = dict(os.environ, SCALELADDER_PACK=args.pack)
     previous = signal.signal(signal.SIGTERM, _on_term)
     try:
@@ -208,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"scaleladder pack: {args.pack}: {e}", file=sys.stderr)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return _finish(args, rungs, job_started, started)
+    return _finish(args, rungs, (submitted, job_started, started))
 
 
 def _run_one(r: Rung, inner: list[str], ends: float, env: dict[str, str], pack: str) -> None:
@@ -241,13 +242,13 @@ def _run_one(r: Rung, inner: list[str], ends: float, env: dict[str, str], pack: 
     print(f"scaleladder pack: {pack}: {r.file}: {r.status} in {r.ended - r.started:.0f} s", file=sys.stderr, flush=True)
 
 
-def _finish(args: argparse.Namespace, rungs: list[Rung], job_started: float, started: float) -> int:
+def _finish(args: argparse.Namespace, rungs: list[Rung], times: tuple[float, float, float]) -> int:
     """The pack's record when every rung has a result; else one line naming what is missing, exit 1.
     Either way the record goes to the log: it times the job's own start-up (Slurm's start to the
     driver's) and each rung's, inner Snakemake included (benchmarks/bench_pack_startup.py)."""
     missing = [r for r in rungs if not Path(r.file).is_file()]
-    record = {"pack": args.pack, "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "job_started": job_started,
-              "driver_started": started, "ended": time.time(),
+    record = {"pack": args.pack, "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "job_submitted": times[0],
+              "job_started": times[1], "driver_started": times[2], "ended": time.time(),
               "rungs": [{"file": r.file, "status": r.status, "started": r.started, "ended": r.ended, "timeout_s": r.timeout_s,
                          "predicted_s": r.predicted_s} for r in rungs]}
     print(json.dumps(record, indent=1), file=sys.stderr)
