@@ -217,7 +217,8 @@ def test_a100_rungs_and_max_batch_search_run_with_device_cuda(wf: Path) -> None:
     assert " torchrun --nnodes 1 --nproc-per-node 8 --rdzv-backend c10d " in shell_of(out, "rung", fixed)
     assert " -m scaleladder' --ranks-per-node 8 --device cuda --spec flava-2.7b/" in shell_of(out, "rung", fixed)
     # maxbatch forwards its run arguments (RunConfig.argv, --device included) to every probe
-    assert " --ranks-per-node 8 --device cuda --spec flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax " in shell_of(out, "rung_max", mx)
+    # (a rung the site's time limit shortens says so after its device: --shortened-from)
+    assert " --ranks-per-node 8 --device cuda --shortened-from 1000 --spec flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax " in shell_of(out, "rung_max", mx)
 
 
 @pytest.mark.process

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, in_process
+from conftest import in_process
 from scaleladder.campaign import cost
 from scaleladder.campaign.packing import Member, PackError, pack_rungs
 from scaleladder.campaign.timelimit import MIN_MEASURED, Limits, interval_growth, judge
@@ -26,6 +25,7 @@ from scaleladder.site import budget
 from scaleladder.site import schedule as site_schedule
 from scaleladder.site.profiles import load_profile
 from scaleladder.spec import RunSpec
+from test_budget import repo  # noqa: F401  (the fixture: the profiles, config and workflow in a folder of their own)
 
 SPEC = RunSpec.from_path("vit-huge/ddp/bf16-mixed/pre-lag/n1/b32")
 
@@ -84,15 +84,7 @@ def test_packs_fill_jobs_up_to_the_limit_per_node_count() -> None:
         pack_rungs(members, lim, 500.0, 4)
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    wf = tmp_path / "wf"
-    for part in ("profiles", "config", "workflow"):
-        shutil.copytree(REPO / part, wf / part)
-    return wf
-
-
-def _budget(repo: Path, profile: str, *config: str) -> str:
+def _budget(repo: Path, profile: str, *config: str) -> str:  # noqa: F811
     r = in_process("budget", "--profile", profile, "--repo", str(repo), "--rungs", *(["--config", *config] if config else []))
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -109,7 +101,7 @@ def _total(text: str) -> float:
     return float(_totals(text)["node-hours to run"])
 
 
-def test_no_job_of_a_shipped_profile_asks_past_its_limit(repo: Path) -> None:
+def test_no_job_of_a_shipped_profile_asks_past_its_limit(repo: Path) -> None:  # noqa: F811
     """The A100 profile's FLAVA max-batch rungs past its 240 min run fewer steps (each says so), none
     is refused, and no job of any cluster profile is over its limit."""
     for profile in ("a100", "frontier"):
@@ -125,7 +117,7 @@ def test_no_job_of_a_shipped_profile_asks_past_its_limit(repo: Path) -> None:
     assert all(p.startswith(("flava-2.7b", "flava-4.8b", "flava-10b")) for p in over)
 
 
-def test_packs_cut_frontiers_jobs_and_save_exactly_their_start_ups(repo: Path) -> None:
+def test_packs_cut_frontiers_jobs_and_save_exactly_their_start_ups(repo: Path) -> None:  # noqa: F811
     before = _budget(repo, "frontier", "site={pack: false}")
     after = _budget(repo, "frontier")
     jobs_before = int(re.search(r"^Priced \d+ rung\(s\): (\d+) rung job\(s\) to run", before, re.M)[1])  # type: ignore[index]
@@ -145,7 +137,7 @@ def test_packs_cut_frontiers_jobs_and_save_exactly_their_start_ups(repo: Path) -
     assert e.packed and e.node_hours == pytest.approx(e.nodes * (e.job_s - e.job_startup_s) / 3600) and e.job_startup_s == job
 
 
-def test_packing_needs_a_batch_system_and_a_pack_the_limit_allows(repo: Path) -> None:
+def test_packing_needs_a_batch_system_and_a_pack_the_limit_allows(repo: Path) -> None:  # noqa: F811
     r = in_process("budget", "--profile", "local", "--repo", str(repo), "--config", "site={pack: true, plan_device: a100-40gb}")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "config key 'site.pack': site 'local' has no batch system to pack rungs into" in r.stderr
@@ -153,7 +145,7 @@ def test_packing_needs_a_batch_system_and_a_pack_the_limit_allows(repo: Path) ->
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "too large (site.pack 50" in r.stderr and "the 120 min limit" in r.stderr
 
 
-def test_the_workflow_reads_the_same_schedule(repo: Path) -> None:
+def test_the_workflow_reads_the_same_schedule(repo: Path) -> None:  # noqa: F811
     """What a rung's job asks for and its steps, as the rules read them (common.smk, ladder.smk)."""
     prof = load_profile("a100", repo, plan=True)
     assert prof.ladder is not None
@@ -178,9 +170,11 @@ def test_inner_snakemake_options_carry_the_config() -> None:
     line = site_schedule.inner_snakemake("/w/Snakefile", [Path("/w/profiles/x/site.yaml")], ["select={'models': ['a b']}"])
     assert line.startswith("--snakefile /w/Snakefile --cores 1 --nolock --rerun-incomplete")
     assert "--executor local --configfiles /w/profiles/x/site.yaml --config 'select={'\"'\"'models'\"'\"': ['\"'\"'a b'\"'\"']}'" in line
+    line = site_schedule.inner_snakemake("/w/Snakefile", [], None, ["conda"], "/w/.envs")
+    assert line.endswith("--executor local --software-deployment-method conda --conda-prefix /w/.envs")
 
 
-def test_a_budget_without_packs_is_as_before(repo: Path) -> None:
+def test_a_budget_without_packs_is_as_before(repo: Path) -> None:  # noqa: F811
     """The local profile has no batch system: no time asked, no packs, no new columns."""
     blocks, limits, _, sched = budget.estimates("local", repo, overrides={"site": {"plan_device": "a100-40gb"}})
     assert sched is None and limits == {} and not any(e.packed or e.refused for _, ests in blocks for e in ests)
@@ -261,3 +255,39 @@ def test_the_driver_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         _, err = p.communicate(timeout=60)
         assert p.returncode == 2 and err.count("\n") == 1 and want in err, err
         assert not (tmp_path / "results/rungs").exists()
+
+
+@pytest.mark.process
+def test_a_shortened_rungs_job_runs_fewer_steps_and_its_record_says_so(tmp_path: Path) -> None:
+    """The A100 profile, one job per rung: a FLAVA max-batch rung predicted past 240 min asks for its own
+    time under the limit, runs 500 steps, and passes the configured 1000 on (the record's steps_configured)."""
+    from conftest import snakemake, workflow_copy
+
+    wf = workflow_copy(tmp_path / "wf")
+    target = "results/rungs/flava-4.8b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax.h5"
+    out = snakemake(wf, "-n", "-p", "--profile", "profiles/a100", "--config", "site={pack: false}",
+                    "select={models: [flava-4.8b]}", "--", target)
+    text = out.stdout + out.stderr
+    assert re.search(r"^scaleladder: flava-4\.8b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax: predicted \d+ min at 1000 steps; "
+                     r"a job asks 1\.5 x predicted \+ 300 s under the 240 min limit: runs 500 steps", text, re.M), text
+    job = text[text.index(f"output: {target}"):]
+    job = job[:job.index("\n\n")]
+    runtime = int(re.search(r"runtime=(\d+)", job)[1])  # type: ignore[index]
+    assert 0 < runtime <= 240
+    assert " --steps 500 " in job and " --shortened-from 1000" in job
+
+
+def test_the_record_of_a_shortened_rung_keeps_the_configured_steps() -> None:
+    import argparse
+
+    from scaleladder.results.record import Settings
+    from scaleladder.rung.run_config import add_arguments, config_from_args
+
+    def attrs(argv: list[str]) -> dict[str, object]:
+        p = argparse.ArgumentParser()
+        add_arguments(p)
+        return config_from_args(p.parse_args(argv)).attrs()
+
+    argv = ["--spec", "vit-debug/ddp/fp32/pre-lag/n1/b4", "--steps", "500", "--shortened-from", "1000", "--out", "x.h5"]
+    assert attrs(argv)[Settings.steps_configured] == 1000
+    assert Settings.steps_configured not in attrs(argv[:4] + argv[6:])

@@ -148,7 +148,8 @@ def test_a100_torchrun_inside_apptainer_nv(wf: Path) -> None:
     # the max-batch rung runs fewer steps: 1000 of them are predicted past the site's 240 min (site/schedule.py)
     for rule, verb, plan, target, spec, steps in (
             ("rung", "launch", "--ranks-per-node 8 --device cuda", fixed, "flava-2.7b/fsdp-full-ac/bf16-mixed/pre-lag/n1/b8", 1000),
-            ("rung_max", "maxbatch", "--plan-device a100-40gb --ranks-per-node 8 --device cuda", mx,
+            # ... and its record says how many were configured (--shortened-from: steps_configured)
+            ("rung_max", "maxbatch", "--plan-device a100-40gb --ranks-per-node 8 --device cuda --shortened-from 1000", mx,
              "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax", _steps(wf, "a100", "flava-10b/fsdp-full-ac/bf16-mixed/pre-lag/n1/bmax"))):
         assert (steps < 1000) == (rule == "rung_max")
         args = ARGS.format(steps=steps, warmup=100, data="results/shards/224px/manifest.json", workers=7, out=target)

@@ -138,6 +138,13 @@ def rung_steps(wildcards):
     return SCHEDULE.steps(swf.spec_of(wildcards)) if SCHEDULE else SETTINGS.steps
 
 
+# The ladder rules' `device` (swf.rung_options); a shortened rung's adds --shortened-from, the
+# configured steps, so its record says so (steps_configured). Every other rung's is RUNG_OPTIONS as ever.
+def rung_device(wildcards):
+    shortened = rung_steps(wildcards) != SETTINGS.steps
+    return RUNG_OPTIONS + (f" --shortened-from {SETTINGS.steps}" if shortened else "")
+
+
 # The time a rung's job asks for, minutes (ladder.smk's RUNG_TIME, where the site has a batch system).
 def rung_runtime(wildcards):
     return SCHEDULE.runtime_min(swf.spec_of(wildcards))
@@ -158,7 +165,9 @@ def pack_rungs(wildcards):
 
 # the process that runs the pack's job reads the workflow with the same files and --config
 def pack_inner(wildcards):
-    return site_schedule.inner_snakemake(workflow.main_snakefile, workflow.overwrite_configfiles, workflow.config_settings.config_args)
+    deploy = workflow.deployment_settings
+    return site_schedule.inner_snakemake(workflow.main_snakefile, workflow.overwrite_configfiles, workflow.config_settings.config_args,
+                                         sorted(m.item_to_choice() for m in deploy.deployment_method), deploy.conda_prefix)
 
 
 RUNG_PARAMS = dict(

@@ -55,7 +55,7 @@ if SETTINGS.site.supervise == "launch":
             scaleladder=SCALELADDER,
             launcher=launcher,
             ranks=ranks_arg,
-            device=RUNG_OPTIONS,
+            device=rung_device,
             **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
@@ -88,7 +88,7 @@ else:
             prologue=prologue,
             scaleladder=SCALELADDER,
             launcher=launcher,
-            device=RUNG_OPTIONS,
+            device=rung_device,
             **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
         resources:
             bench_slot=1,
@@ -118,7 +118,7 @@ rule rung_max:
         launcher=launcher,
         plan=plan_args,
         cap=swf.maxbatch_args(SETTINGS),
-        device=RUNG_OPTIONS,
+        device=rung_device,
         **RUNG_PARAMS,  # what swf.RUNG_ARGS reads (common.smk)
     resources:
         bench_slot=1,
@@ -184,6 +184,10 @@ if SCHEDULE and SCHEDULE.packs:
         resources:
             bench_slot=1,
             runtime=pack_runtime,
+        # (for the linter; the driver runs in params.python whatever the deployment: it needs Snakemake
+        # and the batch system's squeue and scancel, which no image or env of the rungs is asked to have)
+        conda:
+            "../envs/scaleladder.yaml"
         shell:
             "{params.python:q} -m scaleladder pack --pack n{wildcards.nodes}-p{wildcards.k} --limit-min {resources.runtime} "
             "{params.rungs} --out {output:q} -- {params.inner} > {log:q} 2>&1"

@@ -114,6 +114,8 @@ class Settings(Section):
     title = "How the rung was run (rung.run_config.RunConfig.attrs)"
     steps = attr("count", "steps in all, warm-up included (a convergence record: its step budget)")
     warmup = attr("count", "first steps excluded from every statistic")
+    steps_configured = attr("count", "the steps the ladder configured, where the site's time limit shortened this rung to "
+                                     "`steps` (campaign/timelimit.py); absent where it ran them all")
     data = attr("", "`synthetic`, or the shard manifest the loader read")
     seed = attr("", "weights, synthetic batches and data order")
     lr = attr("", "AdamW learning rate")

@@ -152,6 +152,9 @@ class RunConfig:
         "--tensorboard", "a folder for this rung's per-step TensorBoard scalars, DIR/<spec>/: loss, step time, items/s, "
         "memory, written by rank 0 from its record after the timed window (a profile's trackers.tensorboard; needs "
         "the tensorboard extra)"))
+    shortened_from: int | None = field(default=None, metadata=arg(
+        "--shortened-from", "the steps the ladder configured, where the site's time limit shortened this rung to --steps "
+        "(the workflow passes it; recorded as steps_configured)", parse=lambda v: parse_nonnegative("shortened-from", v)))
     # The spec's flavor, resolved once here (RunSpec has checked the name): not an argument,
     # so argv and the constructor are unchanged, and dataclasses.replace resolves it again.
     flavor: Flavor = field(init=False, repr=False, compare=False)
@@ -188,7 +191,8 @@ class RunConfig:
         return {**self.spec.as_attrs(), S.steps: self.steps, S.warmup: self.warmup, S.data: self.data, S.seed: self.seed,
                 S.lr: self.lr, S.compile_backend: self.compile_backend,
                 S.flava_impl: recorded(family_of(self.flavor), self.flava_impl),
-                **({S.model_entry: self.flavor.entry} if self.flavor.entry else {})}
+                **({S.model_entry: self.flavor.entry} if self.flavor.entry else {}),
+                **({S.steps_configured: self.shortened_from} if self.shortened_from else {})}
 
 
 def _text(value: object) -> str:

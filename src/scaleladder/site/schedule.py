@@ -253,12 +253,18 @@ def pack_rung_args(sched: Schedule, name: str) -> str:
                     for m in sched.todo(sched.pack(name)))
 
 
-def inner_snakemake(snakefile: str, configfiles: Sequence[str | Path], config_args: Sequence[str] | str | None) -> str:
+def inner_snakemake(snakefile: str, configfiles: Sequence[str | Path], config_args: Sequence[str] | str | None,
+                    deployment: Sequence[str] = (), conda_prefix: str | Path | None = None) -> str:
     """The options of a pack's inner Snakemake for one rung (``scaleladder pack``, after ``--``): this
-    workflow with the same config files and ``--config``, on the local executor inside the allocation,
-    without the lock the workflow's own Snakemake holds. Shell-quoted."""
+    workflow with the same config files, ``--config`` and software deployment (conda, apptainer), on
+    the local executor inside the allocation, without the lock the workflow's own Snakemake holds.
+    Shell-quoted."""
     args = ["--snakefile", snakefile, "--cores", "1", "--nolock", "--rerun-incomplete", "--latency-wait", "30",
             "--printshellcmds", "--executor", "local"]
+    if deployment:
+        args += ["--software-deployment-method", *deployment]
+    if conda_prefix:
+        args += ["--conda-prefix", str(conda_prefix)]
     if configfiles:
         args += ["--configfiles", *map(str, configfiles)]
     extra = [config_args] if isinstance(config_args, str) else list(config_args or [])
