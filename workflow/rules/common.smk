@@ -146,7 +146,11 @@ def rung_device(wildcards):
 
 
 # The time a rung's job asks for, minutes (ladder.smk's RUNG_TIME, where the site has a batch system).
+# Only the Snakemake that submits asks Slurm for it: a job's own Snakemake and a pack's inner one
+# take the limit, and read no finished records to calibrate it (every rung file's attributes).
 def rung_runtime(wildcards):
+    if not workflow.is_main_process or site_schedule.in_pack():
+        return SCHEDULE.limits.limit_min
     return SCHEDULE.runtime_min(swf.spec_of(wildcards))
 
 
