@@ -170,7 +170,11 @@ def test_inner_snakemake_options_carry_the_config() -> None:
     line = site_schedule.inner_snakemake("/w/Snakefile", [Path("/w/profiles/x/site.yaml")], ["select={'models': ['a b']}"])
     assert line.startswith("--snakefile /w/Snakefile --cores 1 --nolock --rerun-incomplete")
     assert "--executor local --configfiles /w/profiles/x/site.yaml --config 'select={'\"'\"'models'\"'\"': ['\"'\"'a b'\"'\"']}'" in line
-    line = site_schedule.inner_snakemake("/w/Snakefile", [], None, ["conda"], "/w/.envs")
+    from snakemake.settings.types import DeploymentSettings
+    from snakemake_interface_executor_plugins.settings import DeploymentMethod
+
+    deploy = DeploymentSettings(deployment_method={DeploymentMethod.CONDA}, conda_prefix=Path("/w/.envs"))
+    line = site_schedule.inner_snakemake("/w/Snakefile", [], None, deploy)
     assert line.endswith("--executor local --software-deployment-method conda --conda-prefix /w/.envs")
 
 

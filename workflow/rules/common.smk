@@ -141,17 +141,14 @@ def rung_steps(wildcards):
 # The ladder rules' `device` (swf.rung_options); a shortened rung's adds --shortened-from, the
 # configured steps, so its record says so (steps_configured). Every other rung's is RUNG_OPTIONS as ever.
 def rung_device(wildcards):
-    shortened = rung_steps(wildcards) != SETTINGS.steps
-    return RUNG_OPTIONS + (f" --shortened-from {SETTINGS.steps}" if shortened else "")
+    return site_schedule.rung_options(SCHEDULE, RUNG_OPTIONS, swf.spec_of(wildcards))
 
 
 # The time a rung's job asks for, minutes (ladder.smk's RUNG_TIME, where the site has a batch system).
 # Only the Snakemake that submits asks Slurm for it: a job's own Snakemake and a pack's inner one
 # take the limit, and read no finished records to calibrate it (every rung file's attributes).
 def rung_runtime(wildcards):
-    if not workflow.is_main_process or site_schedule.in_pack():
-        return SCHEDULE.limits.limit_min
-    return SCHEDULE.runtime_min(swf.spec_of(wildcards))
+    return site_schedule.job_minutes(SCHEDULE, swf.spec_of(wildcards), submitting=workflow.is_main_process)
 
 
 # -- the pack rule's (ladder.smk, site.pack): its rungs' shards, its time, its rungs, the inner Snakemake --
@@ -167,11 +164,10 @@ def pack_rungs(wildcards):
     return site_schedule.pack_rung_args(SCHEDULE, site_schedule.pack_of(wildcards))
 
 
-# the process that runs the pack's job reads the workflow with the same files and --config
+# the process that runs the pack's job reads the workflow with the same files, --config and deployment
 def pack_inner(wildcards):
-    deploy = workflow.deployment_settings
     return site_schedule.inner_snakemake(workflow.main_snakefile, workflow.overwrite_configfiles, workflow.config_settings.config_args,
-                                         sorted(m.item_to_choice() for m in deploy.deployment_method), deploy.conda_prefix)
+                                         workflow.deployment_settings)
 
 
 RUNG_PARAMS = dict(

@@ -35,7 +35,8 @@ from scaleladder.site.config import INVALID, ConfigError
 from scaleladder.site.ladder import Ladder, final_targets, rank_args, repeats, rung_data_path, rung_inputs, rung_path, spec_of_file
 from scaleladder.spec import RunSpec
 
-__all__ = ["PackError", "time_model", "rung_estimate", "at_steps", "Schedule", "schedule", "attach", "check_packing", "notes",
+__all__ = ["PackError", "time_model", "rung_estimate", "at_steps", "Schedule", "schedule", "attach", "job_minutes",
+           "rung_options", "check_packing", "notes",
            "pack_table", "announce", "in_pack", "pack_rung_args", "inner_snakemake", "PackWildcards", "pack_of", "pack_inputs",
            "ladder_targets"]
 
@@ -162,6 +163,21 @@ class Schedule:
         return math.ceil(self.limits.ask_s(m.rung_s))
 
 
+def job_minutes(sched: Schedule, spec: RunSpec, submitting: bool) -> int:
+    """A rung job's ``runtime``: what :meth:`Schedule.runtime_min` asks for in the Snakemake that
+    submits; the limit in a job's own Snakemake and a pack's inner one, which ask Slurm for nothing
+    and so read no finished records to calibrate it."""
+    return sched.runtime_min(spec) if submitting and not in_pack() else sched.limits.limit_min
+
+
+def rung_options(sched: Schedule | None, options: str, spec: RunSpec) -> str:
+    """A ladder rule's ``device`` parameter (site/commands.rung_options: ``options``); a rung the time
+    limit shortened adds ``--shortened-from <configured steps>``, so its record says so. Every
+    other rung's is ``options`` unchanged, so no finished rung's command changes."""
+    configured = sched.ladder.settings.steps if sched else 0
+    return options + (f" --shortened-from {configured}" if sched and sched.steps(spec) != configured else "")
+
+
 def check_packing(ladder: Ladder) -> None:
     """``site.pack`` needs a batch system to pack into: a site with no ``time_limit_min`` has none."""
     site = ladder.settings.site
@@ -254,15 +270,17 @@ def pack_rung_args(sched: Schedule, name: str) -> str:
 
 
 def inner_snakemake(snakefile: str, configfiles: Sequence[str | Path], config_args: Sequence[str] | str | None,
-                    deployment: Sequence[str] = (), conda_prefix: str | Path | None = None) -> str:
+                    deployment: object = None) -> str:
     """The options of a pack's inner Snakemake for one rung (``scaleladder pack``, after ``--``): this
-    workflow with the same config files, ``--config`` and software deployment (conda, apptainer), on
-    the local executor inside the allocation, without the lock the workflow's own Snakemake holds.
-    Shell-quoted."""
+    workflow with the same config files, ``--config`` and software deployment (Snakemake's
+    ``DeploymentSettings``: conda, apptainer, the conda prefix), on the local executor inside the
+    allocation, without the lock the workflow's own Snakemake holds. Shell-quoted."""
+    methods = sorted(m.item_to_choice() for m in getattr(deployment, "deployment_method", None) or ())
+    conda_prefix = getattr(deployment, "conda_prefix", None)
     args = ["--snakefile", snakefile, "--cores", "1", "--nolock", "--rerun-incomplete", "--latency-wait", "30",
             "--printshellcmds", "--executor", "local"]
-    if deployment:
-        args += ["--software-deployment-method", *deployment]
+    if methods:
+        args += ["--software-deployment-method", *methods]
     if conda_prefix:
         args += ["--conda-prefix", str(conda_prefix)]
     if configfiles:
