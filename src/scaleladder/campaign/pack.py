@@ -11,12 +11,16 @@ group jobs: docs/workflow.md, "Packs".
 Nothing lost:
 
 * a rung that fails, runs out of memory (an ``oom`` record is a result) or hangs costs only
-  itself: its inner Snakemake is ended at the rung's own timeout (SIGTERM to its process group,
-  which holds the rung's shell and its srun, then SIGKILL), noted in ``results/failed/`` as the
-  rung's failed attempt, and the pack goes on;
+  itself: its inner Snakemake is ended at the rung's own timeout, or 30 s before the allocation's
+  end (SIGTERM to its process group, which holds the rung's shell and its srun, then SIGKILL,
+  then ``scancel`` of the job's steps still running), noted in ``results/failed/`` as the rung's
+  failed attempt, and the pack goes on;
 * a rung the allocation has too little time left for (its prediction) is not started;
-* when the allocation ends (Slurm's time limit, a node failure: SIGTERM), the running rung is
-  stopped, every finished rung keeps its record, and the rest is left for the rerun;
+* when the allocation ends anyway (Slurm's time limit, ``scancel``, a node failure: SIGTERM), the
+  running rung is noted first and then stopped, every finished rung keeps its record, and the
+  rest is left for the rerun;
+* the driver's record goes to its log either way: Slurm's submit and start times, its own
+  start, each rung's start, end and status (benchmarks/bench_pack_startup.py reads it);
 * the pack's record (``--out``, the workflow's checkpoint) is written only when every rung has a
   result; otherwise exit 1 with one line naming what is missing, so the next `snakemake` runs
   the pack again for just those rungs.
