@@ -33,6 +33,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from scaleladder.campaign.pack import last_record
+
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("Snakefile", "workflow", "profiles", "config")
 PACKS = ("--profile", "profiles/slurm-localhost", "--configfile", "profiles/slurm-localhost/site.yaml",
@@ -55,11 +57,6 @@ def run_packs(work: Path, extra: tuple[str, ...]) -> Path:
     return work
 
 
-def pack_record(log: Path) -> dict:
-    text = log.read_text()
-    return json.loads(text[text.rindex('\n{\n "pack"') + 1:text.rindex("\n}") + 2])
-
-
 def rung_row(wf: Path, r: dict) -> dict:
     with h5py.File(wf / r["file"], "r") as f:
         steps, warmup = int(f.attrs["steps"]), int(f.attrs["warmup"])
@@ -76,7 +73,7 @@ def measure(work: Path) -> dict:
     for name, extra in (("1 node", ()), ("2 nodes", ("--config", TWO_NODES))):
         wf = run_packs(work / name.replace(" ", "-"), extra)
         for log in sorted((wf / "results/logs/packs").glob("*.log")):
-            rec = pack_record(log)
+            rec: dict = last_record(log.read_text())
             out["packs"].append({
                 "placement": name, "pack": rec["pack"], "slurm_job_id": rec["slurm_job_id"],
                 "queue_s": rec["job_started"] - rec["job_submitted"],

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import snakemake, workflow_copy
+from scaleladder.campaign.pack import last_record
 from scaleladder.results.aggregate import read_ladder
 from test_workflow_slurm import PROFILE, slurm  # noqa: F401  (the fixture: skip, or fail under CI=true)
 
@@ -72,8 +73,7 @@ def _fault(spec: str, sig: signal.Signals, after_s: float = 1.0, within_s: float
 
 def _record(wf: Path, pack: str = "n1-p1") -> dict:
     """The pack driver's last record, from its log (written whether or not every rung finished)."""
-    text = (wf / f"results/logs/packs/{pack}.log").read_text()
-    return json.loads(text[text.rindex('\n{\n "pack"') + 1:text.rindex("\n}") + 2])
+    return last_record((wf / f"results/logs/packs/{pack}.log").read_text())
 
 
 def _mtimes(wf: Path) -> dict[str, int]:

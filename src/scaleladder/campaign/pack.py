@@ -246,6 +246,18 @@ def _run_one(r: Rung, inner: list[str], ends: float, env: dict[str, str], pack: 
     print(f"scaleladder pack: {pack}: {r.file}: {r.status} in {r.ended - r.started:.0f} s", file=sys.stderr, flush=True)
 
 
+#: The line that opens the driver's record in its log (``_finish`` prints it with ``indent=1``).
+RECORD_START = '{\n "pack"'
+
+
+def last_record(log_text: str) -> dict[str, object]:
+    """The last record a driver printed into ``log_text`` (its pack's log): what the tests and
+    benchmarks/bench_pack_startup.py read. ValueError where there is none."""
+    start = log_text.rindex("\n" + RECORD_START) + 1 if not log_text.startswith(RECORD_START) else 0
+    record: dict[str, object] = json.loads(log_text[start:log_text.index("\n}", start) + 2])
+    return record
+
+
 def _finish(args: argparse.Namespace, rungs: list[Rung], times: tuple[float, float, float]) -> int:
     """The pack's record when every rung has a result; else one line naming what is missing, exit 1.
     Either way the record goes to the log: it times the job's own start-up (Slurm's start to the

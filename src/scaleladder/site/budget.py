@@ -64,7 +64,7 @@ def estimates(profile_name: str, repo: Path, configfiles: Sequence[str] | None =
     except ConfigError as e:
         raise SpecError(str(e).strip().splitlines()[-1].strip()) from None  # the key and why, without the config error's header
     measured = cost.read_measured([str(p) for p in (repo / "results" / "rungs").rglob("*.h5")])
-    packed = {m.file for p in (sched.packs if sched else []) for m in p.members}
+    packed = set(sched.packed) if sched else set()
     seen: set[str] = set()
     blocks: list[tuple[str, list[cost.Estimate]]] = []
     for i, block in enumerate(cfg["ladders"]):
@@ -196,8 +196,8 @@ def main(args: argparse.Namespace) -> int:
 
 def with_packs(rows: list[dict[str, str]], sched: site_schedule.Schedule) -> list[dict[str, str]]:
     """The table with a row for the packs' job start-ups (each pack's once, on its nodes), in the total too."""
-    job = sched.ladder.settings.budget.job_startup_s or 0.0
-    todo = [p for p in sched.packs if sched.todo(p)]
+    job = sched.job_startup_s
+    todo = sched.to_run()
     hours = sum(p.nodes * job for p in todo) / 3600
     row = {k: "" for k in rows[-1]} | {"ladder block": f"the {len(todo)} pack jobs' start-ups ({job:.0f} s each)",
                                         "node-hours to run": f"{hours:.1f}", "of which start-up": f"{hours:.1f}"}
@@ -212,8 +212,8 @@ def with_packs(rows: list[dict[str, str]], sched: site_schedule.Schedule) -> lis
 
 def pack_lines(sched: site_schedule.Schedule, members: bool = False) -> str:
     """The packs still to run, one line each, after a line that says what packing saves."""
-    job = sched.ladder.settings.budget.job_startup_s or 0.0
-    todo = [p for p in sched.packs if sched.todo(p)]
+    job = sched.job_startup_s
+    todo = sched.to_run()
     rungs = sum(len(sched.todo(p)) for p in todo)
     saved = sum((len(sched.todo(p)) - 1) * p.nodes for p in todo) * job / 3600
     head = (f"{len(todo)} pack job(s) hold the {rungs} rung file(s) to run (site.pack: {sched.ladder.settings.site.pack}); one job "
@@ -234,14 +234,14 @@ def job_line(args: argparse.Namespace, blocks: Sequence[tuple[str, Sequence[cost
     with the same profile and config, and the ``select`` it applied."""
     raw = profile_config(repo, find_profile(args.profile, repo), getattr(args, "configfile", None), overrides)
     cfg_repeats = int(site_config.as_int(raw.get("repeats", 1)))  # validated already (estimates)
-    packed = {m.file for p in (sched.packs if sched else []) for m in p.members}
+    packed = set(sched.packed) if sched else set()
     n = jobs(blocks, repo, cfg_repeats, packed)
     rungs = sum(len(ests) for _, ests in blocks)
     same = " ".join(["--profile", f"profiles/{Path(args.profile).name}"]
                     + (["--configfile", *args.configfile] if getattr(args, "configfile", None) else [])
                     + (["--config", *(repr(c) for c in args.config)] if getattr(args, "config", None) else []))
     if sched and sched.packs:
-        todo = sum(1 for p in sched.packs if sched.todo(p))
+        todo = len(sched.to_run())
         line = (f"Priced {rungs} rung(s){' of the select' if overrides.get('select') else ''}: {todo + n.total()} batch job(s) to run "
                 f"({todo} pack, {n['rung']} rung, {n['rung_max']} rung_max), the pack, rung and rung_max jobs of `snakemake -n {same}`")
     else:

@@ -143,6 +143,15 @@ class Schedule:
         """Rung file -> its pack."""
         return {m.file: p for p in self.packs for m in p.members}
 
+    @property
+    def job_startup_s(self) -> float:
+        """What a batch job pays once, stated (``budget.job_startup_s``)."""
+        return self.ladder.settings.budget.job_startup_s or 0.0
+
+    def to_run(self) -> list[Pack]:
+        """The packs with rungs still to run."""
+        return [p for p in self.packs if self.todo(p)]
+
     def pack(self, name: str) -> Pack:
         for p in self.packs:
             if p.name == name:
@@ -156,7 +165,7 @@ class Schedule:
     def pack_runtime_min(self, p: Pack) -> int:
         """What a pack's job asks for: the job's start-up once and its rungs still to run, with the margin."""
         todo = frozenset(m.file for m in self.todo(p)) or None
-        return self.limits.ask_min(p.predicted_s(self.ladder.settings.budget.job_startup_s or 0.0, todo))
+        return self.limits.ask_min(p.predicted_s(self.job_startup_s, todo))
 
     def member_timeout_s(self, m: Member) -> int:
         """A rung's own timeout inside a pack: its prediction there with the margin."""
@@ -229,7 +238,7 @@ def notes(sched: Schedule) -> list[str]:
 def pack_table(sched: Schedule, members: bool = False) -> list[str]:
     """One line per pack with rungs still to run: how many, its predicted time and what its job asks
     for; with ``members``, its rungs' spec paths too."""
-    job = sched.ladder.settings.budget.job_startup_s or 0.0
+    job = sched.job_startup_s
     lines = []
     for p in sched.packs:
         if not (todo := sched.todo(p)):
@@ -248,7 +257,7 @@ def announce(sched: Schedule) -> str:
     shortened or refused rung, and the packs still to run."""
     lines = [f"scaleladder: each rung's job asks for its own time, {sched.limits.rule()} (the time model: "
              "`scaleladder budget` prices it)"] + notes(sched)
-    todo = [p for p in sched.packs if sched.todo(p)]
+    todo = sched.to_run()
     if todo:
         rungs = sum(len(sched.todo(p)) for p in todo)
         lines.append(f"scaleladder: {rungs} rung(s) in {len(todo)} pack(s) of one batch job each (site.pack: "
@@ -314,7 +323,7 @@ def ladder_targets(ladder: Ladder, sched: Schedule | None, done: Callable[[Pack]
     IncompleteCheckpointException until the pack's job has finished), every rung file outside the
     packs, and the ladder's files once every pack is done: so no rung of a pack is ever asked for
     as a job of its own."""
-    todo = [p for p in (sched.packs if sched else []) if sched and sched.todo(p)]
+    todo = sched.to_run() if sched else []
     if not todo or sched is None:
         return {"ladder": final_targets(ladder)}
 
