@@ -196,10 +196,11 @@ rule rung:
 """
 
 
-def _pack(wf: Path, *rungs: str, limit_min: float = 10, snakefile: str = TINY, **env: str) -> subprocess.Popen[str]:
+def _pack(wf: Path, *rungs: str, limit_min: float = 10, snakefile: str = TINY, out: str = "results/packs/n1-p1.json",
+          **env: str) -> subprocess.Popen[str]:
     (wf / "Snakefile").write_text(snakefile)
     argv = [sys.executable, "-m", "scaleladder", "pack", "--pack", "n1-p1", "--limit-min", str(limit_min),
-            *(a for r in rungs for a in ("--rung", r)), "--out", "results/packs/n1-p1.json", "--",
+            *(a for r in rungs for a in ("--rung", r)), "--out", out, "--",
             "--snakefile", "Snakefile", "--cores", "1", "--nolock", "--executor", "local", "--quiet"]
     # no squeue here: the driver takes its start and the limit from it as the allocation's
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -211,8 +212,9 @@ RUNGS = ("results/rungs/a.h5=30:1", "results/rungs/slow.h5=3:1", "results/rungs/
 
 
 def _statuses(err: str) -> list[str]:
-    record = json.loads(err[err.index('\n{\n "pack"') + 1:err.rindex("\n}") + 2])
-    return [r["status"] for r in record["rungs"]]
+    from scaleladder.campaign.pack import last_record
+
+    return [r["status"] for r in last_record(err)["rungs"]]  # type: ignore[attr-defined]
 
 
 @pytest.mark.process
@@ -227,7 +229,8 @@ def test_a_hung_rung_stops_at_its_own_timeout_and_the_pack_goes_on(tmp_path: Pat
     assert notes[-1]["reason"] == "stopped at its timeout, 3 s in pack n1-p1; no result written"
     assert not (tmp_path / "results/packs/n1-p1.json").exists()  # the checkpoint waits for every rung
     # the rerun runs only the missing rung, and the pack's record is written once all are there
-    again = _pack(tmp_path, *RUNGS, snakefile=TINY.replace('"slow": 60', '"slow": 0'), SLURM_JOB_ID="7")
+    rerun = [r.replace("=3:", "=60:") for r in RUNGS]  # its own timeout now well past a Snakemake's start
+    again = _pack(tmp_path, *rerun, snakefile=TINY.replace('"slow": 60', '"slow": 0'), SLURM_JOB_ID="7")
     _, err = again.communicate(timeout=120)
     assert again.returncode == 0, err
     assert _statuses(err) == ["recorded already", "recorded", "recorded already"]
@@ -259,6 +262,33 @@ def test_the_driver_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         _, err = p.communicate(timeout=60)
         assert p.returncode == 2 and err.count("\n") == 1 and want in err, err
         assert not (tmp_path / "results/rungs").exists()
+    for rungs, limit, want in ((["results/rungs/a.h5"], 10, "--rung 'results/rungs/a.h5': expected FILE=TIMEOUT_S:PREDICTED_S"),
+                               (["results/rungs/a.h5=0:1"], 10, "expected a file, a timeout > 0 s and a prediction >= 0 s"),
+                               (["results/rungs/a.h5=9:1"], 0, "--limit-min 0.0: expected minutes > 0")):
+        p = _pack(tmp_path, *rungs, limit_min=limit, SLURM_JOB_ID="7")
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 2 and err.count("\n") == 1 and want in err, err
+        assert not (tmp_path / "results/rungs").exists()
+
+
+@pytest.mark.process
+def test_a_pack_record_that_cannot_be_written_loses_no_rung(tmp_path: Path) -> None:
+    """The checkpoint's file under a path that cannot be a folder: one line naming it, exit 1, the rung kept."""
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    p = _pack(tmp_path, "results/rungs/a.h5=30:1", out="blocker/n1-p1.json", SLURM_JOB_ID="7")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert err.strip().splitlines()[-1].startswith("scaleladder pack: error: cannot write blocker/n1-p1.json"), err
+    assert (tmp_path / "results/rungs/a.h5").is_file() and _statuses(err) == ["recorded"]
+    assert (tmp_path / "blocker").read_text() == "a file, not a folder"
+    assert not [f for f in tmp_path.rglob("*") if ".tmp" in f.name and ".snakemake" not in f.parts]  # no temporary file
+
+
+def test_bad_time_limit_and_pack_settings_are_one_line(repo: Path) -> None:  # noqa: F811
+    for config, key in (("site={pack: 1}", "site.pack"), ("site={time_limit_min: 0}", "site.time_limit_min"),
+                        ("budget={margin: 0.5}", "budget.margin")):
+        r = in_process("budget", "--profile", "frontier", "--repo", str(repo), "--config", config)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and key in r.stderr, (config, r.stderr)
 
 
 @pytest.mark.process
