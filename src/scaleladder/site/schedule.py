@@ -111,7 +111,6 @@ class Schedule:
     profile: str
     limits: Limits
     verdicts: dict[str, Verdict]  # spec path -> verdict (rungs that run on the site's batch system)
-    estimates: dict[str, cost.Estimate]  # spec path -> the uncalibrated estimate at its configured steps
     packs: list[Pack] = field(default_factory=list)
     repo: Path = Path(".")
 
@@ -206,18 +205,17 @@ def schedule(ladder: Ladder, profile: str = "", repo: Path | str = ".", trace_ca
     limits = Limits(s.site.time_limit_min * 60.0, float(s.budget.margin), float(s.budget.slack_s))
     timing = time_model(ladder, profile, trace_cache=trace_cache)
     verdicts: dict[str, Verdict] = {}
-    estimates: dict[str, cost.Estimate] = {}
     members: list[Member] = []
     for spec in ladder.selected:
         if spec.path in ladder.predicted_oom:
             continue
-        est = estimates[spec.path] = rung_estimate(spec, ladder, timing, {})
+        est = rung_estimate(spec, ladder, timing, {})
         v = verdicts[spec.path] = judge(spec.path, est, s.steps, s.warmup, limits)
         if v.kind in ("runs", "shortened"):
             rung = at_steps(est, s.steps, v.steps).rung_s
             members += [Member(rung_path(spec, k), spec.nodes, rung) for k in range(repeats(s))]
     packs = pack_rungs(members, limits, timing.job_startup_s, s.site.pack) if s.site.pack is not False else []
-    return Schedule(ladder, profile, limits, verdicts, estimates, packs, Path(repo))
+    return Schedule(ladder, profile, limits, verdicts, packs, Path(repo))
 
 
 def attach(ladder: Ladder, profile: str = "", repo: Path | str = ".") -> tuple[Ladder, Schedule | None]:
